@@ -1,0 +1,229 @@
+package assignment
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by Decide. Callers branch on them with errors.Is.
+var (
+	// ErrExists: a claim for a task that already has an assignment.
+	ErrExists = errors.New("assignment already exists")
+	// ErrNotFound: an event for a task that has no assignment.
+	ErrNotFound = errors.New("no such assignment")
+	// ErrStaleEpoch: the event carries an epoch other than the assignment's current one.
+	ErrStaleEpoch = errors.New("stale epoch")
+	// ErrTerminal: the assignment already ended.
+	ErrTerminal = errors.New("assignment already ended")
+	// ErrInvalidTransition: the event does not apply to the assignment's phase.
+	ErrInvalidTransition = errors.New("invalid transition")
+	// ErrTokenRedeemed: the capability token was already redeemed.
+	ErrTokenRedeemed = errors.New("capability token already redeemed")
+	// ErrTokenMismatch: the capability token is not the one issued to the current environment.
+	ErrTokenMismatch = errors.New("capability token not issued for this environment")
+	// ErrAlreadyFetched: the task was already handed to a runner.
+	ErrAlreadyFetched = errors.New("task already handed over")
+	// ErrNoChange: the event is already in effect (an idempotent retry); nothing to append.
+	ErrNoChange = errors.New("no change")
+)
+
+// Event asks for one transition. Epoch is the epoch the sender holds (zero for a claim).
+type Event struct {
+	Transition Transition
+	Task       TaskID
+	Epoch      Epoch
+	Actor      string
+	At         time.Time
+
+	// Claim only.
+	Backend    Backend
+	Repo       string
+	Job        string
+	RunsOn     []string
+	TaskDigest string
+	Pickup     time.Duration
+	// Claim and Renewed: the lease length from At.
+	Lease time.Duration
+
+	// Started: the environment's handle and the id of the token issued to it.
+	// Registered: the id of the token redeemed.
+	Handle  json.RawMessage
+	TokenID string
+	// Registered and Running.
+	RunnerUUID string
+	// Completed.
+	Result string
+	// Failed.
+	Reason string
+}
+
+// Decide computes the record that applying ev to cur appends. cur is nil when the task has no
+// assignment yet. It is a pure function: no I/O, no clock.
+func Decide(cur *State, ev Event) (Record, error) {
+	if ev.Transition == Claimed {
+		return decideClaim(cur, ev)
+	}
+	if cur == nil {
+		return Record{}, fmt.Errorf("assignment: %s: %w", ev.Transition, ErrNotFound)
+	}
+	if ev.Epoch != cur.Epoch() {
+		return Record{}, fmt.Errorf("assignment: task %d: %s with epoch %d, current epoch is %d: %w",
+			cur.Task, ev.Transition, ev.Epoch, cur.Epoch(), ErrStaleEpoch)
+	}
+	if Terminal(cur.Phase) {
+		if ev.Transition == cur.Phase {
+			return Record{}, ErrNoChange
+		}
+		return Record{}, fmt.Errorf("assignment: task %d: %s after %s: %w", cur.Task, ev.Transition, cur.Phase, ErrTerminal)
+	}
+	next := cur.Record
+	next.Transition = ev.Transition
+	next.Phase = ev.Transition
+	next.Epoch = cur.Epoch()
+	next.Actor = ev.Actor
+	next.At = ev.At
+	next.Reason = ""
+
+	bad := func() (Record, error) {
+		return Record{}, fmt.Errorf("assignment: task %d: %s in phase %s: %w", cur.Task, ev.Transition, cur.Phase, ErrInvalidTransition)
+	}
+	switch ev.Transition {
+	case Dispatched:
+		switch cur.Phase {
+		case Claimed:
+		case Dispatched, Started, Registered, Running:
+			return Record{}, ErrNoChange
+		default:
+			return bad()
+		}
+	case Started:
+		switch cur.Phase {
+		case Claimed, Dispatched:
+		case Started:
+			if string(cur.Handle) == string(ev.Handle) && cur.TokenID == ev.TokenID {
+				return Record{}, ErrNoChange
+			}
+			return bad()
+		default:
+			return bad()
+		}
+		if len(ev.Handle) == 0 || ev.TokenID == "" {
+			return Record{}, fmt.Errorf("assignment: task %d: started without handle or token id: %w", cur.Task, ErrInvalidTransition)
+		}
+		next.Handle = ev.Handle
+		next.TokenID = ev.TokenID
+	case Registered:
+		switch cur.Phase {
+		case Started:
+		case Registered, Running:
+			return Record{}, fmt.Errorf("assignment: task %d: %w", cur.Task, ErrTokenRedeemed)
+		default:
+			return bad()
+		}
+		if ev.TokenID == "" || ev.TokenID != cur.TokenID {
+			return Record{}, fmt.Errorf("assignment: task %d: token %s: %w", cur.Task, ev.TokenID, ErrTokenMismatch)
+		}
+		next.RunnerUUID = ev.RunnerUUID
+	case Running:
+		switch cur.Phase {
+		case Registered:
+		case Running:
+			return Record{}, fmt.Errorf("assignment: task %d: %w", cur.Task, ErrAlreadyFetched)
+		default:
+			return bad()
+		}
+		if ev.RunnerUUID != cur.RunnerUUID {
+			return Record{}, fmt.Errorf("assignment: task %d: runner %s is not the registered one: %w", cur.Task, ev.RunnerUUID, ErrInvalidTransition)
+		}
+	case Renewed:
+		if cur.Phase == Failed {
+			return bad()
+		}
+		if ev.Lease <= 0 {
+			return Record{}, fmt.Errorf("assignment: task %d: renewal without a lease: %w", cur.Task, ErrInvalidTransition)
+		}
+		next.Phase = cur.Phase
+		if exp := ev.At.Add(ev.Lease); exp.After(cur.LeaseExpires) {
+			next.LeaseExpires = exp
+		}
+	case Completed:
+		if cur.Phase != Running {
+			return bad()
+		}
+		if ev.Result == "" {
+			return Record{}, fmt.Errorf("assignment: task %d: completed without a result: %w", cur.Task, ErrInvalidTransition)
+		}
+		next.Result = ev.Result
+	case Failed:
+		if cur.Phase == Failed {
+			return Record{}, ErrNoChange
+		}
+		if ev.Reason == "" {
+			return Record{}, fmt.Errorf("assignment: task %d: failed without a reason: %w", cur.Task, ErrInvalidTransition)
+		}
+		next.Reason = ev.Reason
+		next.Result = "failure"
+	case Closed:
+		if cur.Phase != Failed {
+			return bad()
+		}
+		next.Reason = cur.Reason
+	default:
+		return Record{}, fmt.Errorf("assignment: unknown transition %q: %w", ev.Transition, ErrInvalidTransition)
+	}
+	return next, nil
+}
+
+func decideClaim(cur *State, ev Event) (Record, error) {
+	if cur != nil {
+		return Record{}, fmt.Errorf("assignment: task %d: %w", cur.Task, ErrExists)
+	}
+	if ev.Task <= 0 {
+		return Record{}, fmt.Errorf("assignment: claim without a task id: %w", ErrInvalidTransition)
+	}
+	if ev.Backend != BackendPod && ev.Backend != BackendVM {
+		return Record{}, fmt.Errorf("assignment: claim with backend %q: %w", ev.Backend, ErrInvalidTransition)
+	}
+	if ev.Lease <= 0 || ev.Pickup <= 0 || ev.Pickup >= ev.Lease {
+		return Record{}, fmt.Errorf("assignment: claim with lease %s and pickup %s: pickup must be positive and below the lease: %w",
+			ev.Lease, ev.Pickup, ErrInvalidTransition)
+	}
+	if ev.TaskDigest == "" {
+		return Record{}, fmt.Errorf("assignment: claim without a task digest: %w", ErrInvalidTransition)
+	}
+	return Record{
+		Transition:     Claimed,
+		Phase:          Claimed,
+		Task:           ev.Task,
+		Backend:        ev.Backend,
+		Actor:          ev.Actor,
+		At:             ev.At,
+		Repo:           ev.Repo,
+		Job:            ev.Job,
+		RunsOn:         ev.RunsOn,
+		ClaimedAt:      ev.At,
+		PickupDeadline: ev.At.Add(ev.Pickup),
+		LeaseExpires:   ev.At.Add(ev.Lease),
+		TaskDigest:     ev.TaskDigest,
+	}, nil
+}
+
+// Overdue returns the failure event that time now calls for, if any: the pickup deadline
+// passed before the environment's runner fetched the task, or the lease expired.
+func Overdue(s State, now time.Time) (Event, bool) {
+	if !s.Live() || s.Phase == Failed {
+		return Event{}, false
+	}
+	reason := ""
+	switch {
+	case s.Phase != Running && now.After(s.PickupDeadline):
+		reason = fmt.Sprintf("no environment picked the task up within %s of its claim (PICKUP_SECS)", s.PickupDeadline.Sub(s.ClaimedAt).Round(time.Second))
+	case now.After(s.LeaseExpires):
+		reason = fmt.Sprintf("the environment's lease expired at %s without renewal", s.LeaseExpires.UTC().Format(time.RFC3339))
+	default:
+		return Event{}, false
+	}
+	return Event{Transition: Failed, Task: s.Task, Epoch: s.Epoch(), At: now, Reason: reason}, true
+}

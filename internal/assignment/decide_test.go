@@ -1,0 +1,152 @@
+package assignment
+
+import (
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+func claimed(seq uint64) *State {
+	rec, err := Decide(nil, Event{Transition: Claimed, Task: 1, At: t0, Backend: BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	return &State{Record: rec, Seq: seq}
+}
+
+// advance applies events in order, numbering records from the claim's sequence.
+func advance(t *testing.T, s *State, evs ...Event) *State {
+	t.Helper()
+	for _, ev := range evs {
+		ev.Task, ev.Epoch = s.Task, s.Epoch()
+		rec, err := Decide(s, ev)
+		if err != nil {
+			t.Fatalf("%s: %v", ev.Transition, err)
+		}
+		s = &State{Record: rec, Seq: s.Seq + 1}
+	}
+	return s
+}
+
+var (
+	evStarted    = Event{Transition: Started, Handle: []byte(`{}`), TokenID: "tok"}
+	evRegistered = Event{Transition: Registered, TokenID: "tok", RunnerUUID: "r"}
+	evRunning    = Event{Transition: Running, RunnerUUID: "r"}
+)
+
+func TestDecide(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cur  func(t *testing.T) *State
+		ev   Event
+		want error
+	}{
+		{"claim twice", func(*testing.T) *State { return claimed(4) }, Event{Transition: Claimed, Task: 1}, ErrExists},
+		{"claim pickup above lease", func(*testing.T) *State { return nil }, Event{Transition: Claimed, Task: 1, Backend: BackendPod, TaskDigest: "d", Lease: time.Minute, Pickup: 2 * time.Minute}, ErrInvalidTransition},
+		{"claim unknown backend", func(*testing.T) *State { return nil }, Event{Transition: Claimed, Task: 1, Backend: "gpu", TaskDigest: "d", Lease: 2 * time.Minute, Pickup: time.Minute}, ErrInvalidTransition},
+		{"event without assignment", func(*testing.T) *State { return nil }, Event{Transition: Dispatched, Task: 1, Epoch: 4}, ErrNotFound},
+		{"stale epoch", func(*testing.T) *State { return claimed(4) }, Event{Transition: Dispatched, Epoch: 3}, ErrStaleEpoch},
+		{"dispatch again is no change", func(t *testing.T) *State { return advance(t, claimed(4), Event{Transition: Dispatched}) }, Event{Transition: Dispatched, Epoch: 4}, ErrNoChange},
+		{"register before start", func(*testing.T) *State { return claimed(4) }, Event{Transition: Registered, Epoch: 4, TokenID: "tok"}, ErrInvalidTransition},
+		{"register with another token", func(t *testing.T) *State { return advance(t, claimed(4), evStarted) }, Event{Transition: Registered, Epoch: 4, TokenID: "old"}, ErrTokenMismatch},
+		{"token replay", func(t *testing.T) *State { return advance(t, claimed(4), evStarted, evRegistered) }, Event{Transition: Registered, Epoch: 4, TokenID: "tok"}, ErrTokenRedeemed},
+		{"fetch twice", func(t *testing.T) *State { return advance(t, claimed(4), evStarted, evRegistered, evRunning) }, Event{Transition: Running, Epoch: 4, RunnerUUID: "r"}, ErrAlreadyFetched},
+		{"fetch by another runner", func(t *testing.T) *State { return advance(t, claimed(4), evStarted, evRegistered) }, Event{Transition: Running, Epoch: 4, RunnerUUID: "x"}, ErrInvalidTransition},
+		{"complete before running", func(t *testing.T) *State { return advance(t, claimed(4), evStarted) }, Event{Transition: Completed, Epoch: 4, Result: "success"}, ErrInvalidTransition},
+		{"report after the end", func(t *testing.T) *State {
+			return advance(t, claimed(4), evStarted, evRegistered, evRunning, Event{Transition: Completed, Result: "success"})
+		}, Event{Transition: Renewed, Epoch: 4, Lease: time.Minute}, ErrTerminal},
+		{"close without failure", func(t *testing.T) *State { return claimed(4) }, Event{Transition: Closed, Epoch: 4}, ErrInvalidTransition},
+		{"fail needs a reason", func(t *testing.T) *State { return claimed(4) }, Event{Transition: Failed, Epoch: 4}, ErrInvalidTransition},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cur := tc.cur(t)
+			ev := tc.ev
+			if ev.Task == 0 && cur != nil {
+				ev.Task = cur.Task
+			}
+			_, err := Decide(cur, ev)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestRenewExtendsLeaseKeepsPhaseAndEpoch(t *testing.T) {
+	s := advance(t, claimed(10), evStarted, evRegistered, evRunning)
+	renewed := advance(t, s, Event{Transition: Renewed, At: t0.Add(4 * time.Minute), Lease: 5 * time.Minute})
+	if renewed.Phase != Running || renewed.Epoch() != 10 {
+		t.Fatalf("renewal changed phase %s or epoch %d", renewed.Phase, renewed.Epoch())
+	}
+	if got, want := renewed.LeaseExpires, t0.Add(9*time.Minute); !got.Equal(want) {
+		t.Fatalf("lease expires %s, want %s", got, want)
+	}
+}
+
+func TestOverdue(t *testing.T) {
+	s := claimed(3)
+	if _, due := Overdue(*s, t0.Add(time.Minute)); due {
+		t.Fatal("overdue one minute after the claim")
+	}
+	ev, due := Overdue(*s, t0.Add(2*time.Minute+time.Second))
+	if !due || ev.Transition != Failed || ev.Epoch != 3 || ev.Reason == "" {
+		t.Fatalf("pickup deadline: %+v, %v", ev, due)
+	}
+	running := advance(t, s, evStarted, evRegistered, evRunning)
+	if _, due := Overdue(*running, t0.Add(3*time.Minute)); due {
+		t.Fatal("a running assignment with a live lease is overdue")
+	}
+	if _, due := Overdue(*running, t0.Add(6*time.Minute)); !due {
+		t.Fatal("an expired lease is not overdue")
+	}
+}
+
+// TestDecideProperties drives random event sequences and checks the state machine's
+// invariants: the epoch never changes, terminal phases absorb everything, a token is redeemed
+// at most once and the task handed over at most once.
+func TestDecideProperties(t *testing.T) {
+	kinds := []Transition{Dispatched, Started, Registered, Running, Renewed, Completed, Failed, Closed}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		s := claimed(7)
+		registered, fetched := 0, 0
+		for range 12 {
+			ev := Event{Transition: kinds[r.IntN(len(kinds))], Task: 1, Epoch: s.Epoch(), At: t0,
+				Handle: []byte(`{}`), TokenID: "tok", RunnerUUID: "r", Result: "success", Reason: "x", Lease: time.Minute}
+			if r.IntN(8) == 0 {
+				ev.Epoch++ // a stale or forged epoch
+			}
+			rec, err := Decide(s, ev)
+			if err != nil {
+				if ev.Epoch != s.Epoch() && !errors.Is(err, ErrStaleEpoch) {
+					t.Fatalf("wrong epoch not rejected as stale: %v", err)
+				}
+				continue
+			}
+			if ev.Epoch != s.Epoch() {
+				t.Fatalf("accepted %s with epoch %d, current %d", ev.Transition, ev.Epoch, s.Epoch())
+			}
+			if Terminal(s.Phase) {
+				t.Fatalf("%s accepted after terminal %s", ev.Transition, s.Phase)
+			}
+			next := &State{Record: rec, Seq: s.Seq + 1}
+			if next.Epoch() != 7 {
+				t.Fatalf("epoch changed to %d by %s", next.Epoch(), ev.Transition)
+			}
+			if rec.Transition == Registered {
+				registered++
+			}
+			if rec.Transition == Running {
+				fetched++
+			}
+			s = next
+		}
+		if registered > 1 || fetched > 1 {
+			t.Fatalf("token redeemed %d times, task handed over %d times", registered, fetched)
+		}
+	}
+}

@@ -1,0 +1,102 @@
+package assignment
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// Backend names the isolation tier an assignment runs on.
+type Backend string
+
+// The isolation tiers. A task is routed by its `runs-on` labels to exactly one of them.
+const (
+	BackendPod Backend = "pod"
+	BackendVM  Backend = "vm"
+)
+
+// ParseBackend accepts "pod" or "vm".
+func ParseBackend(s string) (Backend, error) {
+	switch b := Backend(s); b {
+	case BackendPod, BackendVM:
+		return b, nil
+	}
+	return "", fmt.Errorf("assignment: backend %q: want pod or vm: %w", s, ErrInvalidID)
+}
+
+// Transition names one append to an assignment's log.
+type Transition string
+
+// The transitions, in the order a successful job goes through them. Renewed may repeat at any
+// point before the end; failed can follow any non-terminal one and is followed by closed once
+// the forge has been told.
+const (
+	Claimed    Transition = "claimed"    // the scheduler persisted the task; its sequence is the epoch
+	Dispatched Transition = "dispatched" // a worker took the dispatch message
+	Started    Transition = "started"    // the environment exists; its handle and token id are recorded
+	Registered Transition = "registered" // the environment redeemed its single-use capability token
+	Running    Transition = "running"    // the environment's runner fetched the task (exactly once)
+	Renewed    Transition = "renewed"    // the lease was extended; the epoch stays
+	Completed  Transition = "completed"  // the runner reported the final result upstream (terminal)
+	Failed     Transition = "failed"     // the assignment cannot finish; the forge must be told
+	Closed     Transition = "closed"     // the failure was reported upstream (terminal)
+)
+
+// Phase is where an assignment stands: the last transition other than Renewed.
+type Phase = Transition
+
+// Terminal reports whether no transition can follow p.
+func Terminal(p Phase) bool { return p == Completed || p == Closed }
+
+// Record is one append to an assignment's subject. Every record carries the assignment's whole
+// non-secret state, so the last record of a subject is its current state. The task itself
+// (secrets, tokens, workflow payload) is sealed and stored apart; Record never holds a secret.
+type Record struct {
+	Transition Transition `json:"transition"`
+	Phase      Phase      `json:"phase"`
+	Task       TaskID     `json:"task_id"`
+	// Epoch is the fencing epoch. It is zero in the claim record itself, whose own sequence is
+	// the epoch; use State.Epoch.
+	Epoch   Epoch     `json:"epoch,omitempty"`
+	Backend Backend   `json:"backend"`
+	Actor   string    `json:"actor"`
+	At      time.Time `json:"at"`
+
+	// Descriptive fields copied from the forge task, for operators.
+	Repo   string   `json:"repo,omitempty"`
+	Job    string   `json:"job,omitempty"`
+	RunsOn []string `json:"runs_on,omitempty"`
+
+	ClaimedAt      time.Time `json:"claimed_at"`
+	PickupDeadline time.Time `json:"pickup_deadline"`
+	LeaseExpires   time.Time `json:"lease_expires"`
+	// TaskDigest is the SHA-256 of the sealed task blob, checked when it is read back.
+	TaskDigest string `json:"task_digest,omitempty"`
+
+	// Handle is the backend's environment handle, recorded when it started.
+	Handle json.RawMessage `json:"handle,omitempty"`
+	// TokenID identifies (never reveals) the capability token issued to the environment.
+	TokenID    string `json:"token_id,omitempty"`
+	RunnerUUID string `json:"runner_uuid,omitempty"`
+
+	Result string `json:"result,omitempty"`
+	Reason string `json:"reason,omitempty"`
+}
+
+// State is the current state of an assignment: its last record and that record's stream
+// sequence (the compare-and-swap revision for the next append).
+type State struct {
+	Record
+	Seq uint64 `json:"seq"`
+}
+
+// Epoch returns the assignment's fencing epoch.
+func (s State) Epoch() Epoch {
+	if s.Record.Transition == Claimed {
+		return Epoch(s.Seq)
+	}
+	return s.Record.Epoch
+}
+
+// Live reports whether the assignment has not reached a terminal phase.
+func (s State) Live() bool { return !Terminal(s.Phase) }

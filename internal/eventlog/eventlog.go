@@ -1,0 +1,293 @@
+package eventlog
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+)
+
+// Names of the streams, subjects and buckets.
+const (
+	StreamAssignments = "DYNRUNNER_ASSIGNMENTS"
+	StreamDispatch    = "DYNRUNNER_DISPATCH"
+	StreamDead        = "DYNRUNNER_DEAD"
+	BucketTasks       = "dynrunner_tasks"
+
+	SubjectAssignment = "dynrunner.assignment."
+	SubjectDispatch   = "dynrunner.dispatch."
+	SubjectDead       = "dynrunner.dead."
+)
+
+// Config sizes the topology.
+type Config struct {
+	// Replicas of every stream and bucket: 1 for the embedded server, 3 on a cluster.
+	Replicas int
+	// Retention keeps the assignment history (the audit trail) this long.
+	Retention time.Duration
+	// DispatchMaxDeliver is how often a dispatch message is delivered before it is dead-lettered.
+	DispatchMaxDeliver int
+	// DispatchAckWait is how long a worker may hold a dispatch message without InProgress.
+	DispatchAckWait time.Duration
+}
+
+// DefaultConfig is the single-node topology.
+func DefaultConfig() Config {
+	return Config{Replicas: 1, Retention: 7 * 24 * time.Hour, DispatchMaxDeliver: 5, DispatchAckWait: 30 * time.Second}
+}
+
+// Log appends and reads assignment transitions.
+type Log struct {
+	cfg   Config
+	js    jetstream.JetStream
+	asg   jetstream.Stream
+	tasks jetstream.KeyValue
+}
+
+// Open ensures the topology exists (creating or updating streams and buckets) and returns a Log.
+func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error) {
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	asg, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamAssignments,
+		Description: "dynrunner assignment transitions, one subject per forge task",
+		Subjects:    []string{SubjectAssignment + "*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.Retention,
+		Duplicates:  2 * time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamAssignments, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamDispatch,
+		Description: "dynrunner dispatch work queue, one subject per backend",
+		Subjects:    []string{SubjectDispatch + "*"},
+		Retention:   jetstream.WorkQueuePolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		Duplicates:  10 * time.Minute,
+	}); err != nil {
+		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamDispatch, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamDead,
+		Description: "dynrunner dispatch messages that exhausted their deliveries",
+		Subjects:    []string{SubjectDead + "*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      30 * 24 * time.Hour,
+	}); err != nil {
+		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamDead, err)
+	}
+	tasks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketTasks,
+		Description: "dynrunner sealed forge tasks (AES-GCM), purged when the assignment ends",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketTasks, err)
+	}
+	return &Log{cfg: cfg, js: js, asg: asg, tasks: tasks}, nil
+}
+
+// Config returns the topology's configuration.
+func (l *Log) Config() Config { return l.cfg }
+
+// JetStream returns the JetStream handle the log uses.
+func (l *Log) JetStream() jetstream.JetStream { return l.js }
+
+// Subject returns the assignment subject of a task.
+func Subject(task assignment.TaskID) string { return SubjectAssignment + task.String() }
+
+// Get reads the current state of a task's assignment; assignment.ErrNotFound if it has none.
+func (l *Log) Get(ctx context.Context, task assignment.TaskID) (assignment.State, error) {
+	msg, err := l.asg.GetLastMsgForSubject(ctx, Subject(task))
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return assignment.State{}, fmt.Errorf("eventlog: task %d: %w", task, assignment.ErrNotFound)
+	}
+	if err != nil {
+		return assignment.State{}, fmt.Errorf("eventlog: read task %d: %w", task, err)
+	}
+	return decodeState(msg.Data, msg.Sequence)
+}
+
+func decodeState(data []byte, seq uint64) (assignment.State, error) {
+	var rec assignment.Record
+	if err := json.Unmarshal(data, &rec); err != nil {
+		return assignment.State{}, fmt.Errorf("eventlog: decode record %d: %w", seq, err)
+	}
+	return assignment.State{Record: rec, Seq: seq}, nil
+}
+
+// maxConflicts bounds the retries of one Apply against concurrent appends to the same task.
+const maxConflicts = 16
+
+// Apply decides ev against the task's current state and appends the result with
+// compare-and-swap, re-reading and re-deciding on a conflicting append. hint, when not nil, is
+// a recently seen state used instead of a first read. assignment.ErrNoChange is returned, with
+// the current state, when ev is already in effect.
+func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.State) (assignment.State, error) {
+	var cur *assignment.State
+	if hint != nil && hint.Task == ev.Task {
+		h := *hint
+		cur = &h
+	}
+	fresh := cur == nil
+	for range maxConflicts {
+		if cur == nil {
+			s, err := l.Get(ctx, ev.Task)
+			switch {
+			case err == nil:
+				cur = &s
+			case !errors.Is(err, assignment.ErrNotFound):
+				return assignment.State{}, err
+			}
+			fresh = true
+		}
+		rec, err := assignment.Decide(cur, ev)
+		if err != nil {
+			if !fresh {
+				cur = nil // the hint may be stale: decide again on what JetStream holds
+				continue
+			}
+			if cur != nil {
+				return *cur, err
+			}
+			return assignment.State{}, err
+		}
+		data, err := json.Marshal(rec)
+		if err != nil {
+			return assignment.State{}, fmt.Errorf("eventlog: encode record: %w", err)
+		}
+		var last uint64
+		if cur != nil {
+			last = cur.Seq
+		}
+		ack, err := l.js.Publish(ctx, Subject(ev.Task), data, jetstream.WithExpectLastSequencePerSubject(last))
+		if isConflict(err) {
+			cur = nil
+			continue
+		}
+		if err != nil {
+			return assignment.State{}, fmt.Errorf("eventlog: append %s for task %d: %w", ev.Transition, ev.Task, err)
+		}
+		return assignment.State{Record: rec, Seq: ack.Sequence}, nil
+	}
+	return assignment.State{}, fmt.Errorf("eventlog: append %s for task %d: %w", ev.Transition, ev.Task, ErrContention)
+}
+
+// ErrContention: an append lost the compare-and-swap race too often.
+var ErrContention = errors.New("eventlog: too many conflicting appends")
+
+func isConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return false
+}
+
+// DispatchMsg is the body of a dispatch message.
+type DispatchMsg struct {
+	Task  assignment.TaskID `json:"task_id"`
+	Epoch assignment.Epoch  `json:"epoch"`
+}
+
+// Dispatch publishes the work item for a claimed assignment on its backend's subject,
+// deduplicated by task and epoch so a republish after a crash is harmless.
+func (l *Log) Dispatch(ctx context.Context, backend assignment.Backend, task assignment.TaskID, epoch assignment.Epoch) error {
+	data, _ := json.Marshal(DispatchMsg{Task: task, Epoch: epoch})
+	_, err := l.js.Publish(ctx, SubjectDispatch+string(backend), data,
+		jetstream.WithMsgID(fmt.Sprintf("dispatch-%d-%d", task, epoch)))
+	if err != nil {
+		return fmt.Errorf("eventlog: dispatch task %d to %s: %w", task, backend, err)
+	}
+	return nil
+}
+
+// ParseDispatch decodes a dispatch message body.
+func ParseDispatch(data []byte) (DispatchMsg, error) {
+	var m DispatchMsg
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return DispatchMsg{}, fmt.Errorf("eventlog: dispatch message: %w", err)
+	}
+	if m.Task <= 0 || m.Epoch == 0 {
+		return DispatchMsg{}, fmt.Errorf("eventlog: dispatch message without task id or epoch: %w", assignment.ErrInvalidID)
+	}
+	return m, nil
+}
+
+// Consumer creates or updates the durable consumer of a backend's dispatch subject.
+func (l *Log) Consumer(ctx context.Context, backend assignment.Backend) (jetstream.Consumer, error) {
+	c, err := l.js.CreateOrUpdateConsumer(ctx, StreamDispatch, jetstream.ConsumerConfig{
+		Durable:       "worker-" + string(backend),
+		Description:   "dynrunner " + string(backend) + " worker",
+		FilterSubject: SubjectDispatch + string(backend),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       l.cfg.DispatchAckWait,
+		MaxDeliver:    l.cfg.DispatchMaxDeliver,
+		MaxAckPending: 1024,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: consumer for %s: %w", backend, err)
+	}
+	return c, nil
+}
+
+// DeadLetter records a dispatch message that will not be delivered again, with why.
+func (l *Log) DeadLetter(ctx context.Context, backend assignment.Backend, data []byte, reason string) error {
+	msg := nats.NewMsg(SubjectDead + string(backend))
+	msg.Data = data
+	msg.Header.Set("Dynrunner-Reason", reason)
+	if _, err := l.js.PublishMsg(ctx, msg); err != nil {
+		return fmt.Errorf("eventlog: dead-letter for %s: %w", backend, err)
+	}
+	return nil
+}
+
+func taskKey(task assignment.TaskID) string { return "task." + task.String() }
+
+// PutTask stores a sealed task.
+func (l *Log) PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error {
+	if _, err := l.tasks.Put(ctx, taskKey(task), sealed); err != nil {
+		return fmt.Errorf("eventlog: store task %d: %w", task, err)
+	}
+	return nil
+}
+
+// GetTask reads a sealed task; assignment.ErrNotFound when it was dropped.
+func (l *Log) GetTask(ctx context.Context, task assignment.TaskID) ([]byte, error) {
+	e, err := l.tasks.Get(ctx, taskKey(task))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, fmt.Errorf("eventlog: sealed task %d: %w", task, assignment.ErrNotFound)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: read task %d: %w", task, err)
+	}
+	return e.Value(), nil
+}
+
+// DropTask purges a sealed task and its history: the end of its secret material.
+func (l *Log) DropTask(ctx context.Context, task assignment.TaskID) error {
+	if err := l.tasks.Purge(ctx, taskKey(task)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("eventlog: drop task %d: %w", task, err)
+	}
+	return nil
+}

@@ -1,0 +1,127 @@
+package eventlog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+)
+
+// View is a component's read model of all assignments, rebuilt from JetStream by Watch. It is
+// a cache: every decision is still checked by a compare-and-swap append.
+type View struct {
+	mu     sync.RWMutex
+	states map[assignment.TaskID]assignment.State
+	ready  chan struct{}
+	once   sync.Once
+	subs   []func(assignment.State)
+}
+
+// NewView returns an empty view.
+func NewView() *View {
+	return &View{states: make(map[assignment.TaskID]assignment.State), ready: make(chan struct{})}
+}
+
+// OnChange registers fn to be called (from the watch goroutine) with every state the view
+// learns, including the initial replay. Register before Watch starts.
+func (v *View) OnChange(fn func(assignment.State)) { v.subs = append(v.subs, fn) }
+
+// Ready is closed once the view has caught up with the stream.
+func (v *View) Ready() <-chan struct{} { return v.ready }
+
+// Get returns the last known state of a task.
+func (v *View) Get(task assignment.TaskID) (assignment.State, bool) {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	s, ok := v.states[task]
+	return s, ok
+}
+
+// Live returns the states of all assignments not yet ended.
+func (v *View) Live() []assignment.State {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]assignment.State, 0, len(v.states))
+	for _, s := range v.states {
+		if s.Live() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Len counts the assignments the view holds.
+func (v *View) Len() int {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	return len(v.states)
+}
+
+// Observe folds a state into the view if it is newer than what the view has; components call
+// it with the result of their own appends so they need not wait for the watch.
+func (v *View) Observe(s assignment.State) {
+	v.mu.Lock()
+	old, ok := v.states[s.Task]
+	newer := !ok || s.Seq > old.Seq
+	if newer {
+		// Ended assignments stay as their last state so late reports get a clear answer; the
+		// stream's retention bounds how many a restart reloads.
+		v.states[s.Task] = s
+	}
+	v.mu.Unlock()
+	if newer {
+		for _, fn := range v.subs {
+			fn(s)
+		}
+	}
+}
+
+// Watch replays the last state of every assignment and then follows new transitions until ctx
+// ends. It returns nil on cancellation.
+func (l *Log) Watch(ctx context.Context, v *View) error {
+	info, err := l.asg.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("eventlog: watch: %w", err)
+	}
+	if info.State.Msgs == 0 {
+		v.once.Do(func() { close(v.ready) })
+	}
+	c, err := l.asg.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{SubjectAssignment + "*"},
+		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
+	})
+	if err != nil {
+		return fmt.Errorf("eventlog: watch: %w", err)
+	}
+	it, err := c.Messages()
+	if err != nil {
+		return fmt.Errorf("eventlog: watch: %w", err)
+	}
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("eventlog: watch: %w", err)
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			continue
+		}
+		s, err := decodeState(msg.Data(), md.Sequence.Stream)
+		if err == nil {
+			v.Observe(s)
+		}
+		if md.NumPending == 0 {
+			v.once.Do(func() { close(v.ready) })
+		}
+	}
+}

@@ -1,0 +1,125 @@
+// Package natsconn connects dynrunner to NATS: an embedded nats-server with JetStream in the
+// state directory (the single-node default) or an external server or cluster.
+package natsconn
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// Config selects the connection.
+type Config struct {
+	// URL of an external NATS; empty embeds a server.
+	URL string
+	// User and Password authenticate to an external NATS (the password comes from a file).
+	User     string
+	Password string
+	// StoreDir holds the embedded server's JetStream data.
+	StoreDir string
+	// Name identifies this connection to the server (shown by `nats server report connections`).
+	Name string
+}
+
+// Conn is a NATS connection and, when embedded, its server.
+type Conn struct {
+	NC     *nats.Conn
+	Server *server.Server
+}
+
+// Connect embeds or dials NATS.
+func Connect(cfg Config) (*Conn, error) {
+	opts := []nats.Option{
+		nats.Name(cfg.Name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+	}
+	if cfg.URL != "" {
+		if cfg.Password != "" {
+			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
+		}
+		nc, err := nats.Connect(cfg.URL, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("natsconn: connect %s: %w", redactURL(cfg.URL), err)
+		}
+		return &Conn{NC: nc}, nil
+	}
+	s, err := Embed(cfg.StoreDir)
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s))...)
+	if err != nil {
+		s.Shutdown()
+		return nil, fmt.Errorf("natsconn: connect to the embedded server: %w", err)
+	}
+	return &Conn{NC: nc, Server: s}, nil
+}
+
+// Embed starts an in-process nats-server with JetStream storing under dir. It listens on no
+// TCP port: only in-process connections reach it.
+func Embed(dir string) (*server.Server, error) {
+	if dir == "" {
+		return nil, errors.New("natsconn: embedded server needs a store directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("natsconn: store directory: %w", err)
+	}
+	s, err := server.NewServer(&server.Options{
+		ServerName:         "dynrunner-embedded",
+		DontListen:         true,
+		JetStream:          true,
+		StoreDir:           filepath.Clean(dir),
+		NoSigs:             true,
+		NoLog:              true,
+		JetStreamMaxMemory: 256 << 20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("natsconn: embedded server: %w", err)
+	}
+	s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		return nil, errors.New("natsconn: embedded server not ready within 30s")
+	}
+	return s, nil
+}
+
+// Close drains the connection and stops an embedded server. It is idempotent.
+func (c *Conn) Close() {
+	if c.NC != nil && !c.NC.IsClosed() {
+		_ = c.NC.Drain()
+		for i := 0; i < 100 && !c.NC.IsClosed(); i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+		c.NC.Close()
+	}
+	if c.Server != nil {
+		c.Server.Shutdown()
+		c.Server.WaitForShutdown()
+	}
+}
+
+func redactURL(u string) string {
+	// nats://user:pass@host → nats://user:REDACTED@host; passwords never reach a log or error.
+	for i := 0; i+3 <= len(u); i++ {
+		if u[i:i+3] == "://" {
+			rest := u[i+3:]
+			for j := 0; j < len(rest); j++ {
+				if rest[j] == '@' {
+					return u[:i+3] + "REDACTED@" + rest[j+1:]
+				}
+				if rest[j] == '/' {
+					break
+				}
+			}
+			break
+		}
+	}
+	return u
+}

@@ -1,0 +1,58 @@
+package podworker
+
+import (
+	"context"
+	"errors"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+)
+
+// Spec is everything a backend needs to start the environment of one assignment.
+type Spec struct {
+	Task  assignment.TaskID
+	Epoch assignment.Epoch
+	// Env is the executor's non-secret configuration, as environment variables.
+	Env map[string]string
+	// Files are secret files (capability token, SVID) the executor reads; the backend places
+	// them with mode 0600 in a directory whose path it passes in DYNRUNNER_SECRETS_DIR.
+	Files map[string][]byte
+}
+
+// Handle identifies a running environment. The worker records it in the event log (the
+// `started` transition) and gives it back to the backend after a restart to re-attach.
+type Handle struct {
+	Backend string            `json:"backend"`
+	ID      string            `json:"id"`
+	Task    assignment.TaskID `json:"task_id"`
+	Epoch   assignment.Epoch  `json:"epoch"`
+	// Data is opaque backend state (process id and start time, Pod UID, container id).
+	Data map[string]string `json:"data,omitempty"`
+}
+
+// Exit is how an environment ended.
+type Exit struct {
+	// Code is the executor's exit code, or -1 when the backend cannot tell (an adopted process).
+	Code int
+	// Reason says why, for humans: "exited", "killed", "deleted", "oom".
+	Reason string
+}
+
+// Backend creates, watches and destroys one-shot environments.
+type Backend interface {
+	// Name is the backend's configured name: "local", "docker", "kubernetes".
+	Name() string
+	// Start creates the environment and returns once it has been created (not once the job ran).
+	Start(ctx context.Context, spec Spec) (Handle, error)
+	// Wait blocks until the environment ends or ctx is done. It works for handles from Start and
+	// for handles recovered after a restart (Nomad's RecoverTask).
+	Wait(ctx context.Context, h Handle) (Exit, error)
+	// Destroy stops the environment and removes everything it created. It is idempotent:
+	// destroying an environment that is already gone returns nil.
+	Destroy(ctx context.Context, h Handle) error
+	// List returns every environment of this backend that exists now, so the worker can adopt
+	// those a live assignment owns and reap the rest.
+	List(ctx context.Context) ([]Handle, error)
+}
+
+// ErrNotFound reports a handle whose environment no longer exists.
+var ErrNotFound = errors.New("podworker: environment not found")
