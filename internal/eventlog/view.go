@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -52,6 +53,31 @@ func (v *View) Live() []assignment.State {
 		}
 	}
 	return out
+}
+
+// Ended returns the states of all assignments that ended.
+func (v *View) Ended() []assignment.State {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	var out []assignment.State
+	for _, s := range v.states {
+		if !s.Live() {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// Forget removes ended assignments last changed before cutoff, bounding the view's memory in
+// a long-running controller.
+func (v *View) Forget(cutoff time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for id, s := range v.states {
+		if !s.Live() && s.At.Before(cutoff) {
+			delete(v.states, id)
+		}
+	}
 }
 
 // Len counts the assignments the view holds.

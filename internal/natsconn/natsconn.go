@@ -5,8 +5,10 @@ package natsconn
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -22,6 +24,10 @@ type Config struct {
 	Password string
 	// StoreDir holds the embedded server's JetStream data.
 	StoreDir string
+	// Listen is the loopback address the embedded server also serves, so operators can tail
+	// the audit subjects with `nats` or `dynrunner events`; empty: in-process only. Clients
+	// authenticate as User with Password.
+	Listen string
 	// Name identifies this connection to the server (shown by `nats server report connections`).
 	Name string
 }
@@ -49,9 +55,12 @@ func Connect(cfg Config) (*Conn, error) {
 		}
 		return &Conn{NC: nc}, nil
 	}
-	s, err := Embed(cfg.StoreDir)
+	s, err := Embed(cfg.StoreDir, cfg.Listen, cfg.User, cfg.Password)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Password != "" {
+		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 	}
 	nc, err := nats.Connect("", append(opts, nats.InProcessServer(s))...)
 	if err != nil {
@@ -61,16 +70,14 @@ func Connect(cfg Config) (*Conn, error) {
 	return &Conn{NC: nc, Server: s}, nil
 }
 
-// Embed starts an in-process nats-server with JetStream storing under dir. It listens on no
-// TCP port: only in-process connections reach it.
-func Embed(dir string) (*server.Server, error) {
+// Embed starts an in-process nats-server with JetStream storing under dir. With listen empty
+// it listens on no TCP port: only in-process connections reach it; otherwise it also serves
+// listen (loopback only), where clients must authenticate as user with password.
+func Embed(dir, listen, user, password string) (*server.Server, error) {
 	if dir == "" {
 		return nil, errors.New("natsconn: embedded server needs a store directory")
 	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("natsconn: store directory: %w", err)
-	}
-	s, err := server.NewServer(&server.Options{
+	opts := &server.Options{
 		ServerName:         "dynrunner-embedded",
 		DontListen:         true,
 		JetStream:          true,
@@ -78,7 +85,30 @@ func Embed(dir string) (*server.Server, error) {
 		NoSigs:             true,
 		NoLog:              true,
 		JetStreamMaxMemory: 256 << 20,
-	})
+	}
+	if listen != "" {
+		host, port, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, fmt.Errorf("natsconn: embedded listen address %q: %w", listen, err)
+		}
+		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+			return nil, fmt.Errorf("natsconn: embedded listen address %q: the embedded server serves loopback only; use an external NATS for more", listen)
+		}
+		if user == "" || password == "" {
+			return nil, errors.New("natsconn: an embedded server that listens needs a user and password")
+		}
+		p, err := strconv.Atoi(port)
+		if err != nil {
+			return nil, fmt.Errorf("natsconn: embedded listen port %q: %w", port, err)
+		}
+		opts.DontListen = false
+		opts.Host, opts.Port = host, p
+		opts.Username, opts.Password = user, password
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("natsconn: store directory: %w", err)
+	}
+	s, err := server.NewServer(opts)
 	if err != nil {
 		return nil, fmt.Errorf("natsconn: embedded server: %w", err)
 	}

@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/natsconn"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/local"
+	"github.com/dynrunner/dynrunner/scheduler"
+)
+
+func runController(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("controller takes no arguments; configure it with environment variables (docs/configuration.md)")
+	}
+	cfg, err := config.LoadController(os.Getenv)
+	if err != nil {
+		return fmt.Errorf("configuration refused:\n%w", err)
+	}
+	log, err := newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel, "controller")
+	if err != nil {
+		return err
+	}
+	return controller(ctx, cfg, log)
+}
+
+// The embedded server's operator credentials.
+const (
+	embeddedUser         = "dynrunner"
+	embeddedPasswordFile = "nats.password"
+)
+
+// keys loads (or, with the embedded NATS, generates) the capability and task keys.
+func keys(cfg config.Controller, log zerolog.Logger) (*captoken.Issuer, []byte, *sealbox.Box, error) {
+	load := func(path, name string) ([]byte, error) {
+		if cfg.GenerateKeys {
+			k, created, err := secretfile.LoadOrCreate(path, 32)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			if created {
+				log.Info().Str("path", path).Msgf("generated %s", name)
+			}
+			return k, nil
+		}
+		k, err := secretfile.ReadMin(path, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		return k, nil
+	}
+	capKey, err := load(cfg.CapabilityKeyFile, "RUNNER_FACADE_CAPABILITY_KEY_FILE")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	issuer, err := captoken.NewIssuer(capKey)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("RUNNER_FACADE_CAPABILITY_KEY_FILE: %w", err)
+	}
+	taskKey, err := load(cfg.TaskKeyFile, "TASK_ENCRYPTION_KEY_FILE")
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	box, err := sealbox.New(taskKey)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("TASK_ENCRYPTION_KEY_FILE: %w", err)
+	}
+	// The facade's runner tokens use a key derived from the capability key, never the key itself.
+	runnerKey := deriveKey(capKey, "dynrunner facade runner tokens v1")
+	return issuer, runnerKey, box, nil
+}
+
+// controller runs the configured components until ctx ends.
+func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) error {
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("STATE_DIR: %w", err)
+	}
+	issuer, runnerKey, box, err := keys(cfg, log)
+	if err != nil {
+		return err
+	}
+	host, _ := os.Hostname()
+	actor := fmt.Sprintf("%s/%d", host, os.Getpid())
+
+	natsCfg := natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, StoreDir: filepath.Join(cfg.StateDir, "jetstream"), Name: "dynrunner-controller " + actor}
+	if cfg.Embedded() && cfg.NATSEmbedListen != "" {
+		pw, _, err := secretfile.LoadOrCreate(filepath.Join(cfg.StateDir, embeddedPasswordFile), 24)
+		if err != nil {
+			return fmt.Errorf("embedded NATS password: %w", err)
+		}
+		natsCfg.Listen, natsCfg.User, natsCfg.Password = cfg.NATSEmbedListen, embeddedUser, string(pw)
+	}
+	if cfg.NATSPasswordFile != "" {
+		pw, err := secretfile.Read(cfg.NATSPasswordFile)
+		if err != nil {
+			return fmt.Errorf("NATS_PASSWORD_FILE: %w", err)
+		}
+		natsCfg.Password = string(pw)
+	}
+	nc, err := natsconn.Connect(natsCfg)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if cfg.Embedded() {
+		log.Info().Str("store", natsCfg.StoreDir).Str("listen", natsCfg.Listen).Msg("embedded nats-server with JetStream started")
+	}
+	js, err := jetstream.New(nc.NC)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+	elCfg := eventlog.DefaultConfig()
+	elCfg.Replicas = cfg.NATSReplicas
+	evlog, err := eventlog.Open(ctx, js, elCfg)
+	if err != nil {
+		return err
+	}
+	view := eventlog.NewView()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := scheduler.NewMetrics(reg)
+
+	var ready []<-chan struct{}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return evlog.Watch(gctx, view) })
+	ready = append(ready, view.Ready())
+
+	var forge scheduler.Forge
+	backends := []assignment.Backend{}
+	if cfg.Has(config.PodWorker) || cfg.Has(config.Scheduler) {
+		backends = append(backends, assignment.BackendPod)
+	}
+	if cfg.Has(config.Scheduler) || cfg.Has(config.Facade) {
+		labels := []string{scheduler.LabelSelfHosted}
+		for _, b := range backends {
+			labels = append(labels, string(b))
+		}
+		g, err := connectForge(ctx, cfg, labels)
+		if err != nil {
+			return err
+		}
+		forge = g
+		log.Info().Str("gitea", cfg.GiteaURL).Strs("labels", labels).Msg("resident runner declared")
+	}
+
+	var facadeSrc workload.Source
+	var devCA *workload.DevCA
+	if cfg.Has(config.Facade) || cfg.Has(config.PodWorker) {
+		if cfg.DevCA {
+			devCA, err = workload.LoadOrCreateDevCA(filepath.Join(cfg.StateDir, "ca"), cfg.TrustDomain)
+			if err != nil {
+				return err
+			}
+			log.Warn().Str("ca", filepath.Join(cfg.StateDir, "ca")).Msg("DEVELOPMENT ONLY: SPIFFE_ENDPOINT_SOCKET is unset, so a built-in CA issues the SVIDs of the facade and of local environments; production uses SPIRE")
+		}
+	}
+
+	if cfg.Has(config.Scheduler) {
+		s := scheduler.New(scheduler.Config{
+			Actor: "scheduler@" + actor, Backends: backends, Lease: cfg.Lease, Pickup: cfg.Pickup,
+			FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
+			Reconcile: time.Second, Box: box, Log: log.With().Str("component", "scheduler").Logger(), Metrics: metrics,
+		}, forge, evlog, view)
+		g.Go(func() error { return s.Run(gctx) })
+		ready = append(ready, s.Ready())
+	}
+
+	if cfg.Has(config.Facade) {
+		if devCA != nil {
+			facadeSrc, err = devCA.ServerSource(cfg.FacadeID, 24*time.Hour, facadeHosts(cfg.FacadeURL))
+		} else {
+			facadeSrc, err = workload.FromWorkloadAPI(ctx, cfg.SpiffeEndpointSocket)
+		}
+		if err != nil {
+			return fmt.Errorf("facade SVID: %w", err)
+		}
+		defer facadeSrc.Close()
+		f := scheduler.NewFacade(scheduler.FacadeConfig{
+			Actor: "facade@" + actor, TrustDomain: cfg.TrustDomain, Lease: cfg.Lease, Issuer: issuer,
+			RunnerKey: runnerKey, Box: box, Log: log.With().Str("component", "facade").Logger(), Metrics: metrics,
+		}, forge, evlog, view)
+		ln, err := net.Listen("tcp", cfg.FacadeListen)
+		if err != nil {
+			return fmt.Errorf("RUNNER_FACADE_LISTEN: %w", err)
+		}
+		srv := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(facadeSrc), ReadHeaderTimeout: 10 * time.Second}
+		facadeReady := make(chan struct{})
+		close(facadeReady)
+		ready = append(ready, facadeReady)
+		g.Go(func() error { return serve(gctx, srv, ln, true) })
+		log.Info().Str("listen", ln.Addr().String()).Str("spiffe_id", cfg.FacadeID.String()).Msg("facade serving mTLS")
+	}
+
+	if cfg.Has(config.PodWorker) {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
+		}
+		backend, err := local.New(local.Config{
+			Root:    filepath.Join(cfg.StateDir, "envs"),
+			Command: []string{exe, "executor"},
+			BaseEnv: []string{"PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"},
+			Log:     log.With().Str("component", "pod-worker").Str("backend", "local").Logger(),
+		})
+		if err != nil {
+			return err
+		}
+		var ident podworker.Identity
+		if devCA != nil {
+			ident = devIdentity{ca: devCA}
+		}
+		w := podworker.New(podworker.Config{
+			Actor: "pod-worker@" + actor, Tier: assignment.BackendPod, Concurrency: cfg.PodConcurrency,
+			Issuer: issuer, Identity: ident, Log: log.With().Str("component", "pod-worker").Logger(),
+			ExecutorEnv: map[string]string{
+				"DYNRUNNER_FACADE_URL":       cfg.FacadeURL,
+				"DYNRUNNER_FACADE_SPIFFE_ID": cfg.FacadeID.String(),
+				"DYNRUNNER_RENEW_SECS":       fmt.Sprint(int(cfg.Lease.Seconds()) / 3),
+				"DYNRUNNER_LABELS":           "self-hosted:host,pod:host",
+				"GITEA_RUNNER_BIN":           cfg.GiteaRunnerBin,
+				"GITEA_RUNNER_SHA256":        cfg.GiteaRunnerSHA256,
+				"GITEA_RUNNER_VERSION":       cfg.GiteaRunnerVersion,
+				"SPIFFE_ENDPOINT_SOCKET":     cfg.SpiffeEndpointSocket,
+				"LOG_FORMAT":                 cfg.LogFormat,
+			},
+		}, backend, evlog, view)
+		g.Go(func() error { return w.Run(gctx) })
+		ready = append(ready, w.Ready())
+	}
+
+	var isReady atomic.Bool
+	g.Go(func() error {
+		for _, c := range ready {
+			select {
+			case <-c:
+			case <-gctx.Done():
+				return nil
+			}
+		}
+		isReady.Store(true)
+		log.Info().Strs("components", cfg.Components).Msg("controller ready")
+		return nil
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !isReady.Load() {
+			http.Error(w, "not ready\n", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hln, err := net.Listen("tcp", cfg.HTTPListen)
+	if err != nil {
+		return fmt.Errorf("HTTP_LISTEN: %w", err)
+	}
+	g.Go(func() error {
+		return serve(gctx, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, hln, false)
+	})
+	log.Info().Str("listen", hln.Addr().String()).Msg("health and metrics serving")
+
+	err = g.Wait()
+	log.Info().Msg("controller stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// serve runs srv on ln until ctx ends, then shuts it down within a bound.
+func serve(ctx context.Context, srv *http.Server, ln net.Listener, tls bool) error {
+	errc := make(chan error, 1)
+	go func() {
+		if tls {
+			errc <- srv.ServeTLS(ln, "", "")
+		} else {
+			errc <- srv.Serve(ln)
+		}
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-errc
+	return nil
+}

@@ -1,0 +1,10 @@
+package main
+
+import (
+	"context"
+	"errors"
+)
+
+func runDemo(ctx context.Context, args []string) error {
+	return errors.New("demo: not wired yet")
+}

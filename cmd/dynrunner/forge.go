@@ -1,0 +1,19 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/scheduler"
+)
+
+func connectForge(ctx context.Context, cfg config.Controller, labels []string) (*scheduler.Gitea, error) {
+	return scheduler.ConnectGitea(ctx, scheduler.GiteaConfig{
+		URL: cfg.GiteaURL, UUIDFile: cfg.GiteaRunnerUUIDFile, TokenFile: cfg.GiteaRunnerTokenFile,
+		RegistrationTokenFile: cfg.GiteaRunnerRegTokenFile, StateDir: cfg.StateDir,
+		Name: cfg.GiteaRunnerName, Labels: labels, Version: "dynrunner-" + version,
+		HTTP: &http.Client{Timeout: 60 * time.Second},
+	})
+}

@@ -1,0 +1,79 @@
+// Command dynrunner is dynrunner's one binary: the controller, the executor that runs inside
+// environments, and operator commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const usage = `dynrunner — one-shot environments for Gitea Actions jobs
+
+Usage:
+  dynrunner controller      run the control plane (components from COMPONENTS, default all)
+  dynrunner executor        run one job inside an environment (started by a pod worker)
+  dynrunner events [--json] follow the audit stream of assignment transitions
+  dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
+  dynrunner version         print the version
+
+Configuration comes from the environment; see docs/configuration.md.
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	cmd, args := os.Args[1], os.Args[2:]
+	var err error
+	switch cmd {
+	case "controller":
+		err = runController(ctx, args)
+	case "executor":
+		err = runExecutor(ctx, args)
+	case "events":
+		err = runEvents(ctx, args, os.Stdout)
+	case "demo":
+		err = runDemo(ctx, args)
+	case "version", "--version":
+		fmt.Println("dynrunner", version)
+	case "help", "-h", "--help":
+		fmt.Print(usage)
+	default:
+		fmt.Fprintf(os.Stderr, "dynrunner: unknown command %q\n\n%s", cmd, usage)
+		os.Exit(2)
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		fmt.Fprintf(os.Stderr, "dynrunner %s: %v\n", cmd, err)
+		os.Exit(1)
+	}
+}
+
+// newLogger builds the process logger: JSON by default, a console writer for humans.
+func newLogger(w io.Writer, format, level, component string) (zerolog.Logger, error) {
+	lvl, err := zerolog.ParseLevel(level)
+	if err != nil || level == "" {
+		return zerolog.Logger{}, fmt.Errorf("LOG_LEVEL %q: want trace, debug, info, warn or error", level)
+	}
+	switch format {
+	case "json":
+	case "console":
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: time.TimeOnly}
+	default:
+		return zerolog.Logger{}, fmt.Errorf("LOG_FORMAT %q: want json or console", format)
+	}
+	return zerolog.New(w).Level(lvl).With().Timestamp().Str("component", component).Logger(), nil
+}

@@ -1,0 +1,281 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+)
+
+// Component names for COMPONENTS.
+const (
+	Scheduler = "scheduler"
+	Facade    = "facade"
+	PodWorker = "pod-worker"
+	VMWorker  = "vm-worker"
+)
+
+// Controller is the controller's configuration.
+type Controller struct {
+	Components []string
+	StateDir   string
+	LogFormat  string
+	LogLevel   string
+	HTTPListen string
+
+	NATSURL          string
+	NATSUser         string
+	NATSPasswordFile string
+	NATSReplicas     int
+	NATSEmbedListen  string
+
+	GiteaURL                 string
+	GiteaRunnerUUIDFile      string
+	GiteaRunnerTokenFile     string
+	GiteaRunnerRegTokenFile  string
+	GiteaRunnerName          string
+	GiteaRunnerBin           string
+	GiteaRunnerSHA256        string
+	GiteaRunnerVersion       string
+	FacadeListen             string
+	FacadeURL                string
+	FacadeID                 spiffeid.ID
+	TrustDomain              spiffeid.TrustDomain
+	CapabilityKeyFile        string
+	TaskKeyFile              string
+	GenerateKeys             bool
+	SpiffeEndpointSocket     string
+	DevCA                    bool
+	PodBackend               string
+	PodConcurrency           int
+	VMConcurrency            int
+	Lease, Pickup, Keepalive time.Duration
+	FetchInterval            time.Duration
+}
+
+// Has reports whether the component is enabled.
+func (c Controller) Has(component string) bool { return slices.Contains(c.Components, component) }
+
+// Embedded reports whether the controller embeds its NATS server.
+func (c Controller) Embedded() bool { return c.NATSURL == "" }
+
+type env struct {
+	get  func(string) string
+	errs []error
+}
+
+func (e *env) str(name, def string) string {
+	if v, ok := e.lookup(name); ok {
+		return v
+	}
+	return def
+}
+
+func (e *env) lookup(name string) (string, bool) {
+	v := strings.TrimSpace(e.get(name))
+	return v, v != ""
+}
+
+func (e *env) fail(format string, args ...any) { e.errs = append(e.errs, fmt.Errorf(format, args...)) }
+
+func (e *env) integer(name string, def, min int) int {
+	v, ok := e.lookup(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < min {
+		e.fail("%s=%q: want an integer of at least %d", name, v, min)
+		return def
+	}
+	return n
+}
+
+func (e *env) seconds(name string, def, floor int) time.Duration {
+	return time.Duration(e.integer(name, def, floor)) * time.Second
+}
+
+// LoadController reads the controller's configuration. getenv is os.Getenv outside tests.
+// All problems are reported together.
+func LoadController(getenv func(string) string) (Controller, error) {
+	e := &env{get: getenv}
+	var c Controller
+
+	c.Components = parseComponents(e, e.str("COMPONENTS", "all"))
+	home, _ := os.UserHomeDir()
+	c.StateDir = e.str("STATE_DIR", filepath.Join(home, ".local", "state", "dynrunner"))
+	if !filepath.IsAbs(c.StateDir) {
+		if abs, err := filepath.Abs(c.StateDir); err == nil {
+			c.StateDir = abs
+		}
+	}
+	c.LogFormat = e.str("LOG_FORMAT", "json")
+	c.LogLevel = e.str("LOG_LEVEL", "info")
+	c.HTTPListen = e.str("HTTP_LISTEN", "127.0.0.1:9464")
+	if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
+		e.fail("HTTP_LISTEN=%q: want host:port", c.HTTPListen)
+	}
+
+	c.NATSURL = e.str("NATS_URL", "")
+	c.NATSUser = e.str("NATS_USER", "")
+	c.NATSPasswordFile = e.str("NATS_PASSWORD_FILE", "")
+	c.NATSReplicas = e.integer("NATS_REPLICAS", 1, 1)
+	c.NATSEmbedListen = e.str("NATS_EMBEDDED_LISTEN", "127.0.0.1:4222")
+	if c.NATSEmbedListen == "off" {
+		c.NATSEmbedListen = ""
+	} else if host, _, err := net.SplitHostPort(c.NATSEmbedListen); err != nil {
+		e.fail("NATS_EMBEDDED_LISTEN=%q: want a loopback host:port or off", c.NATSEmbedListen)
+	} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+		e.fail("NATS_EMBEDDED_LISTEN=%q: the embedded server serves loopback only; for more, run a NATS cluster and set NATS_URL", c.NATSEmbedListen)
+	}
+	switch {
+	case c.NATSURL == "" && (c.NATSUser != "" || c.NATSPasswordFile != ""):
+		e.fail("NATS_USER/NATS_PASSWORD_FILE are set but NATS_URL is not: the embedded server takes no credentials; set NATS_URL or unset them")
+	case c.NATSUser != "" && c.NATSPasswordFile == "":
+		e.fail("NATS_USER is set without NATS_PASSWORD_FILE: set both or neither")
+	case c.NATSUser == "" && c.NATSPasswordFile != "":
+		e.fail("NATS_PASSWORD_FILE is set without NATS_USER: set both or neither")
+	}
+	if c.NATSURL == "" && c.NATSReplicas != 1 {
+		e.fail("NATS_REPLICAS=%d needs a NATS cluster in NATS_URL; the embedded server holds one replica", c.NATSReplicas)
+	}
+
+	c.GiteaURL = strings.TrimRight(e.str("GITEA_URL", ""), "/")
+	c.GiteaRunnerUUIDFile = e.str("GITEA_RUNNER_UUID_FILE", "")
+	c.GiteaRunnerTokenFile = e.str("GITEA_RUNNER_TOKEN_FILE", "")
+	c.GiteaRunnerRegTokenFile = e.str("GITEA_RUNNER_REGISTRATION_TOKEN_FILE", "")
+	host, _ := os.Hostname()
+	c.GiteaRunnerName = e.str("GITEA_RUNNER_NAME", "dynrunner-"+host)
+	c.GiteaRunnerBin = e.str("GITEA_RUNNER_BIN", "")
+	c.GiteaRunnerSHA256 = strings.ToLower(e.str("GITEA_RUNNER_SHA256", ""))
+	c.GiteaRunnerVersion = e.str("GITEA_RUNNER_VERSION", "v1.0.8")
+	if c.Has(Scheduler) || c.Has(Facade) {
+		if c.GiteaURL == "" {
+			e.fail("GITEA_URL is required with the scheduler and the facade")
+		} else if u, err := url.Parse(c.GiteaURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			e.fail("GITEA_URL=%q: want http(s)://host[:port]", c.GiteaURL)
+		}
+	}
+	if (c.GiteaRunnerUUIDFile == "") != (c.GiteaRunnerTokenFile == "") {
+		e.fail("GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE must be set together")
+	}
+	if c.GiteaRunnerUUIDFile != "" && c.GiteaRunnerRegTokenFile != "" {
+		e.fail("set either GITEA_RUNNER_UUID_FILE/GITEA_RUNNER_TOKEN_FILE or GITEA_RUNNER_REGISTRATION_TOKEN_FILE, not both")
+	}
+	if c.Has(Facade) != c.Has(Scheduler) && c.GiteaRunnerRegTokenFile != "" {
+		e.fail("the facade forwards reports with the scheduler's runner credentials: when they run in separate processes, give both GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE instead of GITEA_RUNNER_REGISTRATION_TOKEN_FILE")
+	}
+	if c.Has(PodWorker) {
+		switch {
+		case c.GiteaRunnerBin == "":
+			e.fail("GITEA_RUNNER_BIN is required with the pod worker: the pinned Gitea runner environments run (scripts/tools.sh builds it)")
+		case len(c.GiteaRunnerSHA256) != 64 || strings.Trim(c.GiteaRunnerSHA256, "0123456789abcdef") != "":
+			e.fail("GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITEA_RUNNER_BIN (sha256sum %s)", c.GiteaRunnerBin)
+		}
+	}
+
+	tdName := e.str("SPIFFE_TRUST_DOMAIN", "dynrunner.local")
+	td, err := spiffeid.TrustDomainFromString(tdName)
+	if err != nil {
+		e.fail("SPIFFE_TRUST_DOMAIN=%q: %v", tdName, err)
+	}
+	c.TrustDomain = td
+	c.FacadeListen = e.str("RUNNER_FACADE_LISTEN", "127.0.0.1:8443")
+	if _, _, err := net.SplitHostPort(c.FacadeListen); err != nil {
+		e.fail("RUNNER_FACADE_LISTEN=%q: want host:port", c.FacadeListen)
+	}
+	c.FacadeURL = strings.TrimRight(e.str("RUNNER_FACADE_URL", "https://"+c.FacadeListen), "/")
+	if u, err := url.Parse(c.FacadeURL); err != nil || u.Scheme != "https" || u.Host == "" {
+		e.fail("RUNNER_FACADE_URL=%q: the facade speaks mTLS only; want https://host:port", c.FacadeURL)
+	}
+	if v, ok := e.lookup("RUNNER_FACADE_SPIFFE_ID"); ok {
+		id, err := spiffeid.FromString(v)
+		switch {
+		case err != nil:
+			e.fail("RUNNER_FACADE_SPIFFE_ID=%q: %v", v, err)
+		case !td.IsZero() && id.TrustDomain() != td:
+			e.fail("RUNNER_FACADE_SPIFFE_ID=%q is not in SPIFFE_TRUST_DOMAIN %s", v, td)
+		default:
+			c.FacadeID = id
+		}
+	} else if !td.IsZero() {
+		c.FacadeID = spiffeid.RequireFromPath(td, "/dynrunner/facade")
+	}
+
+	c.PodBackend = e.str("POD_BACKEND", "local")
+	if c.PodBackend != "local" {
+		e.fail("POD_BACKEND=%q: this release has the local backend only", c.PodBackend)
+	}
+	c.SpiffeEndpointSocket = e.str("SPIFFE_ENDPOINT_SOCKET", "")
+	c.DevCA = c.SpiffeEndpointSocket == ""
+	if c.DevCA && c.PodBackend != "local" {
+		e.fail("SPIFFE_ENDPOINT_SOCKET is required with POD_BACKEND=%s: the development CA is for the local backend only", c.PodBackend)
+	}
+
+	c.CapabilityKeyFile = e.str("RUNNER_FACADE_CAPABILITY_KEY_FILE", "")
+	c.TaskKeyFile = e.str("TASK_ENCRYPTION_KEY_FILE", "")
+	c.GenerateKeys = c.Embedded()
+	if !c.Embedded() {
+		if c.CapabilityKeyFile == "" {
+			e.fail("RUNNER_FACADE_CAPABILITY_KEY_FILE is required with NATS_URL: every controller replica must share the key")
+		}
+		if c.TaskKeyFile == "" {
+			e.fail("TASK_ENCRYPTION_KEY_FILE is required with NATS_URL: every controller replica must share the key")
+		}
+	}
+	if c.CapabilityKeyFile == "" {
+		c.CapabilityKeyFile = filepath.Join(c.StateDir, "capability.key")
+	}
+	if c.TaskKeyFile == "" {
+		c.TaskKeyFile = filepath.Join(c.StateDir, "task.key")
+	}
+
+	c.PodConcurrency = e.integer("POD_CONCURRENCY", 4, 1)
+	c.VMConcurrency = e.integer("VM_CONCURRENCY", 1, 1)
+	c.Lease = e.seconds("LEASE_SECS", 300, 90)
+	c.Pickup = e.seconds("PICKUP_SECS", 120, 60)
+	if c.Pickup >= c.Lease {
+		e.fail("PICKUP_SECS=%d must be below LEASE_SECS=%d", int(c.Pickup.Seconds()), int(c.Lease.Seconds()))
+	}
+	c.Keepalive = e.seconds("KEEPALIVE_SECS", 60, 5)
+	if c.Keepalive >= 10*time.Minute {
+		e.fail("KEEPALIVE_SECS must be below 600: Gitea fails tasks silent for 10 minutes")
+	}
+	fi := e.str("FETCH_INTERVAL", "1s")
+	c.FetchInterval, err = time.ParseDuration(fi)
+	if err != nil || c.FetchInterval < 100*time.Millisecond {
+		e.fail("FETCH_INTERVAL=%q: want a Go duration of at least 100ms", fi)
+	}
+	return c, errors.Join(e.errs...)
+}
+
+func parseComponents(e *env, v string) []string {
+	var out []string
+	for _, p := range strings.Split(v, ",") {
+		switch p = strings.TrimSpace(p); p {
+		case "all":
+			out = append(out, Scheduler, Facade, PodWorker)
+		case Scheduler, Facade, PodWorker:
+			out = append(out, p)
+		case VMWorker:
+			e.fail("COMPONENTS: vm-worker is not part of this release; it never runs vm jobs in pods, so [self-hosted, vm] jobs are failed with a clear message")
+		case "":
+		default:
+			e.fail("COMPONENTS: unknown component %q; want all or a list of scheduler, facade, pod-worker", p)
+		}
+	}
+	slices.Sort(out)
+	out = slices.Compact(out)
+	if len(out) == 0 {
+		e.fail("COMPONENTS is empty")
+	}
+	return out
+}

@@ -1,0 +1,64 @@
+// Package config loads dynrunner's configuration from the environment into plain structs and
+// validates it, failing closed: a half-configured setting is a boot error that says what to
+// set. Long-lived credentials are only ever read from files (*_FILE variables).
+package config
+
+// Var documents one environment variable. docs/configuration.md lists every Var with its
+// default; a test keeps the two in step.
+type Var struct {
+	Name    string
+	Default string
+	Doc     string
+}
+
+// Controller variables.
+var ControllerVars = []Var{
+	{"COMPONENTS", "all", "Comma-separated components to run: scheduler, facade, pod-worker (all = all three). vm-worker is not part of this release."},
+	{"STATE_DIR", "$HOME/.local/state/dynrunner", "State directory: embedded JetStream store, generated keys, development CA, local environments."},
+	{"LOG_FORMAT", "json", "json, or console for humans."},
+	{"LOG_LEVEL", "info", "trace, debug, info, warn or error."},
+	{"HTTP_LISTEN", "127.0.0.1:9464", "Address of /healthz, /readyz and /metrics."},
+	{"NATS_URL", "", "External NATS server or cluster (nats://host:4222,...). Empty: an embedded nats-server with JetStream under STATE_DIR/jetstream."},
+	{"NATS_EMBEDDED_LISTEN", "127.0.0.1:4222", "Loopback address where the embedded NATS also listens, so operators can tail the audit subjects (user dynrunner, password in STATE_DIR/nats.password). off: in-process only."},
+	{"NATS_USER", "", "User for NATS_URL; requires NATS_PASSWORD_FILE."},
+	{"NATS_PASSWORD_FILE", "", "File holding the NATS password (mode 0600); requires NATS_USER."},
+	{"NATS_REPLICAS", "1", "Replicas of dynrunner's streams and buckets (3 on a cluster)."},
+	{"GITEA_URL", "", "Gitea base URL. Required with the scheduler or the facade."},
+	{"GITEA_RUNNER_UUID_FILE", "", "File holding the resident runner's UUID; set together with GITEA_RUNNER_TOKEN_FILE."},
+	{"GITEA_RUNNER_TOKEN_FILE", "", "File holding the resident runner's token."},
+	{"GITEA_RUNNER_REGISTRATION_TOKEN_FILE", "", "File holding a runner registration token: registers on first start and keeps the credentials in STATE_DIR/gitea-runner.json (0600)."},
+	{"GITEA_RUNNER_NAME", "dynrunner-<hostname>", "Name of the resident runner in Gitea."},
+	{"GITEA_RUNNER_BIN", "", "The pinned Gitea runner binary environments run. Required with the pod worker."},
+	{"GITEA_RUNNER_SHA256", "", "SHA-256 of GITEA_RUNNER_BIN; executors refuse any other binary. Required with GITEA_RUNNER_BIN."},
+	{"GITEA_RUNNER_VERSION", "v1.0.8", "Version GITEA_RUNNER_BIN must report."},
+	{"RUNNER_FACADE_LISTEN", "127.0.0.1:8443", "Address the facade listens on (mTLS only)."},
+	{"RUNNER_FACADE_URL", "https://<RUNNER_FACADE_LISTEN>", "URL environments reach the facade at."},
+	{"RUNNER_FACADE_SPIFFE_ID", "spiffe://<SPIFFE_TRUST_DOMAIN>/dynrunner/facade", "SPIFFE ID the facade presents and environments expect."},
+	{"RUNNER_FACADE_CAPABILITY_KEY_FILE", "STATE_DIR/capability.key (embedded NATS only)", "HMAC key (at least 32 bytes) for single-use capability tokens. Generated on first start with the embedded NATS; required with NATS_URL so replicas share it."},
+	{"TASK_ENCRYPTION_KEY_FILE", "STATE_DIR/task.key (embedded NATS only)", "AES-256-GCM key sealing tasks (secrets, tokens) at rest in JetStream. Generated with the embedded NATS; required with NATS_URL."},
+	{"SPIFFE_TRUST_DOMAIN", "dynrunner.local", "Trust domain of facade and environment SPIFFE IDs."},
+	{"SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///run/spire/agent.sock). Unset: only with POD_BACKEND=local, a development CA in STATE_DIR/ca issues SVIDs (logged loudly)."},
+	{"POD_BACKEND", "local", "Pod backend: local (executor child processes). docker and kubernetes are not part of this release."},
+	{"POD_CONCURRENCY", "4", "Pod environments running at once."},
+	{"VM_CONCURRENCY", "1", "VM environments running at once (with the vm worker)."},
+	{"LEASE_SECS", "300", "Lease of an assignment; environments renew it every LEASE_SECS/3. Floor 90."},
+	{"PICKUP_SECS", "120", "A claim whose environment has not fetched the task within this is failed. Floor 60, below LEASE_SECS."},
+	{"KEEPALIVE_SECS", "60", "How often a task whose environment is starting is reported alive to Gitea (which fails tasks silent for 10 minutes)."},
+	{"FETCH_INTERVAL", "1s", "Pause between empty FetchTask polls (Go duration); errors back off to 10x."},
+}
+
+// Executor variables, set by the pod worker for each environment.
+var ExecutorVars = []Var{
+	{"DYNRUNNER_FACADE_URL", "", "Facade URL (https)."},
+	{"DYNRUNNER_FACADE_SPIFFE_ID", "", "SPIFFE ID the facade must present."},
+	{"DYNRUNNER_TASK_ID", "", "Forge task id of the assignment."},
+	{"DYNRUNNER_EPOCH", "", "Fencing epoch of the assignment."},
+	{"DYNRUNNER_SECRETS_DIR", "", "Directory with the capability token (and, without a Workload API, the SVID files)."},
+	{"DYNRUNNER_WORK_DIR", "", "Work directory of the runner and the job."},
+	{"DYNRUNNER_LABELS", "", "Labels the runner declares (name:host,...)."},
+	{"DYNRUNNER_RENEW_SECS", "100", "Lease renewal interval."},
+	{"SPIFFE_ENDPOINT_SOCKET", "", "Workload API socket; unset: SVID files in DYNRUNNER_SECRETS_DIR."},
+	{"GITEA_RUNNER_BIN", "", "The pinned Gitea runner."},
+	{"GITEA_RUNNER_SHA256", "", "Its SHA-256."},
+	{"GITEA_RUNNER_VERSION", "", "The version it must report."},
+}

@@ -1,0 +1,239 @@
+package executor
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
+	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
+)
+
+// Config configures one executor run.
+type Config struct {
+	FacadeURL string
+	FacadeID  spiffeid.ID
+	Task      assignment.TaskID
+	Epoch     assignment.Epoch
+	// Token is the single-use capability token (a secret).
+	Token string
+	// SVID is the environment's identity source (Workload API or files).
+	SVID workload.Source
+
+	RunnerBin     string
+	RunnerSHA256  string
+	RunnerVersion string
+	// Labels the runner declares, in the runner's `name:host` form.
+	Labels  []string
+	WorkDir string
+	// Renew is the lease renewal interval (about a third of the lease).
+	Renew time.Duration
+	// Output receives the runner's own output.
+	Output io.Writer
+	Log    zerolog.Logger
+}
+
+// ErrRunnerMismatch: the runner binary is not the pinned one.
+var ErrRunnerMismatch = errors.New("executor: gitea runner binary does not match the pinned version")
+
+// VerifyRunner checks the runner binary's SHA-256 and the version it reports.
+func VerifyRunner(ctx context.Context, bin, wantSHA, wantVersion string) error {
+	f, err := os.Open(bin)
+	if err != nil {
+		return fmt.Errorf("executor: gitea runner binary: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(h, f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("executor: hash gitea runner binary: %w", err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, wantSHA) {
+		return fmt.Errorf("%w: %s has SHA-256 %s, pinned %s", ErrRunnerMismatch, bin, got, wantSHA)
+	}
+	if wantVersion != "" {
+		out, err := exec.CommandContext(ctx, bin, "--version").CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("executor: %s --version: %w", bin, err)
+		}
+		if !strings.Contains(string(out), strings.TrimPrefix(wantVersion, "v")) {
+			return fmt.Errorf("%w: %s reports %q, pinned %s", ErrRunnerMismatch, bin, strings.TrimSpace(string(out)), wantVersion)
+		}
+	}
+	return nil
+}
+
+// Run runs the environment's one job. It returns nil when the runner finished the job (its
+// result, success or failure, is in the forge) and an error when it could not run it.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Log
+	if err := VerifyRunner(ctx, cfg.RunnerBin, cfg.RunnerSHA256, cfg.RunnerVersion); err != nil {
+		return err
+	}
+	transport := &http.Transport{
+		TLSClientConfig:     workload.ClientTLSConfig(cfg.SVID, cfg.FacadeID),
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	defer transport.CloseIdleConnections()
+	fwd, err := startForwarder(cfg.FacadeURL, transport, log)
+	if err != nil {
+		return err
+	}
+	defer fwd.Close()
+
+	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
+		return fmt.Errorf("executor: work dir: %w", err)
+	}
+	confPath := filepath.Join(cfg.WorkDir, "runner-config.yaml")
+	if err := os.WriteFile(confPath, []byte(runnerConfig(cfg.WorkDir)), 0o600); err != nil {
+		return fmt.Errorf("executor: runner config: %w", err)
+	}
+	name := fmt.Sprintf("dynrunner-%d-%d", cfg.Task, cfg.Epoch)
+	reg := exec.CommandContext(ctx, cfg.RunnerBin, "--config", confPath, "register", "--no-interactive", "--ephemeral",
+		"--instance", fwd.URL(), "--token", cfg.Token, "--name", name, "--labels", strings.Join(cfg.Labels, ","))
+	reg.Dir = cfg.WorkDir
+	var regOut bytes.Buffer
+	reg.Stdout, reg.Stderr = &regOut, &regOut
+	if err := reg.Run(); err != nil {
+		return fmt.Errorf("executor: register the runner at the facade: %w: %s", err, redact(regOut.String(), cfg.Token))
+	}
+	log.Info().Str("runner", name).Msg("runner registered at the facade")
+
+	daemon := exec.Command(cfg.RunnerBin, "--config", confPath, "daemon")
+	daemon.Dir = cfg.WorkDir
+	daemon.Stdout, daemon.Stderr = cfg.Output, cfg.Output
+	daemon.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := daemon.Start(); err != nil {
+		return fmt.Errorf("executor: start the runner: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- daemon.Wait() }()
+
+	lease := dynrunnerv1connect.NewLeaseServiceClient(&http.Client{Transport: transport, Timeout: 30 * time.Second}, cfg.FacadeURL)
+	ticker := time.NewTicker(cfg.Renew)
+	defer ticker.Stop()
+	stop := func(why string) {
+		log.Warn().Str("why", why).Msg("stopping the runner")
+		_ = syscall.Kill(-daemon.Process.Pid, syscall.SIGTERM)
+	}
+	var stopOnce sync.Once
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("executor: runner exited: %w", err)
+			}
+			log.Info().Msg("runner finished its job")
+			return nil
+		case <-ctx.Done():
+			stopOnce.Do(func() { stop("executor stopped") })
+			ctx = context.WithoutCancel(ctx)
+		case <-ticker.C:
+			resp, err := lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: int64(cfg.Task), Epoch: uint64(cfg.Epoch)}))
+			if err != nil {
+				// The controller may be restarting; the lease outlasts a few missed renewals.
+				log.Warn().Err(err).Msg("lease renewal failed; retrying at the next tick")
+				if connect.CodeOf(err) == connect.CodeFailedPrecondition {
+					stopOnce.Do(func() { stop("the facade refused the lease: " + err.Error()) })
+				}
+				continue
+			}
+			if resp.Msg.GetEnded() {
+				stopOnce.Do(func() { stop("the assignment ended") })
+				continue
+			}
+			log.Debug().Time("lease_expires", resp.Msg.GetLeaseExpiresAt().AsTime()).Msg("lease renewed")
+		}
+	}
+}
+
+func redact(s, secret string) string {
+	if secret == "" {
+		return s
+	}
+	return strings.ReplaceAll(s, secret, "REDACTED")
+}
+
+// runnerConfig is the Gitea runner's configuration inside an environment: one job, host
+// mode, everything under the work directory, generous final-report retries so a controller
+// restart during the last flush loses nothing.
+func runnerConfig(dir string) string {
+	return fmt.Sprintf(`log:
+  level: info
+runner:
+  file: %[1]s/.runner
+  capacity: 1
+  timeout: 6h
+  shutdown_timeout: 30s
+  fetch_interval: 1s
+  fetch_interval_max: 2s
+  log_report_interval: 1s
+  log_report_max_latency: 500ms
+  state_report_interval: 2s
+  report_close_timeout: 60s
+  insecure: false
+cache:
+  enabled: false
+host:
+  workdir_parent: %[1]s/host
+`, dir)
+}
+
+// forwarder carries the runner's plain HTTP calls to the facade over mTLS. It listens on
+// loopback only.
+type forwarder struct {
+	ln  net.Listener
+	srv *http.Server
+}
+
+func startForwarder(facade string, transport http.RoundTripper, log zerolog.Logger) (*forwarder, error) {
+	target, err := url.Parse(facade)
+	if err != nil || target.Scheme != "https" || target.Host == "" {
+		return nil, fmt.Errorf("executor: facade URL %q: want https://host:port", facade)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("executor: forwarder: %w", err)
+	}
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(target)
+			r.Out.Host = target.Host
+		},
+		Transport: transport,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			log.Warn().Err(err).Str("path", r.URL.Path).Msg("facade unreachable")
+			http.Error(w, "dynrunner executor: facade unreachable", http.StatusBadGateway)
+		},
+	}
+	f := &forwarder{ln: ln, srv: &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}}
+	go func() { _ = f.srv.Serve(ln) }()
+	return f, nil
+}
+
+func (f *forwarder) URL() string { return "http://" + f.ln.Addr().String() }
+
+func (f *forwarder) Close() { _ = f.srv.Close() }

@@ -1,0 +1,406 @@
+package podworker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/logkey"
+)
+
+// Identity gives an environment its identity material: the files (SVID, bundle) it needs to
+// prove who it is. Backends whose environments get SVIDs elsewhere (SPIRE) return none.
+type Identity interface {
+	Files(task assignment.TaskID, epoch assignment.Epoch) (map[string][]byte, error)
+}
+
+// TokenFile is the name of the capability token file in an environment's secrets directory.
+const TokenFile = "capability-token"
+
+// Config configures a Worker.
+type Config struct {
+	Actor string
+	// Backend is the isolation tier this worker consumes: pod (or vm, for the vm worker's reuse).
+	Tier assignment.Backend
+	// Concurrency is how many environments run at once.
+	Concurrency int
+	Issuer      *captoken.Issuer
+	Identity    Identity
+	// ExecutorEnv is the environments' non-secret configuration (facade URL, runner binary).
+	ExecutorEnv map[string]string
+	// Reap is how often environments no live assignment owns are looked for.
+	Reap time.Duration
+	Log  zerolog.Logger
+	Now  func() time.Time
+}
+
+// Worker consumes dispatches of one tier and runs their environments on a Backend.
+type Worker struct {
+	cfg     Config
+	backend Backend
+	log     *eventlog.Log
+	view    *eventlog.View
+
+	slots chan struct{}
+	mu    sync.Mutex
+	envs  map[assignment.TaskID]*env
+	wg    sync.WaitGroup
+	ready chan struct{}
+}
+
+type env struct {
+	h      Handle
+	cancel context.CancelFunc
+}
+
+// New returns a Worker.
+func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *Worker {
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 1
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Reap <= 0 {
+		cfg.Reap = 30 * time.Second
+	}
+	w := &Worker{cfg: cfg, backend: backend, log: log, view: view,
+		slots: make(chan struct{}, cfg.Concurrency), envs: make(map[assignment.TaskID]*env), ready: make(chan struct{})}
+	view.OnChange(w.onChange)
+	return w
+}
+
+// Ready is closed once the worker recovered its environments and consumes dispatches.
+func (w *Worker) Ready() <-chan struct{} { return w.ready }
+
+// Run recovers environments, then consumes dispatches until ctx ends. Environments keep
+// running when it returns; the next Run adopts them. It returns nil on cancellation.
+func (w *Worker) Run(ctx context.Context) error {
+	select {
+	case <-w.view.Ready():
+	case <-ctx.Done():
+		return nil
+	}
+	defer w.wg.Wait()
+	if err := w.sweep(ctx); err != nil {
+		return fmt.Errorf("podworker: recover environments: %w", err)
+	}
+	cons, err := w.log.Consumer(ctx, w.cfg.Tier)
+	if err != nil {
+		return err
+	}
+	close(w.ready)
+	w.wg.Go(func() { w.reapLoop(ctx) })
+	for {
+		select {
+		case w.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			<-w.slots
+			if ctx.Err() != nil {
+				return nil
+			}
+			if !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+				w.cfg.Log.Warn().Err(err).Msg("fetch dispatch")
+				wait(ctx, time.Second)
+			}
+			continue
+		}
+		if !w.handle(ctx, msg) {
+			<-w.slots // no environment holds the slot
+		}
+	}
+}
+
+func wait(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// handle processes one dispatch message and reports whether an environment now holds the slot.
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
+	d, err := eventlog.ParseDispatch(msg.Data())
+	if err != nil {
+		w.cfg.Log.Error().Err(err).Msg("poison dispatch message")
+		w.deadLetter(ctx, msg, err.Error())
+		return false
+	}
+	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(d.Task)).Uint64(logkey.Epoch, uint64(d.Epoch)).Logger()
+	st, err := w.log.Get(ctx, d.Task)
+	if errors.Is(err, assignment.ErrNotFound) {
+		logger.Error().Msg("dispatch for a task without an assignment")
+		w.deadLetter(ctx, msg, "no assignment for the task")
+		return false
+	}
+	if err != nil {
+		w.retry(ctx, msg, &st, err)
+		return false
+	}
+	if st.Epoch() != d.Epoch || !st.Live() || st.Phase == assignment.Failed {
+		logger.Info().Str(logkey.Phase, string(st.Phase)).Msg("dispatch no longer current; dropped")
+		_ = msg.Ack()
+		return false
+	}
+	if w.owns(d.Task) {
+		_ = msg.Ack() // a redelivery while the environment runs
+		return false
+	}
+	if len(st.Handle) > 0 {
+		// Started before a crash: adopt the environment if it still exists.
+		var h Handle
+		if err := json.Unmarshal(st.Handle, &h); err == nil {
+			w.watch(ctx, st, h, true)
+			_ = msg.Ack()
+			return true
+		}
+	}
+	next, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Dispatched, Task: d.Task, Epoch: d.Epoch, Actor: w.cfg.Actor, At: w.cfg.Now()}, &st)
+	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
+		w.retry(ctx, msg, &st, err)
+		return false
+	}
+	if err == nil {
+		w.view.Observe(next)
+		st = next
+	}
+	h, tokenID, err := w.start(ctx, msg, st)
+	if err != nil {
+		logger.Warn().Err(err).Msg("start environment")
+		w.retry(ctx, msg, &st, err)
+		return false
+	}
+	hj, _ := json.Marshal(h)
+	started, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Started, Task: d.Task, Epoch: d.Epoch,
+		Actor: w.cfg.Actor, At: w.cfg.Now(), Handle: hj, TokenID: tokenID}, &st)
+	if err != nil {
+		// The assignment moved on (failed, or a stale epoch): the environment must not run.
+		logger.Warn().Err(err).Msg("record started; destroying the environment")
+		_ = w.backend.Destroy(context.WithoutCancel(ctx), h)
+		if errors.Is(err, assignment.ErrStaleEpoch) || errors.Is(err, assignment.ErrTerminal) || errors.Is(err, assignment.ErrInvalidTransition) {
+			_ = msg.Ack()
+		} else {
+			w.retry(ctx, msg, &st, err)
+		}
+		return false
+	}
+	w.view.Observe(started)
+	logger.Info().Str(logkey.Backend, w.backend.Name()).Str(logkey.Env, h.ID).Msg("environment started")
+	w.watch(ctx, started, h, true)
+	_ = msg.Ack()
+	return true
+}
+
+// start issues the environment's token and identity and starts it, telling JetStream the
+// message is in progress while the backend works.
+func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.State) (Handle, string, error) {
+	tok, err := w.cfg.Issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
+	if err != nil {
+		return Handle{}, "", err
+	}
+	files := map[string][]byte{TokenFile: []byte(tok.Secret())}
+	if w.cfg.Identity != nil {
+		idf, err := w.cfg.Identity.Files(st.Task, st.Epoch())
+		if err != nil {
+			return Handle{}, "", fmt.Errorf("podworker: identity: %w", err)
+		}
+		for k, v := range idf {
+			files[k] = v
+		}
+	}
+	env := map[string]string{
+		"DYNRUNNER_TASK_ID": st.Task.String(),
+		"DYNRUNNER_EPOCH":   st.Epoch().String(),
+	}
+	for k, v := range w.cfg.ExecutorEnv {
+		env[k] = v
+	}
+	progress, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-progress.Done():
+				return
+			case <-t.C:
+				_ = msg.InProgress()
+			}
+		}
+	}()
+	h, err := w.backend.Start(ctx, Spec{Task: st.Task, Epoch: st.Epoch(), Env: env, Files: files})
+	if err != nil {
+		return Handle{}, "", err
+	}
+	return h, tok.ID(), nil
+}
+
+// retry naks a message for redelivery, or on its last delivery fails the assignment and
+// dead-letters the message.
+func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, st *assignment.State, cause error) {
+	md, err := msg.Metadata()
+	if err == nil && md.NumDelivered < uint64(w.log.Config().DispatchMaxDeliver) {
+		_ = msg.NakWithDelay(time.Duration(md.NumDelivered) * 2 * time.Second)
+		return
+	}
+	if st != nil && st.Task > 0 {
+		_, _ = w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
+			Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: "the " + w.backend.Name() + " backend could not start an environment: " + cause.Error()}, st)
+	}
+	w.deadLetter(ctx, msg, cause.Error())
+}
+
+func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, reason string) {
+	if err := w.log.DeadLetter(ctx, w.cfg.Tier, msg.Data(), reason); err != nil {
+		w.cfg.Log.Error().Err(err).Msg("dead-letter")
+		_ = msg.Nak()
+		return
+	}
+	_ = msg.TermWithReason(reason)
+}
+
+func (w *Worker) owns(task assignment.TaskID) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	_, ok := w.envs[task]
+	return ok
+}
+
+// watch waits for an environment to end, fails its assignment if the job had not completed,
+// and destroys it. The slot the environment holds is released at the end.
+func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot bool) {
+	wctx, cancel := context.WithCancel(ctx)
+	w.mu.Lock()
+	w.envs[st.Task] = &env{h: h, cancel: cancel}
+	w.mu.Unlock()
+	w.wg.Go(func() {
+		if slot {
+			defer func() { <-w.slots }()
+		}
+		defer cancel()
+		logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str(logkey.Env, h.ID).Logger()
+		exit, err := w.backend.Wait(wctx, h)
+		if ctx.Err() != nil {
+			// Shutting down: the environment keeps running and is adopted on restart.
+			w.forget(st.Task)
+			return
+		}
+		if err != nil && !errors.Is(err, context.Canceled) {
+			exit = Exit{Code: -1, Reason: err.Error()}
+		}
+		cur, gerr := w.log.Get(ctx, st.Task)
+		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Live() && cur.Phase != assignment.Failed {
+			reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
+			if errors.Is(err, ErrNotFound) {
+				reason = "the environment disappeared before the job completed"
+			}
+			next, aerr := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
+				Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: reason}, &cur)
+			if aerr == nil {
+				w.view.Observe(next)
+				logger.Warn().Str("reason", reason).Msg("assignment failed")
+			}
+		}
+		if derr := w.backend.Destroy(context.WithoutCancel(ctx), h); derr != nil {
+			logger.Error().Err(derr).Msg("destroy environment")
+		} else {
+			logger.Info().Str("exit", exit.Reason).Int("code", exit.Code).Msg("environment destroyed")
+		}
+		w.forget(st.Task)
+	})
+}
+
+func (w *Worker) forget(task assignment.TaskID) {
+	w.mu.Lock()
+	delete(w.envs, task)
+	w.mu.Unlock()
+}
+
+// onChange ends the environment of an assignment that ended or failed elsewhere (a lease
+// expired, the job was cancelled): Wait returns, and watch cleans up.
+func (w *Worker) onChange(st assignment.State) {
+	if st.Live() && st.Phase != assignment.Failed {
+		return
+	}
+	w.mu.Lock()
+	e, ok := w.envs[st.Task]
+	w.mu.Unlock()
+	if ok && st.Phase != assignment.Completed {
+		// A completed job's runner exits by itself; anything else is stopped now.
+		go func() { _ = w.backend.Destroy(context.Background(), e.h) }()
+	}
+}
+
+// sweep adopts the environments live assignments own and destroys the rest.
+func (w *Worker) sweep(ctx context.Context) error {
+	hs, err := w.backend.List(ctx)
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		if w.owns(h.Task) {
+			continue
+		}
+		st, ok := w.view.Get(h.Task)
+		owned := ok && st.Epoch() == h.Epoch && st.Live() && st.Phase != assignment.Failed && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
+		if owned {
+			// An adopted environment takes a slot if one is free; with a lowered concurrency
+			// there may be more environments than slots, and they are adopted all the same.
+			slot := false
+			select {
+			case w.slots <- struct{}{}:
+				slot = true
+			default:
+			}
+			w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("environment adopted")
+			w.watch(ctx, st, h, slot)
+			continue
+		}
+		// Young environments may belong to a start whose `started` record is being written.
+		if ok && st.Live() && st.Phase != assignment.Failed && st.Epoch() == h.Epoch && len(st.Handle) == 0 {
+			continue
+		}
+		w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("reaping environment no live assignment owns")
+		if err := w.backend.Destroy(ctx, h); err != nil {
+			w.cfg.Log.Warn().Err(err).Str(logkey.Env, h.ID).Msg("reap")
+		}
+	}
+	return nil
+}
+
+func handleID(raw json.RawMessage) string {
+	var h Handle
+	_ = json.Unmarshal(raw, &h)
+	return h.ID
+}
+
+func (w *Worker) reapLoop(ctx context.Context) {
+	t := time.NewTicker(w.cfg.Reap)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := w.sweep(ctx); err != nil && ctx.Err() == nil {
+				w.cfg.Log.Warn().Err(err).Msg("reap")
+			}
+		}
+	}
+}

@@ -1,0 +1,375 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	pingv1 "code.gitea.io/actions-proto-go/ping/v1"
+	"code.gitea.io/actions-proto-go/ping/v1/pingv1connect"
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
+	"connectrpc.com/connect"
+	"github.com/rs/zerolog"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/logkey"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
+	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
+)
+
+// FacadeConfig configures the Facade.
+type FacadeConfig struct {
+	Actor       string
+	TrustDomain spiffeid.TrustDomain
+	// Lease is the length a renewal extends the lease by.
+	Lease time.Duration
+	// Issuer verifies capability tokens; its key also derives the facade's runner tokens.
+	Issuer    *captoken.Issuer
+	RunnerKey []byte
+	Box       *sealbox.Box
+	Log       zerolog.Logger
+	Now       func() time.Time
+	Metrics   *Metrics
+}
+
+// Facade is the RunnerService that environments talk to.
+type Facade struct {
+	cfg   FacadeConfig
+	forge Forge
+	log   *eventlog.Log
+	view  *eventlog.View
+}
+
+var (
+	_ runnerv1connect.RunnerServiceHandler   = (*Facade)(nil)
+	_ pingv1connect.PingServiceHandler       = (*Facade)(nil)
+	_ dynrunnerv1connect.LeaseServiceHandler = (*Facade)(nil)
+)
+
+// NewFacade returns a Facade forwarding reports to forge.
+func NewFacade(cfg FacadeConfig, forge Forge, log *eventlog.Log, view *eventlog.View) *Facade {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Facade{cfg: cfg, forge: forge, log: log, view: view}
+}
+
+// Handler serves the RunnerService (at the path the Gitea runner uses, /api/actions/...), the
+// PingService and the LeaseService. It must sit behind a TLS listener that requires client
+// SVIDs (workload.ServerTLSConfig); every request is authorised by the caller's SPIFFE ID.
+func (f *Facade) Handler() http.Handler {
+	mux := http.NewServeMux()
+	p, h := runnerv1connect.NewRunnerServiceHandler(f)
+	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
+	p, h = pingv1connect.NewPingServiceHandler(f)
+	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
+	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f)
+	mux.Handle(p, h)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := workload.PeerID(r)
+		if err != nil {
+			f.cfg.Metrics.Refused.WithLabelValues("no_identity").Inc()
+			http.Error(w, "dynrunner facade: a client SVID is required", http.StatusUnauthorized)
+			return
+		}
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, id)))
+	})
+}
+
+type peerKey struct{}
+
+// caller is the assignment the request's SPIFFE ID is bound to.
+type caller struct {
+	id    spiffeid.ID
+	task  assignment.TaskID
+	epoch assignment.Epoch
+}
+
+func (f *Facade) caller(ctx context.Context, method string) (caller, error) {
+	f.cfg.Metrics.Reports.WithLabelValues(method).Inc()
+	id, ok := ctx.Value(peerKey{}).(spiffeid.ID)
+	if !ok {
+		return caller{}, f.refuse("no_identity", connect.CodeUnauthenticated, errors.New("dynrunner facade: no client SVID"))
+	}
+	task, epoch, err := workload.ParseAssignmentID(id, f.cfg.TrustDomain)
+	if err != nil {
+		return caller{}, f.refuse("wrong_identity", connect.CodePermissionDenied,
+			fmt.Errorf("dynrunner facade: %s is not an assignment identity of trust domain %s", id, f.cfg.TrustDomain))
+	}
+	return caller{id: id, task: task, epoch: epoch}, nil
+}
+
+func (f *Facade) refuse(reason string, code connect.Code, err error) error {
+	f.cfg.Metrics.Refused.WithLabelValues(reason).Inc()
+	f.cfg.Log.Warn().Str("reason", reason).Err(err).Msg("facade refused a request")
+	return connect.NewError(code, err)
+}
+
+// runnerToken derives the runner credential the facade hands out at Register; it is bound to
+// the assignment, the epoch and the runner UUID, so nothing needs storing.
+func (f *Facade) runnerToken(c caller, uuid string) string {
+	m := hmac.New(sha256.New, f.cfg.RunnerKey)
+	fmt.Fprintf(m, "dynrunner-runner-v1|%d|%d|%s", c.task, c.epoch, uuid)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// runner authenticates the x-runner-uuid/x-runner-token headers of an assignment's runner and
+// returns the assignment's current state, fenced by the caller's epoch.
+func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignment.State, error) {
+	uuid, token := h.Get("x-runner-uuid"), h.Get("x-runner-token")
+	if uuid == "" || !hmac.Equal([]byte(token), []byte(f.runnerToken(c, uuid))) {
+		return assignment.State{}, f.refuse("bad_runner_token", connect.CodeUnauthenticated,
+			fmt.Errorf("dynrunner facade: runner credentials not issued to %s", c.id))
+	}
+	st, err := f.current(ctx, c)
+	if err != nil {
+		return st, err
+	}
+	if st.RunnerUUID != uuid {
+		return st, f.refuse("bad_runner_token", connect.CodePermissionDenied,
+			fmt.Errorf("dynrunner facade: runner %s is not the one registered for task %d", uuid, c.task))
+	}
+	return st, nil
+}
+
+// current reads the assignment from JetStream and checks the caller's epoch against it.
+func (f *Facade) current(ctx context.Context, c caller) (assignment.State, error) {
+	st, err := f.log.Get(ctx, c.task)
+	if errors.Is(err, assignment.ErrNotFound) {
+		return st, f.refuse("unknown_assignment", connect.CodeNotFound, fmt.Errorf("dynrunner facade: task %d has no assignment", c.task))
+	}
+	if err != nil {
+		return st, connect.NewError(connect.CodeUnavailable, err)
+	}
+	if st.Epoch() != c.epoch {
+		return st, f.refuse("stale_epoch", connect.CodeFailedPrecondition,
+			fmt.Errorf("dynrunner facade: task %d: epoch %d is stale, the current epoch is %d: %w", c.task, c.epoch, st.Epoch(), assignment.ErrStaleEpoch))
+	}
+	return st, nil
+}
+
+// apply appends a transition on behalf of the caller, mapping state machine errors to codes.
+func (f *Facade) apply(ctx context.Context, ev assignment.Event, hint *assignment.State) (assignment.State, error) {
+	ev.Actor, ev.At = f.cfg.Actor, f.cfg.Now()
+	st, err := f.log.Apply(ctx, ev, hint)
+	switch {
+	case err == nil:
+		f.view.Observe(st)
+		return st, nil
+	case errors.Is(err, assignment.ErrNoChange):
+		return st, err
+	case errors.Is(err, assignment.ErrStaleEpoch):
+		return st, f.refuse("stale_epoch", connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: %w", err))
+	case errors.Is(err, assignment.ErrTokenRedeemed):
+		return st, f.refuse("token_replayed", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: %w", err))
+	case errors.Is(err, assignment.ErrTokenMismatch):
+		return st, f.refuse("token_mismatch", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: %w", err))
+	case errors.Is(err, assignment.ErrTerminal), errors.Is(err, assignment.ErrInvalidTransition), errors.Is(err, assignment.ErrAlreadyFetched):
+		return st, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: %w", err))
+	}
+	return st, connect.NewError(connect.CodeUnavailable, err)
+}
+
+// Ping implements the PingService the Gitea runner calls before registering.
+func (f *Facade) Ping(ctx context.Context, req *connect.Request[pingv1.PingRequest]) (*connect.Response[pingv1.PingResponse], error) {
+	if _, err := f.caller(ctx, "Ping"); err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&pingv1.PingResponse{Data: "Hello, " + req.Msg.GetData() + "!"}), nil
+}
+
+// Register redeems the environment's single-use capability token.
+func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.RegisterRequest]) (*connect.Response[runnerv1.RegisterResponse], error) {
+	c, err := f.caller(ctx, "Register")
+	if err != nil {
+		return nil, err
+	}
+	tok, err := f.cfg.Issuer.Verify(req.Msg.GetToken())
+	if err != nil {
+		return nil, f.refuse("bad_token", connect.CodeUnauthenticated, fmt.Errorf("dynrunner facade: registration token: %w", err))
+	}
+	if tok.Task() != c.task || tok.Epoch() != c.epoch || tok.Purpose() != captoken.PurposeRegister {
+		return nil, f.refuse("token_mismatch", connect.CodePermissionDenied,
+			fmt.Errorf("dynrunner facade: token %s is not bound to %s", tok, c.id))
+	}
+	st, err := f.current(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	uuid, err := newUUID()
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Registered, Task: c.task, Epoch: c.epoch,
+		TokenID: tok.ID(), RunnerUUID: uuid}, &st); err != nil {
+		if errors.Is(err, assignment.ErrNoChange) {
+			err = connect.NewError(connect.CodeFailedPrecondition, err)
+		}
+		return nil, err
+	}
+	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
+		Str(logkey.SpiffeID, c.id.String()).Str("token_id", tok.ID()).Msg("environment registered")
+	return connect.NewResponse(&runnerv1.RegisterResponse{Runner: &runnerv1.Runner{
+		Id: int64(c.task), Uuid: uuid, Token: f.runnerToken(c, uuid), Name: req.Msg.GetName(),
+		Labels: req.Msg.GetLabels(), Ephemeral: req.Msg.GetEphemeral(),
+	}}), nil
+}
+
+// Declare accepts the runner's labels; routing was decided when the task was claimed.
+func (f *Facade) Declare(ctx context.Context, req *connect.Request[runnerv1.DeclareRequest]) (*connect.Response[runnerv1.DeclareResponse], error) {
+	c, err := f.caller(ctx, "Declare")
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.runner(ctx, c, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	return connect.NewResponse(&runnerv1.DeclareResponse{Runner: &runnerv1.Runner{
+		Id: int64(c.task), Uuid: st.RunnerUUID, Labels: req.Msg.GetLabels(), Ephemeral: true,
+	}}), nil
+}
+
+// FetchTask hands the assignment's task to its runner exactly once.
+func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
+	c, err := f.caller(ctx, "FetchTask")
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.runner(ctx, c, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	empty := connect.NewResponse(&runnerv1.FetchTaskResponse{TasksVersion: req.Msg.GetTasksVersion()})
+	if st.Phase != assignment.Registered {
+		return empty, nil // handed over already, or ended: nothing (more) to run
+	}
+	sealed, err := f.log.GetTask(ctx, c.task)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	task, err := OpenTask(f.cfg.Box, c.task, sealed, st.TaskDigest)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Running, Task: c.task, Epoch: c.epoch, RunnerUUID: st.RunnerUUID}, &st); err != nil {
+		if errors.Is(err, assignment.ErrNoChange) || connect.CodeOf(err) == connect.CodeFailedPrecondition {
+			return empty, nil
+		}
+		return nil, err
+	}
+	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Msg("task handed to the environment")
+	return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task, TasksVersion: req.Msg.GetTasksVersion()}), nil
+}
+
+// UpdateTask forwards the runner's state upstream and records the end of the job.
+func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
+	c, err := f.caller(ctx, "UpdateTask")
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.runner(ctx, c, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	if id := req.Msg.GetState().GetId(); id != int64(c.task) {
+		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: report for task %d from the environment of task %d", id, c.task))
+	}
+	final := req.Msg.GetState().GetResult() != runnerv1.Result_RESULT_UNSPECIFIED
+	switch {
+	case st.Phase == assignment.Completed && final:
+		// A retried final report after a lost response: forward again, Gitea is idempotent.
+	case st.Phase != assignment.Running:
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))
+	}
+	resp, err := f.forge.UpdateTask(ctx, req.Msg)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	if final && st.Phase == assignment.Running {
+		result := strings.ToLower(strings.TrimPrefix(req.Msg.GetState().GetResult().String(), "RESULT_"))
+		if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Completed, Task: c.task, Epoch: c.epoch, Result: result}, &st); err != nil && !errors.Is(err, assignment.ErrNoChange) {
+			return nil, err
+		}
+		f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Str("result", result).Msg("job completed")
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// UpdateLog forwards log rows upstream.
+func (f *Facade) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.UpdateLogRequest]) (*connect.Response[runnerv1.UpdateLogResponse], error) {
+	c, err := f.caller(ctx, "UpdateLog")
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.runner(ctx, c, req.Header())
+	if err != nil {
+		return nil, err
+	}
+	if req.Msg.GetTaskId() != int64(c.task) {
+		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: log for task %d from the environment of task %d", req.Msg.GetTaskId(), c.task))
+	}
+	if st.Phase != assignment.Running && st.Phase != assignment.Completed {
+		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))
+	}
+	resp, err := f.forge.UpdateLog(ctx, req.Msg)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	return connect.NewResponse(resp), nil
+}
+
+// Renew extends the lease of the caller's assignment.
+func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.RenewRequest]) (*connect.Response[dynrunnerv1.RenewResponse], error) {
+	c, err := f.caller(ctx, "Renew")
+	if err != nil {
+		return nil, err
+	}
+	if assignment.TaskID(req.Msg.GetTaskId()) != c.task || assignment.Epoch(req.Msg.GetEpoch()) != c.epoch {
+		return nil, f.refuse("wrong_task", connect.CodePermissionDenied,
+			fmt.Errorf("dynrunner facade: renewal for task %d epoch %d from %s", req.Msg.GetTaskId(), req.Msg.GetEpoch(), c.id))
+	}
+	st, err := f.current(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	if !st.Live() || st.Phase == assignment.Failed {
+		return connect.NewResponse(&dynrunnerv1.RenewResponse{Ended: true, LeaseExpiresAt: timestamppb.New(st.LeaseExpires)}), nil
+	}
+	next, err := f.apply(ctx, assignment.Event{Transition: assignment.Renewed, Task: c.task, Epoch: c.epoch, Lease: f.cfg.Lease}, &st)
+	if err != nil {
+		if errors.Is(err, assignment.ErrTerminal) || errors.Is(err, assignment.ErrInvalidTransition) {
+			return connect.NewResponse(&dynrunnerv1.RenewResponse{Ended: true}), nil
+		}
+		return nil, err
+	}
+	return connect.NewResponse(&dynrunnerv1.RenewResponse{LeaseExpiresAt: timestamppb.New(next.LeaseExpires)}), nil
+}
+
+func newUUID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("dynrunner facade: uuid: %w", err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+}

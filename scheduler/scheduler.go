@@ -1,0 +1,372 @@
+package scheduler
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"github.com/rs/zerolog"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/logkey"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+)
+
+// Config configures the Scheduler. Durations are validated by the caller (cmd).
+type Config struct {
+	// Actor names this scheduler instance in the event log.
+	Actor string
+	// Backends are the enabled isolation tiers.
+	Backends []assignment.Backend
+	// Lease is how long an assignment lives without renewal; Pickup how long a claim may wait
+	// for its environment's runner to fetch the task (below Lease).
+	Lease, Pickup time.Duration
+	// FetchInterval is the pause between empty FetchTask polls, backing off to FetchIntervalMax
+	// on errors.
+	FetchInterval, FetchIntervalMax time.Duration
+	// Keepalive is how often a task whose environment is still starting is reported alive
+	// upstream (Gitea fails tasks silent for 10 minutes).
+	Keepalive time.Duration
+	// Reconcile is how often live assignments are checked for overdue deadlines.
+	Reconcile time.Duration
+	Box       *sealbox.Box
+	Log       zerolog.Logger
+	Now       func() time.Time
+	Metrics   *Metrics
+}
+
+// Scheduler claims forge tasks and drives assignments to their end.
+type Scheduler struct {
+	cfg   Config
+	forge Forge
+	log   *eventlog.Log
+	view  *eventlog.View
+
+	mu        sync.Mutex
+	keptAlive map[assignment.TaskID]time.Time
+	dropped   map[assignment.TaskID]bool
+	ready     chan struct{}
+	readyOnce sync.Once
+}
+
+// New returns a Scheduler. view must be fed by a running eventlog Watch.
+func New(cfg Config, forge Forge, log *eventlog.Log, view *eventlog.View) *Scheduler {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Scheduler{
+		cfg: cfg, forge: forge, log: log, view: view,
+		keptAlive: make(map[assignment.TaskID]time.Time),
+		dropped:   make(map[assignment.TaskID]bool),
+		ready:     make(chan struct{}),
+	}
+}
+
+// Ready is closed once the scheduler has caught up with the event log and fetched once.
+func (s *Scheduler) Ready() <-chan struct{} { return s.ready }
+
+// Run fetches tasks and reconciles assignments until ctx ends. It returns nil on cancellation.
+func (s *Scheduler) Run(ctx context.Context) error {
+	select {
+	case <-s.view.Ready():
+	case <-ctx.Done():
+		return nil
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() { s.reconcileLoop(ctx) })
+	s.fetchLoop(ctx)
+	wg.Wait()
+	return nil
+}
+
+func (s *Scheduler) fetchLoop(ctx context.Context) {
+	var version int64
+	wait := time.Duration(0)
+	for {
+		if wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		resp, err := s.forge.FetchTask(ctx, version)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			s.cfg.Metrics.FetchErrors.Inc()
+			wait = backoff(wait, s.cfg.FetchInterval, s.cfg.FetchIntervalMax)
+			s.cfg.Log.Warn().Err(err).Dur("retry_in", wait).Msg("fetch task failed")
+			continue
+		}
+		s.readyOnce.Do(func() { close(s.ready) })
+		version = resp.GetTasksVersion()
+		task := resp.GetTask()
+		if task == nil {
+			wait = s.cfg.FetchInterval
+			continue
+		}
+		wait = 0 // a task came: ask again at once, more may be queued
+		if err := s.accept(ctx, task); err != nil && ctx.Err() == nil {
+			s.cfg.Log.Error().Err(err).Int64(logkey.TaskID, task.GetId()).Msg("task not accepted")
+		}
+	}
+}
+
+func backoff(cur, base, max time.Duration) time.Duration {
+	next := 2 * cur
+	if next < base {
+		next = base
+	}
+	if next > max {
+		next = max
+	}
+	// Up to 20% jitter so many schedulers do not poll in lockstep.
+	return next - time.Duration(rand.Int64N(int64(next)/5+1))
+}
+
+// accept routes a fetched task and persists its complete assignment before any other action.
+func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
+	id := assignment.TaskID(task.GetId())
+	logger := s.cfg.Log.With().Int64(logkey.TaskID, task.GetId()).Logger()
+	if id <= 0 {
+		return fmt.Errorf("scheduler: forge sent a task without an id")
+	}
+	job, err := ParseJob(task.GetWorkflowPayload())
+	var backend assignment.Backend
+	if err == nil {
+		backend, err = Route(job.RunsOn, s.cfg.Backends)
+	}
+	if err != nil {
+		s.cfg.Metrics.Rejected.Inc()
+		logger.Warn().Err(err).Msg("task rejected")
+		return s.failUpstream(ctx, id, []string{
+			"dynrunner: this job was not run: " + err.Error(),
+		})
+	}
+	sealed, err := s.cfg.Box.Seal(mustMarshal(task), TaskAAD(id))
+	if err != nil {
+		return fmt.Errorf("scheduler: seal task %d: %w", id, err)
+	}
+	sum := sha256.Sum256(sealed)
+	if err := s.log.PutTask(ctx, id, sealed); err != nil {
+		return err
+	}
+	st, err := s.log.Apply(ctx, assignment.Event{
+		Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
+		Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: job.RunsOn,
+		TaskDigest: hex.EncodeToString(sum[:]), Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
+	}, nil)
+	if err != nil {
+		return err
+	}
+	s.view.Observe(st)
+	s.cfg.Metrics.Claimed.WithLabelValues(string(backend)).Inc()
+	logger.Info().Str(logkey.Backend, string(backend)).Uint64(logkey.Epoch, uint64(st.Epoch())).
+		Str("repo", st.Repo).Str("job", st.Job).Msg("task claimed")
+	return s.log.Dispatch(ctx, backend, id, st.Epoch())
+}
+
+func mustMarshal(m proto.Message) []byte {
+	b, err := proto.Marshal(m)
+	if err != nil {
+		panic(err) // a message received from the wire always marshals
+	}
+	return b
+}
+
+// TaskAAD binds a sealed task to its id.
+func TaskAAD(id assignment.TaskID) []byte { return []byte("dynrunner/task/" + id.String()) }
+
+// OpenTask unseals a stored task and checks it against the digest recorded at the claim.
+func OpenTask(box *sealbox.Box, id assignment.TaskID, sealed []byte, digest string) (*runnerv1.Task, error) {
+	sum := sha256.Sum256(sealed)
+	if hex.EncodeToString(sum[:]) != digest {
+		return nil, fmt.Errorf("scheduler: sealed task %d does not match the digest recorded at its claim", id)
+	}
+	plain, err := box.Open(sealed, TaskAAD(id))
+	if err != nil {
+		return nil, fmt.Errorf("scheduler: open task %d: %w", id, err)
+	}
+	var t runnerv1.Task
+	if err := proto.Unmarshal(plain, &t); err != nil {
+		return nil, fmt.Errorf("scheduler: decode task %d: %w", id, err)
+	}
+	return &t, nil
+}
+
+func repoOf(t *runnerv1.Task) string {
+	if c := t.GetContext(); c != nil {
+		return c.GetFields()["repository"].GetStringValue()
+	}
+	return ""
+}
+
+func (s *Scheduler) reconcileLoop(ctx context.Context) {
+	t := time.NewTicker(s.cfg.Reconcile)
+	defer t.Stop()
+	for {
+		s.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reconcile drives every live assignment that needs the scheduler: redispatch, keepalive,
+// deadlines, failure reports, and dropping the secret material of ended ones.
+func (s *Scheduler) reconcile(ctx context.Context) {
+	now := s.cfg.Now()
+	live := 0
+	for _, st := range s.view.Live() {
+		if ctx.Err() != nil {
+			return
+		}
+		live++
+		if err := s.reconcileOne(ctx, st, now); err != nil && ctx.Err() == nil {
+			s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).
+				Str("phase", string(st.Phase)).Msg("reconcile")
+		}
+	}
+	s.cfg.Metrics.Live.Set(float64(live))
+	s.dropEnded(ctx)
+}
+
+func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
+	if ev, due := assignment.Overdue(st, now); due {
+		ev.Actor = s.cfg.Actor
+		next, err := s.log.Apply(ctx, ev, &st)
+		if errors.Is(err, assignment.ErrNoChange) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		s.view.Observe(next)
+		s.cfg.Log.Warn().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str("reason", ev.Reason).Msg("assignment failed")
+		st = next
+	}
+	switch st.Phase {
+	case assignment.Failed:
+		return s.closeFailed(ctx, st)
+	case assignment.Claimed:
+		// The dispatch may have been lost in a crash between the claim and its publish; the
+		// publish is deduplicated by task and epoch.
+		if now.Sub(st.At) > 5*time.Second {
+			if err := s.log.Dispatch(ctx, st.Backend, st.Task, st.Epoch()); err != nil {
+				return err
+			}
+		}
+		return s.keepalive(ctx, st, now)
+	case assignment.Dispatched, assignment.Started, assignment.Registered:
+		return s.keepalive(ctx, st, now)
+	}
+	return nil
+}
+
+// keepalive tells the forge the task is alive while its environment starts, and notices a
+// cancellation made in the forge meanwhile.
+func (s *Scheduler) keepalive(ctx context.Context, st assignment.State, now time.Time) error {
+	s.mu.Lock()
+	last := s.keptAlive[st.Task]
+	due := now.Sub(last) >= s.cfg.Keepalive
+	if due {
+		s.keptAlive[st.Task] = now
+	}
+	s.mu.Unlock()
+	if !due {
+		return nil
+	}
+	resp, err := s.forge.UpdateTask(ctx, &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: int64(st.Task)}})
+	if err != nil {
+		return fmt.Errorf("scheduler: keepalive: %w", err)
+	}
+	if resp.GetState().GetResult() == runnerv1.Result_RESULT_CANCELLED {
+		next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
+			Actor: s.cfg.Actor, At: now, Reason: "cancelled in the forge before the job started"}, &st)
+		if err != nil && !errors.Is(err, assignment.ErrNoChange) {
+			return err
+		}
+		s.view.Observe(next)
+	}
+	return nil
+}
+
+// closeFailed reports a failed assignment upstream, then records that it was reported.
+func (s *Scheduler) closeFailed(ctx context.Context, st assignment.State) error {
+	if err := s.failUpstream(ctx, st.Task, []string{"dynrunner: the job failed: " + st.Reason}); err != nil {
+		return err
+	}
+	next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
+		Actor: s.cfg.Actor, At: s.cfg.Now()}, &st)
+	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
+		return err
+	}
+	s.view.Observe(next)
+	return nil
+}
+
+// dropEnded purges the sealed tasks of ended assignments. It runs from the reconciler, so an
+// end recorded by another component (the facade, a worker) is cleaned up here too.
+func (s *Scheduler) dropEnded(ctx context.Context) {
+	for _, st := range s.view.Ended() {
+		s.mu.Lock()
+		done := s.dropped[st.Task]
+		s.mu.Unlock()
+		if done {
+			continue
+		}
+		if err := s.log.DropTask(ctx, st.Task); err != nil {
+			s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(st.Task)).Msg("drop sealed task")
+			continue
+		}
+		s.mu.Lock()
+		s.dropped[st.Task] = true
+		delete(s.keptAlive, st.Task)
+		s.mu.Unlock()
+	}
+}
+
+// failUpstream appends lines to the task's log in the forge and marks it failed. It tolerates
+// a task that already has log rows (the runner ran part of it) by appending after them.
+func (s *Scheduler) failUpstream(ctx context.Context, id assignment.TaskID, lines []string) error {
+	ack, err := s.forge.UpdateLog(ctx, &runnerv1.UpdateLogRequest{TaskId: int64(id)})
+	if err != nil {
+		return err
+	}
+	now := timestamppb.New(s.cfg.Now())
+	rows := make([]*runnerv1.LogRow, len(lines))
+	for i, l := range lines {
+		rows[i] = &runnerv1.LogRow{Time: now, Content: l}
+	}
+	if _, err := s.forge.UpdateLog(ctx, &runnerv1.UpdateLogRequest{TaskId: int64(id), Index: ack.GetAckIndex(), Rows: rows, NoMore: true}); err != nil {
+		// The log may already be sealed by a runner that finished its part; the result still counts.
+		s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(id)).Msg("append failure explanation to the task log")
+	}
+	if _, err := s.forge.UpdateTask(ctx, &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{
+		Id: int64(id), Result: runnerv1.Result_RESULT_FAILURE, StartedAt: now, StoppedAt: now,
+	}}); err != nil {
+		return err
+	}
+	return nil
+}
