@@ -181,4 +181,3 @@ func (g *Gitea) UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (
 	}
 	return resp.Msg, nil
 }
-

@@ -1,0 +1,228 @@
+package scheduler_test
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/natsconn"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/scheduler"
+)
+
+// fakeForge is an in-memory upstream RunnerService: it hands out queued tasks and records
+// what the scheduler and the facade report.
+type fakeForge struct {
+	mu      sync.Mutex
+	queue   []*runnerv1.Task
+	states  map[int64][]*runnerv1.TaskState
+	logs    map[int64][]string
+	noMore  map[int64]bool
+	cancel  map[int64]bool
+	fetches int
+}
+
+func newFakeForge() *fakeForge {
+	return &fakeForge{states: map[int64][]*runnerv1.TaskState{}, logs: map[int64][]string{}, noMore: map[int64]bool{}, cancel: map[int64]bool{}}
+}
+
+func (f *fakeForge) push(t *runnerv1.Task) {
+	f.mu.Lock()
+	f.queue = append(f.queue, t)
+	f.mu.Unlock()
+}
+
+func (f *fakeForge) FetchTask(_ context.Context, v int64) (*runnerv1.FetchTaskResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.fetches++
+	if len(f.queue) == 0 {
+		return &runnerv1.FetchTaskResponse{TasksVersion: v}, nil
+	}
+	t := f.queue[0]
+	f.queue = f.queue[1:]
+	return &runnerv1.FetchTaskResponse{Task: t, TasksVersion: v + 1}, nil
+}
+
+func (f *fakeForge) UpdateTask(_ context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := req.GetState().GetId()
+	f.states[id] = append(f.states[id], req.GetState())
+	st := &runnerv1.TaskState{Id: id}
+	if f.cancel[id] {
+		st.Result = runnerv1.Result_RESULT_CANCELLED
+	}
+	return &runnerv1.UpdateTaskResponse{State: st}, nil
+}
+
+func (f *fakeForge) UpdateLog(_ context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	id := req.GetTaskId()
+	ack := int64(len(f.logs[id]))
+	if req.GetIndex() <= ack && int64(len(req.GetRows()))+req.GetIndex() > ack {
+		for _, r := range req.GetRows()[ack-req.GetIndex():] {
+			f.logs[id] = append(f.logs[id], r.GetContent())
+		}
+	}
+	if req.GetNoMore() {
+		f.noMore[id] = true
+	}
+	return &runnerv1.UpdateLogResponse{AckIndex: int64(len(f.logs[id]))}, nil
+}
+
+func (f *fakeForge) result(id int64) runnerv1.Result {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.states[id] {
+		if s.GetResult() != runnerv1.Result_RESULT_UNSPECIFIED {
+			return s.GetResult()
+		}
+	}
+	return runnerv1.Result_RESULT_UNSPECIFIED
+}
+
+func (f *fakeForge) log(id int64) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.logs[id]...)
+}
+
+var _ scheduler.Forge = (*fakeForge)(nil)
+
+// env is one control plane under test: JetStream, a view, keys and a development CA.
+type env struct {
+	t      *testing.T
+	log    *eventlog.Log
+	view   *eventlog.View
+	box    *sealbox.Box
+	issuer *captoken.Issuer
+	ca     *workload.DevCA
+	td     spiffeid.TrustDomain
+	forge  *fakeForge
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	js, err := jetstream.New(c.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := eventlog.Open(t.Context(), js, eventlog.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := eventlog.NewView()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = l.Watch(ctx, v) }()
+	t.Cleanup(func() { cancel(); <-done })
+	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer, err := captoken.NewIssuer([]byte("fedcba9876543210fedcba9876543210"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	td := spiffeid.RequireTrustDomainFromString("test.dynrunner")
+	ca, err := workload.LoadOrCreateDevCA(t.TempDir(), td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, log: l, view: v, box: box, issuer: issuer, ca: ca, td: td, forge: newFakeForge()}
+}
+
+// server is a facade listening for mTLS on loopback.
+type server struct{ URL string }
+
+func (e *env) facadeServer() server {
+	e.t.Helper()
+	f := scheduler.NewFacade(scheduler.FacadeConfig{
+		Actor: "facade-test", TrustDomain: e.td, Lease: 5 * time.Minute, Issuer: e.issuer,
+		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)),
+	}, e.forge, e.log, e.view)
+	src, err := e.ca.ServerSource(workload.FacadeID(e.td), time.Hour, workload.LocalHosts())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	hs := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src), ErrorLog: log.New(io.Discard, "", 0)}
+	done := make(chan struct{})
+	go func() { defer close(done); _ = hs.ServeTLS(ln, "", "") }()
+	e.t.Cleanup(func() { _ = hs.Close(); <-done })
+	return server{URL: "https://" + ln.Addr().String()}
+}
+
+// client returns an HTTP client presenting an SVID for id, trusting the facade.
+func (e *env) client(id spiffeid.ID) *http.Client {
+	e.t.Helper()
+	src, err := e.ca.Source(id, time.Hour)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(src, workload.FacadeID(e.td)), ForceAttemptHTTP2: true}}
+}
+
+func (e *env) clientTLS(cfg *tls.Config) *http.Client {
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+}
+
+// claim persists a task's assignment as the scheduler does and returns its state.
+func (e *env) claim(task *runnerv1.Task) assignment.State {
+	e.t.Helper()
+	ctx := e.t.Context()
+	id := assignment.TaskID(task.GetId())
+	sealed, err := e.box.Seal(mustProto(task), scheduler.TaskAAD(id))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := e.log.PutTask(ctx, id, sealed); err != nil {
+		e.t.Fatal(err)
+	}
+	st, err := e.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: id, At: time.Now(), Actor: "test",
+		Backend: assignment.BackendPod, TaskDigest: digest(sealed), Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st
+}
+
+// start records the environment's start with a fresh capability token, as the worker does.
+func (e *env) start(st assignment.State) (assignment.State, captoken.Token) {
+	e.t.Helper()
+	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	next, err := e.log.Apply(e.t.Context(), assignment.Event{Transition: assignment.Started, Task: st.Task, Epoch: st.Epoch(),
+		At: time.Now(), Actor: "test", Handle: []byte(`{"id":"test"}`), TokenID: tok.ID()}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return next, tok
+}

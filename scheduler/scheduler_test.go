@@ -1,0 +1,169 @@
+package scheduler_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/scheduler"
+)
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func (e *env) runScheduler(clk *clock) {
+	e.t.Helper()
+	s := scheduler.New(scheduler.Config{
+		Actor: "scheduler-test", Backends: []assignment.Backend{assignment.BackendPod},
+		Lease: 5 * time.Minute, Pickup: 2 * time.Minute, FetchInterval: 20 * time.Millisecond, FetchIntervalMax: 100 * time.Millisecond,
+		Keepalive: time.Minute, Reconcile: 20 * time.Millisecond, Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)), Now: clk.Now,
+	}, e.forge, e.log, e.view)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	e.t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			e.t.Errorf("Run returned %v on cancellation", err)
+		}
+	})
+}
+
+// eventually polls cond every 10ms for up to 10s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func taskWithRunsOn(id int64, runsOn string) *runnerv1.Task {
+	t := sampleTask(id)
+	t.WorkflowPayload = []byte("name: ci\njobs:\n  build:\n    name: build\n    runs-on: " + runsOn + "\n    steps:\n      - run: echo hi\n")
+	return t
+}
+
+func TestSchedulerClaimsPersistsAndDispatches(t *testing.T) {
+	e := newEnv(t)
+	clk := &clock{now: time.Now()}
+	e.runScheduler(clk)
+	e.forge.push(taskWithRunsOn(11, "[self-hosted, pod]"))
+	var st assignment.State
+	eventually(t, "the claim", func() bool {
+		var err error
+		st, err = e.log.Get(t.Context(), 11)
+		return err == nil
+	})
+	if st.Backend != assignment.BackendPod || st.Repo != "o/r" || st.Job != "build" {
+		t.Fatalf("claim = %+v", st.Record)
+	}
+	sealed, err := e.log.GetTask(t.Context(), 11)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(sealed), "s3cr3t") || strings.Contains(string(sealed), "ghs_secret_token") {
+		t.Fatal("the stored task holds a secret in clear text")
+	}
+	task, err := scheduler.OpenTask(e.box, 11, sealed, st.TaskDigest)
+	if err != nil || task.GetSecrets()["API_KEY"] != "s3cr3t" {
+		t.Fatalf("OpenTask = %v, %v", task, err)
+	}
+	cons, err := e.log.Consumer(t.Context(), assignment.BackendPod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := cons.Next()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(msg.Data()); !strings.Contains(got, `"task_id":11`) {
+		t.Fatalf("dispatch = %s", got)
+	}
+}
+
+func TestSchedulerRejectsUnroutableJobs(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		runsOn string
+	}{
+		{"no isolation label", "[self-hosted]"},
+		{"both tiers", "[self-hosted, pod, vm]"},
+		{"vm without a vm backend", "[self-hosted, vm]"},
+		{"unknown label", "[self-hosted, pod, gpu]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.runScheduler(&clock{now: time.Now()})
+			e.forge.push(taskWithRunsOn(21, tc.runsOn))
+			eventually(t, "the upstream failure", func() bool { return e.forge.result(21) == runnerv1.Result_RESULT_FAILURE })
+			log := strings.Join(e.forge.log(21), "\n")
+			if !strings.Contains(log, "accepted: [self-hosted, pod]") {
+				t.Fatalf("log %q does not say which labels are accepted", log)
+			}
+			if _, err := e.log.Get(t.Context(), 21); !errors.Is(err, assignment.ErrNotFound) {
+				t.Fatalf("an unroutable task got an assignment: %v", err)
+			}
+		})
+	}
+}
+
+func TestSchedulerFailsClaimsNotPickedUp(t *testing.T) {
+	e := newEnv(t)
+	clk := &clock{now: time.Now()}
+	e.runScheduler(clk)
+	e.forge.push(taskWithRunsOn(31, "[self-hosted, pod]"))
+	eventually(t, "the claim", func() bool { _, err := e.log.Get(t.Context(), 31); return err == nil })
+	clk.Advance(2*time.Minute + time.Second)
+	eventually(t, "the upstream failure", func() bool { return e.forge.result(31) == runnerv1.Result_RESULT_FAILURE })
+	eventually(t, "the closed record", func() bool {
+		st, err := e.log.Get(t.Context(), 31)
+		return err == nil && st.Phase == assignment.Closed
+	})
+	if log := strings.Join(e.forge.log(31), "\n"); !strings.Contains(log, "PICKUP_SECS") {
+		t.Fatalf("log %q does not explain the pickup timeout", log)
+	}
+	eventually(t, "the sealed task dropped", func() bool {
+		_, err := e.log.GetTask(t.Context(), 31)
+		return errors.Is(err, assignment.ErrNotFound)
+	})
+}
+
+func TestSchedulerKeepsStartingTasksAliveAndSeesCancellation(t *testing.T) {
+	e := newEnv(t)
+	clk := &clock{now: time.Now()}
+	e.runScheduler(clk)
+	e.forge.push(taskWithRunsOn(41, "[self-hosted, pod]"))
+	eventually(t, "a keepalive", func() bool {
+		e.forge.mu.Lock()
+		defer e.forge.mu.Unlock()
+		return len(e.forge.states[41]) > 0
+	})
+	e.forge.mu.Lock()
+	e.forge.cancel[41] = true
+	e.forge.mu.Unlock()
+	clk.Advance(time.Minute + time.Second)
+	eventually(t, "the cancellation", func() bool {
+		st, err := e.log.Get(t.Context(), 41)
+		return err == nil && st.Phase == assignment.Closed && strings.Contains(st.Reason, "cancelled")
+	})
+}
