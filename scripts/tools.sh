@@ -32,7 +32,7 @@ build_gitea() {
   tmp=$(mktemp -d "$TOOLS/.gitea-build.XXXXXX")
   cp -r "$src/." "$tmp/src"
   chmod -R u+w "$tmp/src"
-  (cd "$tmp/src" && GOFLAGS=-mod=mod go build -tags 'sqlite sqlite_unlock_notify' -o "$tmp/src/gitea" .)
+  (cd "$tmp/src" && GOFLAGS=-mod=mod go build -trimpath -tags 'sqlite sqlite_unlock_notify' -o "$tmp/src/gitea" .)
   # Without the bindata tag Gitea reads templates and locales from its source tree at run time,
   # so the source tree stays beside the binary (STATIC_ROOT_PATH points at it).
   rm -rf "$dir"
@@ -43,13 +43,18 @@ build_gitea() {
 
 build_runner() {
   local dir=$TOOLS/gitea-runner-$GITEA_RUNNER_VERSION
-  [ -x "$dir/gitea-runner" ] && return 0
+  # The binary must report its version: executors check it besides the SHA-256.
+  if [ -x "$dir/gitea-runner" ] && "$dir/gitea-runner" --version 2>/dev/null | grep -qF "$GITEA_RUNNER_VERSION"; then
+    return 0
+  fi
   log "building the Gitea runner $GITEA_RUNNER_VERSION (about 1 minute, once)"
   local tmp
   tmp=$(mktemp -d "$TOOLS/.runner-build.XXXXXX")
   (cd "$tmp" && go mod init runnerbuild >/dev/null 2>&1 &&
     go get -tool "gitea.com/gitea/runner@$GITEA_RUNNER_VERSION" >/dev/null 2>&1 &&
-    CGO_ENABLED=0 go build -trimpath -o gitea-runner gitea.com/gitea/runner)
+    CGO_ENABLED=0 go build -trimpath \
+      -ldflags "-s -w -X gitea.com/gitea/runner/internal/pkg/ver.version=$GITEA_RUNNER_VERSION" \
+      -o gitea-runner gitea.com/gitea/runner)
   mkdir -p "$dir"
   mv "$tmp/gitea-runner" "$dir/gitea-runner"
   sha256sum "$dir/gitea-runner" | cut -d' ' -f1 >"$dir/gitea-runner.sha256"

@@ -3,8 +3,206 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
 
+// demoWorkflow is the sample workflow the demo pushes: one job in a one-shot pod environment.
+const demoWorkflow = `name: demo
+on: [push]
+jobs:
+  hello:
+    runs-on: [self-hosted, pod]
+    steps:
+      - name: where am I
+        run: |
+          echo "hello from a one-shot dynrunner environment"
+          echo "workdir: $PWD"
+          uname -a
+      - name: a secret stays masked
+        run: echo "the demo secret is ${{ secrets.DEMO_SECRET }}"
+      - name: outputs
+        id: out
+        run: echo "answer=42" >> "$GITHUB_OUTPUT"
+      - run: echo "the answer is ${{ steps.out.outputs.answer }}"
+`
+
+// runDemo starts a development Gitea and a controller on embedded defaults, pushes a sample
+// workflow with a [self-hosted, pod] job, and prints its result and log.
 func runDemo(ctx context.Context, args []string) error {
-	return errors.New("demo: not wired yet")
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	once := fs.Bool("once", false, "exit after the sample job instead of running until Ctrl-C")
+	keep := fs.Bool("keep", false, "keep the demo's state directory")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	out := zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly}
+	log := zerolog.New(out).With().Timestamp().Str("component", "demo").Logger()
+
+	tools, err := devforge.FindTools()
+	if err != nil {
+		return fmt.Errorf("%w\nbuild them with: go tool task tools", err)
+	}
+	cache := os.Getenv("DYNRUNNER_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "dynrunner")
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp(cache, "demo-")
+	if err != nil {
+		return err
+	}
+	if !*keep {
+		defer os.RemoveAll(dir)
+	}
+	log.Info().Str("dir", dir).Msg("starting Gitea " + tools.GiteaVersion)
+	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: filepath.Join(dir, "gitea"), Logger: log})
+	if err != nil {
+		return err
+	}
+	defer forge.Close()
+	repo, err := forge.CreateRepo(ctx, "demo")
+	if err != nil {
+		return err
+	}
+	if err := forge.SetSecret(ctx, repo, "DEMO_SECRET", "correct-horse-battery-staple"); err != nil {
+		return err
+	}
+	regToken, err := forge.RunnerRegistrationToken(ctx, "")
+	if err != nil {
+		return err
+	}
+	state := filepath.Join(dir, "controller")
+	regFile := filepath.Join(dir, "registration-token")
+	if err := secretfile.WriteNew(regFile, []byte(regToken)); err != nil {
+		return err
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return err
+	}
+	env := map[string]string{
+		"STATE_DIR":                            state,
+		"GITEA_URL":                            forge.URL(),
+		"GITEA_RUNNER_REGISTRATION_TOKEN_FILE": regFile,
+		"GITEA_RUNNER_NAME":                    "dynrunner-demo",
+		"GITEA_RUNNER_BIN":                     tools.RunnerBin,
+		"GITEA_RUNNER_SHA256":                  tools.RunnerSHA256,
+		"GITEA_RUNNER_VERSION":                 tools.RunnerVersion,
+		"HTTP_LISTEN":                          fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"RUNNER_FACADE_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		"NATS_EMBEDDED_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		"LOG_FORMAT":                           "console",
+	}
+	cfg, err := config.LoadController(func(k string) string { return env[k] })
+	if err != nil {
+		return fmt.Errorf("demo configuration: %w", err)
+	}
+	clog, err := newLogger(os.Stderr, "console", "info", "controller")
+	if err != nil {
+		return err
+	}
+	cctx, stopController := context.WithCancel(ctx)
+	defer stopController()
+	cerr := make(chan error, 1)
+	go func() { cerr <- controller(cctx, cfg, clog) }()
+	if err := waitReady(ctx, "http://"+cfg.HTTPListen+"/readyz", cerr); err != nil {
+		return err
+	}
+
+	sha, err := forge.PushWorkflow(ctx, repo, ".gitea/workflows/demo.yml", demoWorkflow)
+	if err != nil {
+		return err
+	}
+	log.Info().Str("repo", forge.URL()+"/"+repo.String()).Msg("pushed a workflow with a [self-hosted, pod] job; waiting for it")
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	run, err := forge.WaitRun(wctx, repo, sha)
+	if err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, j := range run.Jobs {
+		logText, err := forge.JobLog(ctx, repo, j.ID)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(&b, "\n=== job %q: %s (runner %s)\n%s", j.Name, j.Conclusion, j.RunnerName, logText)
+	}
+	fmt.Println(b.String())
+	fmt.Printf("run %d: %s\n", run.ID, run.Conclusion)
+	if !run.Succeeded() {
+		return fmt.Errorf("demo: the sample run concluded %s", run.Conclusion)
+	}
+	if *once {
+		stopController()
+		return <-cerr
+	}
+	fmt.Printf("\nGitea: %s (user %s, token in %s)\nController: http://%s/metrics — push more workflows; Ctrl-C stops.\n",
+		forge.URL(), devforge.AdminUser, filepath.Join(dir, "gitea"), cfg.HTTPListen)
+	select {
+	case <-ctx.Done():
+		stopController()
+		<-cerr
+		return nil
+	case err := <-cerr:
+		return err
+	}
+}
+
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func waitReady(ctx context.Context, url string, cerr <-chan error) error {
+	deadline := time.NewTimer(2 * time.Minute)
+	defer deadline.Stop()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-cerr:
+			if err == nil {
+				err = errors.New("controller stopped")
+			}
+			return err
+		case <-deadline.C:
+			return errors.New("demo: the controller was not ready within 2 minutes")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+			if httpOK(ctx, url) {
+				return nil
+			}
+		}
+	}
 }

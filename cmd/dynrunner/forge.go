@@ -17,3 +17,16 @@ func connectForge(ctx context.Context, cfg config.Controller, labels []string) (
 		HTTP: &http.Client{Timeout: 60 * time.Second},
 	})
 }
+
+func httpOK(ctx context.Context, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}

@@ -1,0 +1,217 @@
+package devforge_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/devforge"
+)
+
+// needTools returns the cached binaries, skipping the test (failing it in CI) when they have not
+// been built.
+func needTools(t *testing.T) devforge.Tools {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("integration test with a real Gitea; run without -short")
+	}
+	tools, err := devforge.FindTools()
+	if errors.Is(err, devforge.ErrToolsMissing) && os.Getenv("CI") == "" {
+		t.Skip(err) // names the command that builds them
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tools
+}
+
+// logWriter forwards a child's output to t.Log, line by line, until the test ends.
+type logWriter struct {
+	t      *testing.T
+	prefix string
+	mu     sync.Mutex
+	buf    []byte
+	done   bool
+}
+
+func newLogWriter(t *testing.T, prefix string) *logWriter {
+	w := &logWriter{t: t, prefix: prefix}
+	// Registered before the component's Close, so it runs after it (cleanups run LIFO).
+	t.Cleanup(func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.done = true
+	})
+	return w
+}
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done {
+		return len(p), nil
+	}
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		w.t.Logf("%s: %s", w.prefix, w.buf[:i])
+		w.buf = w.buf[i+1:]
+	}
+}
+
+func startForge(t *testing.T, ctx context.Context, tools devforge.Tools, dir string) *devforge.Forge {
+	t.Helper()
+	out := newLogWriter(t, "gitea")
+	began := time.Now()
+	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: dir, Output: out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := forge.Close(); err != nil {
+			t.Errorf("close forge: %v", err)
+		}
+	})
+	t.Logf("gitea started at %s in %v", forge.URL(), time.Since(began))
+	return forge
+}
+
+// TestStaticRunnerJob runs a one-step job with a secret on a real gitea-runner registered at
+// repository scope. Measured on the project's 2-core machine: Gitea starts in 1.7-3.9 s with a
+// fresh state directory (migrate, admin user, web; the slower end with cold caches) and in
+// 0.7-1.0 s on a reused one; the job completes 1.1-3.1 s after the push is sent (the push API
+// call itself takes about 0.5 s).
+func TestStaticRunnerJob(t *testing.T) {
+	tools := needTools(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+
+	forge := startForge(t, ctx, tools, t.TempDir())
+	repo, err := forge.CreateRepo(ctx, "hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const secret = "s3cr3t-Value-42"
+	if err := forge.SetSecret(ctx, repo, "X", secret); err != nil {
+		t.Fatal(err)
+	}
+
+	regToken, err := forge.RunnerRegistrationToken(ctx, repo.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, scope := range []string{"", devforge.AdminUser} {
+		tok, err := forge.RunnerRegistrationToken(ctx, scope)
+		if err != nil || tok == "" || tok == regToken {
+			t.Errorf("RunnerRegistrationToken(%q) = %q, %v; want a token of its own", scope, tok, err)
+		}
+	}
+	if _, err := forge.RunnerRegistrationToken(ctx, "a/b/c"); err == nil {
+		t.Errorf("RunnerRegistrationToken(%q) succeeded, want an error", "a/b/c")
+	}
+	runner, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), regToken,
+		[]string{"self-hosted:host", "pod:host"}, filepath.Join(t.TempDir(), "runner"), newLogWriter(t, "runner"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := runner.Close(); err != nil {
+			t.Errorf("close runner: %v", err)
+		}
+	})
+
+	runners, err := forge.Runners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runners) != 1 || runners[0].Name != runner.Name() {
+		t.Fatalf("runners = %+v, want one named %q", runners, runner.Name())
+	}
+
+	const workflow = `name: ci
+on: [push]
+jobs:
+  hello:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: echo hello ${{ secrets.X }}
+`
+	pushed := time.Now()
+	sha, err := forge.PushWorkflow(ctx, repo, ".gitea/workflows/ci.yml", workflow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := forge.WaitRun(ctx, repo, sha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("run %d finished %v after the push: %+v", run.ID, time.Since(pushed), run.Jobs)
+	if !run.Succeeded() {
+		t.Errorf("run did not succeed: %+v", run)
+	}
+	if run.HeadSHA != sha {
+		t.Errorf("run head sha = %q, want %q", run.HeadSHA, sha)
+	}
+	job, ok := run.Job("hello")
+	if !ok {
+		t.Fatalf("no job hello in %+v", run.Jobs)
+	}
+	if job.RunnerName != runner.Name() {
+		t.Errorf("job ran on %q, want %q", job.RunnerName, runner.Name())
+	}
+
+	log, err := forge.JobLog(ctx, repo, job.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("job log:\n%s", log)
+	if !strings.Contains(log, "hello ***") {
+		t.Errorf("log does not contain the masked secret %q", "hello ***")
+	}
+	if strings.Contains(log, secret) {
+		t.Errorf("log contains the secret in clear text")
+	}
+	t.Logf("normalized:\n%s", devforge.NormalizeLog(log))
+
+	if _, err := forge.JobLog(ctx, repo, job.ID+1000); !errors.Is(err, devforge.ErrNoLog) {
+		t.Errorf("JobLog of a missing job: err = %v, want ErrNoLog", err)
+	}
+}
+
+// TestRestartKeepsState starts Gitea twice on the same state directory: the second start skips
+// migration and user creation and the admin token still works.
+func TestRestartKeepsState(t *testing.T) {
+	tools := needTools(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+
+	first := startForge(t, ctx, tools, dir)
+	if _, err := first.CreateRepo(ctx, "kept"); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(); err != nil { // idempotent
+		t.Fatalf("second close: %v", err)
+	}
+
+	second := startForge(t, ctx, tools, dir)
+	if got, want := second.Token(), first.Token(); got != want {
+		t.Errorf("token after restart = %q, want %q", got, want)
+	}
+	var apiErr *devforge.APIError
+	if _, err := second.CreateRepo(ctx, "kept"); !errors.As(err, &apiErr) || apiErr.Status != 409 {
+		t.Errorf("create existing repo: err = %v, want an APIError with status 409", err)
+	}
+}
