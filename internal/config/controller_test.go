@@ -1,0 +1,86 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func envOf(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func base() map[string]string {
+	return map[string]string{
+		"STATE_DIR":           "/var/lib/dynrunner",
+		"GITEA_URL":           "https://gitea.example",
+		"GITEA_RUNNER_BIN":    "/opt/gitea-runner",
+		"GITEA_RUNNER_SHA256": strings.Repeat("ab", 32),
+	}
+}
+
+func TestLoadControllerDefaults(t *testing.T) {
+	c, err := LoadController(envOf(base()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := c.Components, []string{Facade, PodWorker, Scheduler}; strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("components = %v, want %v", got, want)
+	}
+	if c.PodConcurrency != 4 || c.VMConcurrency != 1 || c.Pickup != 120*time.Second || c.Lease != 300*time.Second {
+		t.Errorf("defaults: pod %d vm %d pickup %s lease %s", c.PodConcurrency, c.VMConcurrency, c.Pickup, c.Lease)
+	}
+	if !c.Embedded() || !c.GenerateKeys || !c.DevCA || c.FacadeURL != "https://127.0.0.1:8443" {
+		t.Errorf("embedded defaults: %+v", c)
+	}
+	if c.FacadeID.String() != "spiffe://dynrunner.local/dynrunner/facade" {
+		t.Errorf("facade id = %s", c.FacadeID)
+	}
+}
+
+// TestLoadControllerFailsClosed: every half-configured or unsafe setting is a boot error
+// that names what to set.
+func TestLoadControllerFailsClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  map[string]string
+		want string // the variable the message must name
+	}{
+		{"runner uuid without token", map[string]string{"GITEA_RUNNER_UUID_FILE": "/run/uuid"}, "GITEA_RUNNER_TOKEN_FILE"},
+		{"runner token without uuid", map[string]string{"GITEA_RUNNER_TOKEN_FILE": "/run/token"}, "GITEA_RUNNER_UUID_FILE"},
+		{"credentials and registration token", map[string]string{"GITEA_RUNNER_UUID_FILE": "/a", "GITEA_RUNNER_TOKEN_FILE": "/b", "GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/c"}, "GITEA_RUNNER_REGISTRATION_TOKEN_FILE"},
+		{"nats user without password", map[string]string{"NATS_URL": "nats://n:4222", "NATS_USER": "u", "RUNNER_FACADE_CAPABILITY_KEY_FILE": "/k", "TASK_ENCRYPTION_KEY_FILE": "/t"}, "NATS_PASSWORD_FILE"},
+		{"nats password without user", map[string]string{"NATS_URL": "nats://n:4222", "NATS_PASSWORD_FILE": "/p", "RUNNER_FACADE_CAPABILITY_KEY_FILE": "/k", "TASK_ENCRYPTION_KEY_FILE": "/t"}, "NATS_USER"},
+		{"nats credentials for the embedded server", map[string]string{"NATS_USER": "u", "NATS_PASSWORD_FILE": "/p"}, "NATS_URL"},
+		{"external nats without a shared capability key", map[string]string{"NATS_URL": "nats://n:4222", "TASK_ENCRYPTION_KEY_FILE": "/t"}, "RUNNER_FACADE_CAPABILITY_KEY_FILE"},
+		{"external nats without a shared task key", map[string]string{"NATS_URL": "nats://n:4222", "RUNNER_FACADE_CAPABILITY_KEY_FILE": "/k"}, "TASK_ENCRYPTION_KEY_FILE"},
+		{"plain http facade", map[string]string{"RUNNER_FACADE_URL": "http://127.0.0.1:8443"}, "RUNNER_FACADE_URL"},
+		{"facade id in another trust domain", map[string]string{"RUNNER_FACADE_SPIFFE_ID": "spiffe://other.org/facade"}, "RUNNER_FACADE_SPIFFE_ID"},
+		{"development CA outside the local backend", map[string]string{"POD_BACKEND": "kubernetes"}, "POD_BACKEND"},
+		{"pickup above lease", map[string]string{"PICKUP_SECS": "200", "LEASE_SECS": "150"}, "PICKUP_SECS"},
+		{"pickup below floor", map[string]string{"PICKUP_SECS": "30"}, "PICKUP_SECS"},
+		{"no gitea url", map[string]string{"GITEA_URL": ""}, "GITEA_URL"},
+		{"runner binary without its hash", map[string]string{"GITEA_RUNNER_SHA256": ""}, "GITEA_RUNNER_SHA256"},
+		{"runner without binary", map[string]string{"GITEA_RUNNER_BIN": ""}, "GITEA_RUNNER_BIN"},
+		{"unknown component", map[string]string{"COMPONENTS": "scheduler,frobnicator"}, "COMPONENTS"},
+		{"vm worker", map[string]string{"COMPONENTS": "all,vm-worker"}, "vm-worker"},
+		{"embedded nats on a public address", map[string]string{"NATS_EMBEDDED_LISTEN": "0.0.0.0:4222"}, "NATS_EMBEDDED_LISTEN"},
+		{"split facade with a registration token", map[string]string{"COMPONENTS": "facade", "GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/r"}, "GITEA_RUNNER_UUID_FILE"},
+		{"replicas on the embedded server", map[string]string{"NATS_REPLICAS": "3"}, "NATS_REPLICAS"},
+		{"bad fetch interval", map[string]string{"FETCH_INTERVAL": "fast"}, "FETCH_INTERVAL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := base()
+			for k, v := range tc.set {
+				env[k] = v
+			}
+			_, err := LoadController(envOf(env))
+			if err == nil {
+				t.Fatal("configuration accepted")
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %q does not name %s", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,258 @@
+package sealbox
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// testKey has bytes whose base64 contains both '+'/'/' and '-'/'_' alphabets' characters.
+var testKey = func() []byte {
+	k := make([]byte, KeySize)
+	for i := range k {
+		k[i] = byte(0xf8 + i*37)
+	}
+	return k
+}()
+
+func mustNew(t testing.TB, key []byte) *Box {
+	t.Helper()
+	b, err := New(key)
+	if err != nil {
+		t.Fatalf("New() error = %v", err)
+	}
+	return b
+}
+
+func TestNewKeyForms(t *testing.T) {
+	want := mustNew(t, testKey).KeyID()
+	tests := []struct {
+		name string
+		key  string
+	}{
+		{name: "raw", key: string(testKey)},
+		{name: "hex lower", key: hex.EncodeToString(testKey)},
+		{name: "hex upper", key: strings.ToUpper(hex.EncodeToString(testKey))},
+		{name: "base64 std padded", key: base64.StdEncoding.EncodeToString(testKey)},
+		{name: "base64 std unpadded", key: base64.RawStdEncoding.EncodeToString(testKey)},
+		{name: "base64 url padded", key: base64.URLEncoding.EncodeToString(testKey)},
+		{name: "base64 url unpadded", key: base64.RawURLEncoding.EncodeToString(testKey)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := New([]byte(tt.key))
+			if err != nil {
+				t.Fatalf("New() error = %v", err)
+			}
+			if got := b.KeyID(); got != want {
+				t.Errorf("KeyID() = %s, want %s (a different key was decoded)", got, want)
+			}
+		})
+	}
+}
+
+func TestNewKeyErrors(t *testing.T) {
+	hexKey := hex.EncodeToString(testKey)
+	b64 := base64.StdEncoding.EncodeToString(testKey)
+	tests := []struct {
+		name string
+		key  string
+	}{
+		{name: "empty", key: ""},
+		{name: "31 bytes", key: string(testKey[:31])},
+		{name: "33 bytes", key: string(testKey) + "x"},
+		{name: "hex with a non-hex character", key: "zz" + hexKey[2:]},
+		{name: "hex of 31 bytes", key: hexKey[:62]},
+		{name: "base64 with an invalid character", key: "*" + b64[1:]},
+		{name: "base64 of 33 bytes", key: base64.RawStdEncoding.EncodeToString(append(bytes.Clone(testKey), 1))},
+		{name: "base64 with non-zero padding bits", key: b64[:42] + "B="},
+		{name: "base64 with mixed alphabets", key: "-+" + b64[2:]},
+		{name: "passphrase", key: "correct horse battery staple"},
+		{name: "hex with a trailing newline", key: hexKey + "\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New([]byte(tt.key))
+			if !errors.Is(err, ErrKey) {
+				t.Fatalf("New() error = %v, want ErrKey", err)
+			}
+			if tt.key != "" && strings.Contains(err.Error(), tt.key) {
+				t.Errorf("error echoes the key: %v", err)
+			}
+			if !strings.HasPrefix(err.Error(), "sealbox: ") {
+				t.Errorf("error %q lacks the package prefix", err)
+			}
+		})
+	}
+}
+
+func TestSealOpen(t *testing.T) {
+	b := mustNew(t, testKey)
+	tests := []struct {
+		name      string
+		plaintext []byte
+		aad       []byte
+	}{
+		{name: "secret", plaintext: []byte("runner-token-123"), aad: []byte("task/42")},
+		{name: "empty plaintext", plaintext: []byte{}, aad: []byte("task/42")},
+		{name: "no aad", plaintext: []byte("x"), aad: nil},
+		{name: "large", plaintext: bytes.Repeat([]byte{0xab}, 1<<20), aad: []byte("task/1")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sealed, err := b.Seal(tt.plaintext, tt.aad)
+			if err != nil {
+				t.Fatalf("Seal() error = %v", err)
+			}
+			if got, want := len(sealed), len(tt.plaintext)+Overhead; got != want {
+				t.Errorf("len(sealed) = %d, want %d", got, want)
+			}
+			if len(tt.plaintext) > 4 && bytes.Contains(sealed, tt.plaintext) {
+				t.Error("sealed value contains the plaintext")
+			}
+			got, err := b.Open(sealed, tt.aad)
+			if err != nil {
+				t.Fatalf("Open() error = %v", err)
+			}
+			if !bytes.Equal(got, tt.plaintext) {
+				t.Errorf("Open() = %q, want %q", got, tt.plaintext)
+			}
+			// A second Box from the same key (a restarted controller) opens it too.
+			got, err = mustNew(t, []byte(hex.EncodeToString(testKey))).Open(sealed, tt.aad)
+			if err != nil || !bytes.Equal(got, tt.plaintext) {
+				t.Errorf("Open() with a new Box = %q, %v", got, err)
+			}
+		})
+	}
+}
+
+func TestSealIsRandomized(t *testing.T) {
+	b := mustNew(t, testKey)
+	s1, _ := b.Seal([]byte("same"), []byte("task/1"))
+	s2, _ := b.Seal([]byte("same"), []byte("task/1"))
+	if bytes.Equal(s1, s2) {
+		t.Error("two seals of the same plaintext are equal")
+	}
+}
+
+func TestOpenErrors(t *testing.T) {
+	b := mustNew(t, testKey)
+	otherKey := bytes.Repeat([]byte{7}, KeySize)
+	sealed, err := b.Seal([]byte("runner-token-123"), []byte("task/42"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	flip := func(i int) []byte {
+		s := bytes.Clone(sealed)
+		s[i] ^= 0x01
+		return s
+	}
+	tests := []struct {
+		name    string
+		box     *Box
+		sealed  []byte
+		aad     string
+		wantErr error
+	}{
+		{name: "wrong key", box: mustNew(t, otherKey), sealed: sealed, aad: "task/42", wantErr: ErrWrongKey},
+		{name: "wrong aad", box: b, sealed: sealed, aad: "task/43", wantErr: ErrOpen},
+		{name: "empty aad", box: b, sealed: sealed, aad: "", wantErr: ErrOpen},
+		{name: "aad with extra byte", box: b, sealed: sealed, aad: "task/420", wantErr: ErrOpen},
+		{name: "unknown version", box: b, sealed: append([]byte{2}, sealed[1:]...), aad: "task/42", wantErr: ErrOpen},
+		{name: "tampered nonce", box: b, sealed: flip(1 + keyIDSize), aad: "task/42", wantErr: ErrOpen},
+		{name: "tampered ciphertext", box: b, sealed: flip(headerLen), aad: "task/42", wantErr: ErrOpen},
+		{name: "tampered tag", box: b, sealed: flip(len(sealed) - 1), aad: "task/42", wantErr: ErrOpen},
+		{name: "tampered key id", box: b, sealed: flip(1), aad: "task/42", wantErr: ErrWrongKey},
+		{name: "truncated by one", box: b, sealed: sealed[:len(sealed)-1], aad: "task/42", wantErr: ErrOpen},
+		{name: "truncated to the header", box: b, sealed: sealed[:headerLen], aad: "task/42", wantErr: ErrOpen},
+		{name: "empty", box: b, sealed: nil, aad: "task/42", wantErr: ErrOpen},
+		{name: "extended", box: b, sealed: append(bytes.Clone(sealed), 0), aad: "task/42", wantErr: ErrOpen},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tt.box.Open(tt.sealed, []byte(tt.aad))
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("Open() = %q, %v; want error %v", got, err, tt.wantErr)
+			}
+			if got != nil {
+				t.Errorf("Open() returned %q with an error", got)
+			}
+		})
+	}
+}
+
+func TestOpenEveryTamperedByte(t *testing.T) {
+	b := mustNew(t, testKey)
+	sealed, _ := b.Seal([]byte("secret"), []byte("task/7"))
+	for i := range sealed {
+		for _, mask := range []byte{0x01, 0x80, 0xff} {
+			s := bytes.Clone(sealed)
+			s[i] ^= mask
+			if _, err := b.Open(s, []byte("task/7")); !errors.Is(err, ErrOpen) && !errors.Is(err, ErrWrongKey) {
+				t.Fatalf("byte %d ^ %#x: Open() error = %v, want ErrOpen or ErrWrongKey", i, mask, err)
+			}
+		}
+	}
+	for n := range len(sealed) {
+		if _, err := b.Open(sealed[:n], []byte("task/7")); !errors.Is(err, ErrOpen) {
+			t.Fatalf("truncated to %d: Open() error = %v, want ErrOpen", n, err)
+		}
+	}
+}
+
+func FuzzOpen(f *testing.F) {
+	b := mustNew(f, testKey)
+	sealed, _ := b.Seal([]byte("secret"), []byte("task/1"))
+	f.Add(sealed, []byte("task/1"))
+	f.Add(sealed[:Overhead], []byte("task/1"))
+	f.Add([]byte{}, []byte{})
+	f.Add([]byte{version, 0, 0, 0, 0}, []byte("task/1"))
+	f.Fuzz(func(t *testing.T, sealed, aad []byte) {
+		got, err := b.Open(sealed, aad)
+		if err != nil {
+			if !errors.Is(err, ErrOpen) && !errors.Is(err, ErrWrongKey) {
+				t.Fatalf("Open() error = %v, want ErrOpen or ErrWrongKey", err)
+			}
+			return
+		}
+		// Whatever opens must re-seal and open to the same plaintext.
+		again, err := b.Seal(got, aad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got2, err := b.Open(again, aad)
+		if err != nil || !bytes.Equal(got, got2) {
+			t.Fatalf("re-sealed value opens to %q, %v; want %q", got2, err, got)
+		}
+	})
+}
+
+func FuzzNew(f *testing.F) {
+	f.Add([]byte(hex.EncodeToString(testKey)))
+	f.Add([]byte(base64.StdEncoding.EncodeToString(testKey)))
+	f.Add([]byte(base64.RawURLEncoding.EncodeToString(testKey)))
+	f.Add(testKey)
+	f.Add([]byte("short"))
+	f.Fuzz(func(t *testing.T, key []byte) {
+		b, err := New(key)
+		if err != nil {
+			if !errors.Is(err, ErrKey) {
+				t.Fatalf("New() error = %v, want ErrKey", err)
+			}
+			if len(key) >= 8 && strings.Contains(err.Error(), string(key)) {
+				t.Fatalf("error echoes the key: %v", err)
+			}
+			return
+		}
+		sealed, err := b.Seal([]byte("x"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.Open(sealed, nil); err != nil {
+			t.Fatalf("Open() error = %v", err)
+		}
+	})
+}

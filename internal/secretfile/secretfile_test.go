@@ -1,0 +1,532 @@
+package secretfile
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+const content = "s3cr3t-value-that-must-not-leak"
+
+func writeFile(t *testing.T, path, data string, mode os.FileMode) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(data), mode); err != nil {
+		t.Fatal(err)
+	}
+	// WriteFile is subject to the umask; set the mode exactly.
+	if err := os.Chmod(path, mode); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRead(t *testing.T) {
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, dir string) string
+		want    string
+		wantErr error
+	}{
+		{
+			name: "plain 0600",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content, 0o600)
+				return p
+			},
+			want: content,
+		},
+		{
+			name: "group readable 0640 is accepted",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content, 0o640)
+				return p
+			},
+			want: content,
+		},
+		{
+			name: "read only 0400",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content, 0o400)
+				return p
+			},
+			want: content,
+		},
+		{
+			name: "trailing newline trimmed",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content+"\n", 0o600)
+				return p
+			},
+			want: content,
+		},
+		{
+			name: "trailing crlf and blank lines trimmed",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content+"\r\n\r\n\n", 0o600)
+				return p
+			},
+			want: content,
+		},
+		{
+			name: "inner newline kept",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, "a\nb\n", 0o600)
+				return p
+			},
+			want: "a\nb",
+		},
+		{
+			name: "spaces kept",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, " a ", 0o600)
+				return p
+			},
+			want: " a ",
+		},
+		{
+			name: "symlink chain like a kubernetes secret mount",
+			setup: func(t *testing.T, dir string) string {
+				// Kubernetes: key -> ..data/key, ..data -> ..2024_01_01_xxx
+				ts := filepath.Join(dir, "..2024_01_01")
+				if err := os.Mkdir(ts, 0o755); err != nil {
+					t.Fatal(err)
+				}
+				writeFile(t, filepath.Join(ts, "token"), content+"\n", 0o600)
+				if err := os.Symlink("..2024_01_01", filepath.Join(dir, "..data")); err != nil {
+					t.Fatal(err)
+				}
+				p := filepath.Join(dir, "token")
+				if err := os.Symlink(filepath.Join("..data", "token"), p); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			},
+			want: content,
+		},
+		{
+			name: "missing",
+			setup: func(t *testing.T, dir string) string {
+				return filepath.Join(dir, "nope")
+			},
+			wantErr: fs.ErrNotExist,
+		},
+		{
+			name: "dangling symlink",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				if err := os.Symlink(filepath.Join(dir, "nope"), p); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			},
+			wantErr: fs.ErrNotExist,
+		},
+		{
+			name: "directory",
+			setup: func(t *testing.T, dir string) string {
+				return dir
+			},
+			wantErr: ErrNotRegular,
+		},
+		{
+			name: "fifo is refused without blocking",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "fifo")
+				if err := syscall.Mkfifo(p, 0o600); err != nil {
+					t.Skipf("mkfifo: %v", err)
+				}
+				return p
+			},
+			wantErr: ErrNotRegular,
+		},
+		{
+			name: "world readable 0644",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content, 0o644)
+				return p
+			},
+			wantErr: ErrPermissions,
+		},
+		{
+			name: "world writable 0602",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content, 0o602)
+				return p
+			},
+			wantErr: ErrPermissions,
+		},
+		{
+			name: "world executable 0601",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content, 0o601)
+				return p
+			},
+			wantErr: ErrPermissions,
+		},
+		{
+			name: "symlink to world readable file",
+			setup: func(t *testing.T, dir string) string {
+				target := filepath.Join(dir, "target")
+				writeFile(t, target, content, 0o644)
+				p := filepath.Join(dir, "s")
+				if err := os.Symlink(target, p); err != nil {
+					t.Fatal(err)
+				}
+				return p
+			},
+			wantErr: ErrPermissions,
+		},
+		{
+			name: "empty",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, "", 0o600)
+				return p
+			},
+			wantErr: ErrEmpty,
+		},
+		{
+			name: "only line endings",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, "\r\n\n", 0o600)
+				return p
+			},
+			wantErr: ErrEmpty,
+		},
+		{
+			name: "too large",
+			setup: func(t *testing.T, dir string) string {
+				p := filepath.Join(dir, "s")
+				writeFile(t, p, content+strings.Repeat("x", MaxSize), 0o600)
+				return p
+			},
+			wantErr: ErrTooLarge,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := tt.setup(t, t.TempDir())
+			got, err := Read(path)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("Read() error = %v, want %v", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), content) {
+					t.Errorf("error leaks the content: %v", err)
+				}
+				if !strings.HasPrefix(err.Error(), "secretfile: ") {
+					t.Errorf("error %q lacks the package prefix", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Read() error = %v", err)
+			}
+			if string(got) != tt.want {
+				t.Errorf("Read() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestReadPermissionMessage(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "key")
+	writeFile(t, p, content, 0o644)
+	_, err := Read(p)
+	if !errors.Is(err, ErrPermissions) {
+		t.Fatalf("Read() error = %v, want ErrPermissions", err)
+	}
+	// The operator is told what to run.
+	if want := "chmod 600 " + p; !strings.Contains(err.Error(), want) {
+		t.Errorf("error %q does not tell the operator to %q", err, want)
+	}
+}
+
+func TestReadMin(t *testing.T) {
+	tests := []struct {
+		name    string
+		data    string
+		min     int
+		wantErr error
+	}{
+		{name: "longer", data: strings.Repeat("k", 40), min: 32},
+		{name: "exact", data: strings.Repeat("k", 32) + "\n", min: 32},
+		{name: "short", data: strings.Repeat("k", 31), min: 32, wantErr: ErrTooShort},
+		{name: "short after trimming", data: strings.Repeat("k", 31) + "\n", min: 32, wantErr: ErrTooShort},
+		{name: "empty is empty, not short", data: "\n", min: 32, wantErr: ErrEmpty},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "key")
+			writeFile(t, p, tt.data, 0o600)
+			got, err := ReadMin(p, tt.min)
+			if tt.wantErr != nil {
+				if !errors.Is(err, tt.wantErr) {
+					t.Fatalf("ReadMin() error = %v, want %v", err, tt.wantErr)
+				}
+				if strings.Contains(err.Error(), strings.TrimSpace(tt.data)) && strings.TrimSpace(tt.data) != "" {
+					t.Errorf("error leaks the content: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ReadMin() error = %v", err)
+			}
+			if want := strings.TrimRight(tt.data, "\r\n"); string(got) != want {
+				t.Errorf("ReadMin() = %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+func TestReadMinMessage(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "key")
+	writeFile(t, p, "0123456789", 0o600)
+	_, err := ReadMin(p, 32)
+	if !errors.Is(err, ErrTooShort) {
+		t.Fatalf("ReadMin() error = %v, want ErrTooShort", err)
+	}
+	for _, want := range []string{"10 bytes", "at least 32"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not say %q", err, want)
+		}
+	}
+}
+
+func TestWriteNew(t *testing.T) {
+	tests := []struct {
+		name     string
+		existing string // written before, if not empty
+		data     string
+	}{
+		{name: "new file in new directory", data: "first"},
+		{name: "replaces an existing file", existing: "old", data: "new"},
+		{name: "binary data", data: "\x00\xff\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "state", "keys")
+			p := filepath.Join(dir, "key")
+			if tt.existing != "" {
+				if err := os.MkdirAll(dir, 0o700); err != nil {
+					t.Fatal(err)
+				}
+				writeFile(t, p, tt.existing, 0o644)
+			}
+			if err := WriteNew(p, []byte(tt.data)); err != nil {
+				t.Fatalf("WriteNew() error = %v", err)
+			}
+			got, err := os.ReadFile(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != tt.data {
+				t.Errorf("content = %q, want %q", got, tt.data)
+			}
+			fi, err := os.Stat(p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, want := fi.Mode().Perm(), os.FileMode(0o600); got != want {
+				t.Errorf("file mode = %04o, want %04o", got, want)
+			}
+			di, err := os.Stat(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.existing == "" {
+				if got, want := di.Mode().Perm(), os.FileMode(0o700); got != want {
+					t.Errorf("dir mode = %04o, want %04o", got, want)
+				}
+			}
+			entries, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(entries) != 1 {
+				t.Errorf("directory holds %d entries, want only the file (no temporary files left)", len(entries))
+			}
+		})
+	}
+}
+
+func TestLoadOrCreate(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "state", "capability.key")
+	first, created, err := LoadOrCreate(p, 32)
+	if err != nil {
+		t.Fatalf("LoadOrCreate() error = %v", err)
+	}
+	if !created {
+		t.Error("created = false on first call, want true")
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(string(first))
+	if err != nil {
+		t.Fatalf("secret %q is not unpadded base64url: %v", first, err)
+	}
+	if len(raw) != 32 {
+		t.Errorf("secret decodes to %d bytes, want 32", len(raw))
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode().Perm(); got != 0o600 {
+		t.Errorf("file mode = %04o, want 0600", got)
+	}
+	onDisk, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := string(first) + "\n"; string(onDisk) != want {
+		t.Errorf("file holds %q, want %q", onDisk, want)
+	}
+
+	second, created, err := LoadOrCreate(p, 32)
+	if err != nil {
+		t.Fatalf("LoadOrCreate() second error = %v", err)
+	}
+	if created {
+		t.Error("created = true on second call, want false")
+	}
+	if !bytes.Equal(first, second) {
+		t.Error("second call returned a different secret")
+	}
+
+	other, _, err := LoadOrCreate(filepath.Join(t.TempDir(), "k"), 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(first, other) {
+		t.Error("two created secrets are equal")
+	}
+}
+
+func TestLoadOrCreateErrors(t *testing.T) {
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, p string)
+		n       int
+		wantErr error
+	}{
+		{
+			name: "existing world readable file is refused, not replaced",
+			setup: func(t *testing.T, p string) {
+				writeFile(t, p, content, 0o644)
+			},
+			n:       32,
+			wantErr: ErrPermissions,
+		},
+		{
+			name: "existing empty file is refused, not replaced",
+			setup: func(t *testing.T, p string) {
+				writeFile(t, p, "", 0o600)
+			},
+			n:       32,
+			wantErr: ErrEmpty,
+		},
+		{
+			name: "existing directory",
+			setup: func(t *testing.T, p string) {
+				if err := os.Mkdir(p, 0o700); err != nil {
+					t.Fatal(err)
+				}
+			},
+			n:       32,
+			wantErr: ErrNotRegular,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "key")
+			tt.setup(t, p)
+			_, _, err := LoadOrCreate(p, tt.n)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("LoadOrCreate() error = %v, want %v", err, tt.wantErr)
+			}
+			if strings.Contains(err.Error(), content) {
+				t.Errorf("error leaks the content: %v", err)
+			}
+		})
+	}
+	t.Run("invalid length", func(t *testing.T) {
+		if _, _, err := LoadOrCreate(filepath.Join(t.TempDir(), "k"), 0); err == nil {
+			t.Fatal("LoadOrCreate(n=0) succeeded")
+		}
+	})
+}
+
+func TestLoadOrCreateConcurrent(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "key")
+	const n = 8
+	var (
+		wg      sync.WaitGroup
+		secrets [n][]byte
+		created [n]bool
+		errs    [n]error
+	)
+	for i := range n {
+		wg.Go(func() {
+			secrets[i], created[i], errs[i] = LoadOrCreate(p, 32)
+		})
+	}
+	wg.Wait()
+	creators := 0
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("LoadOrCreate() error = %v", errs[i])
+		}
+		if created[i] {
+			creators++
+		}
+		if !bytes.Equal(secrets[i], secrets[0]) {
+			t.Errorf("caller %d got a different secret", i)
+		}
+	}
+	if creators != 1 {
+		t.Errorf("%d callers created the file, want exactly 1", creators)
+	}
+}
+
+func FuzzRead(f *testing.F) {
+	f.Add([]byte(content))
+	f.Add([]byte("a\r\n"))
+	f.Add([]byte("\n\n"))
+	f.Add([]byte{})
+	f.Add([]byte("\x00\xff\r"))
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, data []byte) {
+		p := filepath.Join(dir, "s")
+		writeFile(t, p, string(data), 0o600)
+		got, err := Read(p)
+		want := bytes.TrimRight(data, "\r\n")
+		if len(want) == 0 {
+			if !errors.Is(err, ErrEmpty) {
+				t.Fatalf("Read(%q) error = %v, want ErrEmpty", data, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("Read(%q) error = %v", data, err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Fatalf("Read(%q) = %q, want %q", data, got, want)
+		}
+	})
+}

@@ -1,0 +1,313 @@
+package workload
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+
+	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/internal/workload/workloadtest"
+)
+
+func mustIssue(t *testing.T, ca *DevCA, id string) *x509svid.SVID {
+	t.Helper()
+	svid, err := ca.Issue(mustID(t, id), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svid
+}
+
+// waitFor polls cond every 10ms for at most 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func serialOf(t *testing.T, src Source) string {
+	t.Helper()
+	svid, err := src.GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svid.Certificates[0].SerialNumber.String()
+}
+
+func TestWriteSVIDFiles(t *testing.T) {
+	ca := newCA(t, testTD)
+	svid := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/1/epoch/1")
+	dir := filepath.Join(t.TempDir(), "env", "svid")
+	if err := WriteSVIDFiles(dir, svid, ca.Bundle()); err != nil {
+		t.Fatalf("WriteSVIDFiles() error = %v", err)
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("dir: %v, %v; want mode 0700", fi, err)
+	}
+	for _, name := range []string{SVIDFile, SVIDKeyFile, BundleFile} {
+		fi, err := os.Stat(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := fi.Mode().Perm(); got != 0o600 {
+			t.Errorf("%s mode = %04o, want 0600", name, got)
+		}
+	}
+	// The files are what go-spiffe's own loaders read.
+	loaded, err := x509svid.Load(filepath.Join(dir, SVIDFile), filepath.Join(dir, SVIDKeyFile))
+	if err != nil {
+		t.Fatalf("x509svid.Load() error = %v", err)
+	}
+	if loaded.ID != svid.ID || !loaded.Certificates[0].Equal(svid.Certificates[0]) {
+		t.Error("loaded SVID differs from the written one")
+	}
+	bundle, err := x509bundle.Load(testTD, filepath.Join(dir, BundleFile))
+	if err != nil || !bundle.Equal(ca.Bundle()) {
+		t.Errorf("x509bundle.Load() = %v, %v; want the CA bundle", bundle, err)
+	}
+	if err := WriteSVIDFiles(dir, nil, ca.Bundle()); err == nil {
+		t.Error("WriteSVIDFiles(nil svid) succeeded")
+	}
+}
+
+func TestFromFilesWaitsAndReloads(t *testing.T) {
+	ca := newCA(t, testTD)
+	dir := filepath.Join(t.TempDir(), "svid")
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+
+	type result struct {
+		src Source
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		src, err := FromFiles(ctx, dir, 10*time.Millisecond)
+		done <- result{src, err}
+	}()
+	// Nothing there yet: FromFiles waits.
+	time.Sleep(50 * time.Millisecond)
+	select {
+	case r := <-done:
+		t.Fatalf("FromFiles() returned %v before the files existed", r.err)
+	default:
+	}
+
+	first := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := WriteSVIDFiles(dir, first, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("FromFiles() error = %v", r.err)
+	}
+	src := r.src
+	defer src.Close()
+	svid, err := src.GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID != first.ID {
+		t.Errorf("ID = %s, want %s", svid.ID, first.ID)
+	}
+	if b, err := src.GetX509BundleForTrustDomain(testTD); err != nil || !b.Equal(ca.Bundle()) {
+		t.Errorf("GetX509BundleForTrustDomain() = %v, %v", b, err)
+	}
+	if _, err := src.GetX509BundleForTrustDomain(otherTD); err == nil {
+		t.Error("GetX509BundleForTrustDomain(other) succeeded")
+	}
+
+	// A rotation (new files) is picked up.
+	second := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := WriteSVIDFiles(dir, second, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := serialOf(t, src), second.Certificates[0].SerialNumber.String(); got != want {
+		t.Errorf("serial after rotation = %s, want %s", got, want)
+	}
+
+	// A broken replacement keeps the last good SVID.
+	if err := secretfile.WriteNew(filepath.Join(dir, SVIDFile), []byte("garbage")); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := serialOf(t, src), second.Certificates[0].SerialNumber.String(); got != want {
+		t.Errorf("serial after a broken replacement = %s, want %s", got, want)
+	}
+
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.GetX509SVID(); !errors.Is(err, ErrClosed) {
+		t.Errorf("GetX509SVID() after Close error = %v, want ErrClosed", err)
+	}
+}
+
+func TestFromFilesErrors(t *testing.T) {
+	ca := newCA(t, testTD)
+	tests := []struct {
+		name    string
+		setup   func(t *testing.T, dir string)
+		wantErr error
+	}{
+		{
+			name:    "nothing there until ctx ends",
+			setup:   func(t *testing.T, dir string) {},
+			wantErr: context.DeadlineExceeded,
+		},
+		{
+			name: "key missing until ctx ends",
+			setup: func(t *testing.T, dir string) {
+				if err := WriteSVIDFiles(dir, mustIssue(t, ca, "spiffe://ci.example.org/x"), ca.Bundle()); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Remove(filepath.Join(dir, SVIDKeyFile)); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: fs.ErrNotExist,
+		},
+		{
+			name: "world readable key is refused at once",
+			setup: func(t *testing.T, dir string) {
+				if err := WriteSVIDFiles(dir, mustIssue(t, ca, "spiffe://ci.example.org/x"), ca.Bundle()); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Chmod(filepath.Join(dir, SVIDKeyFile), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			},
+			wantErr: secretfile.ErrPermissions,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "svid")
+			tt.setup(t, dir)
+			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+			defer cancel()
+			src, err := FromFiles(ctx, dir, 10*time.Millisecond)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("FromFiles() = %v, %v; want error %v", src, err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestFromWorkloadAPI(t *testing.T) {
+	ca := newCA(t, testTD)
+	api := workloadtest.Start(t)
+	first := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := api.SetX509SVID(first, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	src, err := FromWorkloadAPI(ctx, api.Addr())
+	if err != nil {
+		t.Fatalf("FromWorkloadAPI() error = %v", err)
+	}
+	defer src.Close()
+	svid, err := src.GetX509SVID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if svid.ID != first.ID {
+		t.Errorf("ID = %s, want %s", svid.ID, first.ID)
+	}
+	if b, err := src.GetX509BundleForTrustDomain(testTD); err != nil || !b.Equal(ca.Bundle()) {
+		t.Errorf("GetX509BundleForTrustDomain() = %v, %v", b, err)
+	}
+
+	// Rotation is pushed over the stream.
+	second := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := api.SetX509SVID(second, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	want := second.Certificates[0].SerialNumber.String()
+	waitFor(t, "the rotated SVID", func() bool { return serialOf(t, src) == want })
+
+	if err := src.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := src.Close(); err != nil {
+		t.Errorf("second Close() error = %v", err)
+	}
+	if _, err := src.GetX509SVID(); err == nil {
+		t.Error("GetX509SVID() after Close succeeded")
+	}
+}
+
+func TestFromWorkloadAPIWaitsForSVID(t *testing.T) {
+	ca := newCA(t, testTD)
+	api := workloadtest.Start(t) // no identity yet, like an agent before the entry exists
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+
+	type result struct {
+		src Source
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		src, err := FromWorkloadAPI(ctx, api.Addr())
+		done <- result{src, err}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	select {
+	case r := <-done:
+		t.Fatalf("FromWorkloadAPI() returned %v before an SVID was issued", r.err)
+	default:
+	}
+	svid := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := api.SetX509SVID(svid, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("FromWorkloadAPI() error = %v", r.err)
+	}
+	defer r.src.Close()
+	if got, want := serialOf(t, r.src), svid.Certificates[0].SerialNumber.String(); got != want {
+		t.Errorf("serial = %s, want %s", got, want)
+	}
+}
+
+func TestFromWorkloadAPIErrors(t *testing.T) {
+	api := workloadtest.Start(t) // never issues an identity
+	tests := []struct {
+		name    string
+		addr    string
+		wantErr error // nil: any error
+	}{
+		{name: "no identity until ctx ends", addr: api.Addr(), wantErr: context.DeadlineExceeded},
+		{name: "no scheme", addr: "/run/spire/agent.sock"},
+		{name: "tcp with a host name", addr: "tcp://localhost:1234"},
+		{name: "empty", addr: ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			defer cancel()
+			src, err := FromWorkloadAPI(ctx, tt.addr)
+			if err == nil {
+				src.Close()
+				t.Fatal("FromWorkloadAPI() succeeded, want an error")
+			}
+			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
+				t.Errorf("FromWorkloadAPI() error = %v, want %v", err, tt.wantErr)
+			}
+		})
+	}
+}

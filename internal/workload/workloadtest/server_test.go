@@ -1,0 +1,144 @@
+package workloadtest_test
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	dynworkload "github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/internal/workload/workloadtest"
+)
+
+func dial(t *testing.T, addr string) workload.SpiffeWorkloadAPIClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return workload.NewSpiffeWorkloadAPIClient(conn)
+}
+
+func withHeader(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "workload.spiffe.io", "true")
+}
+
+func TestServer(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
+	ca, err := dynworkload.LoadOrCreateDevCA(filepath.Join(t.TempDir(), "ca"), td)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svid, err := ca.Issue(dynworkload.AssignmentID(td, 42, 7), time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := workloadtest.Start(t)
+	client := dial(t, api.Addr())
+
+	recvX509 := func(ctx context.Context) (*workload.X509SVIDResponse, error) {
+		stream, err := client.FetchX509SVID(ctx, &workload.X509SVIDRequest{})
+		if err != nil {
+			return nil, err
+		}
+		return stream.Recv()
+	}
+	recvBundles := func(ctx context.Context) (*workload.X509BundlesResponse, error) {
+		stream, err := client.FetchX509Bundles(ctx, &workload.X509BundlesRequest{})
+		if err != nil {
+			return nil, err
+		}
+		return stream.Recv()
+	}
+
+	tests := []struct {
+		name     string
+		header   bool
+		identity bool
+		wantCode codes.Code
+	}{
+		{name: "no security header", header: false, identity: true, wantCode: codes.InvalidArgument},
+		{name: "no identity issued", header: true, identity: false, wantCode: codes.PermissionDenied},
+		{name: "identity", header: true, identity: true, wantCode: codes.OK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if tt.identity {
+				err = api.SetX509SVID(svid, ca.Bundle())
+			} else {
+				err = api.SetX509SVID(nil, nil)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+			defer cancel()
+			if tt.header {
+				ctx = withHeader(ctx)
+			}
+			resp, err := recvX509(ctx)
+			if got := status.Code(err); got != tt.wantCode {
+				t.Fatalf("FetchX509SVID code = %v (%v), want %v", got, err, tt.wantCode)
+			}
+			bundles, err := recvBundles(ctx)
+			if got := status.Code(err); got != tt.wantCode {
+				t.Fatalf("FetchX509Bundles code = %v (%v), want %v", got, err, tt.wantCode)
+			}
+			if tt.wantCode != codes.OK {
+				return
+			}
+			if len(resp.Svids) != 1 || resp.Svids[0].SpiffeId != svid.ID.String() {
+				t.Fatalf("response SVIDs = %v, want one for %s", resp.Svids, svid.ID)
+			}
+			got, err := x509svid.ParseRaw(resp.Svids[0].X509Svid, resp.Svids[0].X509SvidKey)
+			if err != nil {
+				t.Fatalf("response SVID does not parse: %v", err)
+			}
+			if !got.Certificates[0].Equal(svid.Certificates[0]) {
+				t.Error("response SVID differs from the one set")
+			}
+			if _, ok := bundles.Bundles[td.IDString()]; !ok {
+				t.Errorf("bundles response has %v, want %s", bundles.Bundles, td.IDString())
+			}
+		})
+	}
+
+	t.Run("jwt is unimplemented", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(withHeader(t.Context()), 10*time.Second)
+		defer cancel()
+		_, err := client.FetchJWTSVID(ctx, &workload.JWTSVIDRequest{Audience: []string{"x"}})
+		if got := status.Code(err); got != codes.Unimplemented {
+			t.Fatalf("FetchJWTSVID code = %v, want Unimplemented", got)
+		}
+	})
+
+	t.Run("stop ends streams", func(t *testing.T) {
+		if err := api.SetX509SVID(svid, ca.Bundle()); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(withHeader(t.Context()), 10*time.Second)
+		defer cancel()
+		stream, err := client.FetchX509SVID(ctx, &workload.X509SVIDRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		api.Stop()
+		api.Stop() // idempotent
+		if _, err := stream.Recv(); err == nil {
+			t.Fatal("stream still open after Stop")
+		}
+	})
+}
