@@ -1,0 +1,658 @@
+package local_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/local"
+	"github.com/dynrunner/dynrunner/podworker/podworkertest"
+)
+
+const testTimeout = 30 * time.Second
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newBackend returns a Backend over root whose executor is this test binary.
+func newBackend(t *testing.T, root string, grace time.Duration) *local.Backend {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := local.New(local.Config{
+		Root:         root,
+		Command:      []string{exe},
+		BaseEnv:      baseEnv(),
+		Grace:        grace,
+		PollInterval: 20 * time.Millisecond,
+		Log:          zerolog.New(zerolog.NewTestWriter(t)),
+	})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	return b
+}
+
+func TestConformance(t *testing.T) {
+	root := t.TempDir()
+	podworkertest.RunConformance(t, podworkertest.Harness{
+		New: func(t *testing.T) podworker.Backend { return newBackend(t, root, 5*time.Second) },
+		Spec: func(t *testing.T, task assignment.TaskID, behavior podworkertest.Behavior) podworker.Spec {
+			mode, ok := modes[behavior]
+			if !ok {
+				t.Fatalf("no fake executor mode for %v", behavior)
+			}
+			return fakeSpec(task, 0, mode)
+		},
+		Gone:           gone(root),
+		KnownExitCodes: true,
+		Timeout:        testTimeout,
+	})
+}
+
+// proc is a running (not zombie) process as the tests see it.
+type proc struct {
+	pid, pgrp int
+	envDir    string // its DYNRUNNER_ENV_DIR
+}
+
+// running lists the running processes, read independently of the package under test.
+func running(t *testing.T) []proc {
+	t.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if f[0] == "Z" || f[0] == "X" {
+			continue
+		}
+		p := proc{pid: pid}
+		p.pgrp, _ = strconv.Atoi(f[2])
+		environ, _ := os.ReadFile("/proc/" + e.Name() + "/environ")
+		for kv := range strings.SplitSeq(string(environ), "\x00") {
+			if v, ok := strings.CutPrefix(kv, "DYNRUNNER_ENV_DIR="); ok {
+				p.envDir = v
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+func alive(t *testing.T, pid int) bool {
+	t.Helper()
+	for _, p := range running(t) {
+		if p.pid == pid {
+			return true
+		}
+	}
+	return false
+}
+
+// gone reports whether the environment's directory is gone and none of its processes runs.
+func gone(root string) func(t *testing.T, h podworker.Handle) bool {
+	return func(t *testing.T, h podworker.Handle) bool {
+		dir := filepath.Join(root, h.ID)
+		if _, err := os.Lstat(dir); !errors.Is(err, fs.ErrNotExist) {
+			return false
+		}
+		pgid, _ := strconv.Atoi(h.Data["pgid"])
+		for _, p := range running(t) {
+			if (pgid > 0 && p.pgrp == pgid) || p.envDir == dir {
+				t.Logf("pid %d (pgid %d, env %s) still runs", p.pid, p.pgrp, p.envDir)
+				return false
+			}
+		}
+		return true
+	}
+}
+
+// eventually polls cond until it is true, failing t after testTimeout.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(testTimeout)
+	for pause := 5 * time.Millisecond; !cond(); pause = min(2*pause, 200*time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting until %s", testTimeout, what)
+		}
+		time.Sleep(pause)
+	}
+}
+
+func pidOf(t *testing.T, h podworker.Handle) int {
+	t.Helper()
+	pid, err := strconv.Atoi(h.Data["pid"])
+	if err != nil {
+		t.Fatalf("handle %+v: pid: %v", h, err)
+	}
+	return pid
+}
+
+// startT starts spec and destroys it at cleanup.
+func startT(t *testing.T, b *local.Backend, spec podworker.Spec) podworker.Handle {
+	t.Helper()
+	h, err := b.Start(ctxT(t), spec)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.Destroy(context.Background(), h); err != nil {
+			t.Errorf("cleanup: Destroy: %v", err)
+		}
+	})
+	return h
+}
+
+func waitT(t *testing.T, b *local.Backend, h podworker.Handle, root string) podworker.Exit {
+	t.Helper()
+	exit, err := b.Wait(ctxT(t), h)
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if exit.Code != 0 && root != "" {
+		log, _ := os.ReadFile(filepath.Join(root, h.ID, "executor.log"))
+		t.Logf("executor.log:\n%s", log)
+	}
+	return exit
+}
+
+func TestNewValidates(t *testing.T) {
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		cfg  local.Config
+	}{
+		{"relative root", local.Config{Root: "envs", Command: []string{exe}}},
+		{"empty root", local.Config{Command: []string{exe}}},
+		{"no command", local.Config{Root: t.TempDir()}},
+		{"empty executable", local.Config{Root: t.TempDir(), Command: []string{""}}},
+		{"missing executable", local.Config{Root: t.TempDir(), Command: []string{"/nonexistent/dynrunner"}}},
+		{"not executable", local.Config{Root: t.TempDir(), Command: []string{"/etc/passwd"}}},
+		{"directory", local.Config{Root: t.TempDir(), Command: []string{"/"}}},
+		{"bad base env", local.Config{Root: t.TempDir(), Command: []string{exe}, BaseEnv: []string{"NOEQUALS"}}},
+		{"negative grace", local.Config{Root: t.TempDir(), Command: []string{exe}, Grace: -time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if b, err := local.New(tt.cfg); err == nil {
+				t.Errorf("New(%+v) = %v, want an error", tt.cfg, b)
+			}
+		})
+	}
+	root := filepath.Join(t.TempDir(), "state", "envs")
+	if _, err := local.New(local.Config{Root: root, Command: []string{"sh", "-c", "true"}}); err != nil {
+		t.Errorf("New with a PATH command and a missing root: %v", err)
+	}
+	if fi, err := os.Stat(root); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("root: %v, %v; want a 0700 directory", fi, err)
+	}
+}
+
+func TestStartEnvironment(t *testing.T) {
+	t.Setenv("DYNRUNNER_TEST_NOT_INHERITED", "1")
+	root := t.TempDir()
+	exe, _ := os.Executable()
+	b, err := local.New(local.Config{
+		Root:    root,
+		Command: []string{exe},
+		BaseEnv: append(baseEnv(), "FROM_BASE=base", "OVERRIDDEN=by-base"),
+		Log:     zerolog.New(zerolog.NewTestWriter(t)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := fakeSpec(12, 34, "check-env")
+	spec.Env["FROM_SPEC"] = "spec"
+	spec.Env["OVERRIDDEN"] = "by-spec"
+	spec.Env["HOME"] = "/root" // the backend's own variables win
+	spec.Files = map[string][]byte{"token": []byte("secret"), "svid.pem": []byte("pem")}
+	h := startT(t, b, spec)
+
+	dir := filepath.Join(root, "12-34")
+	want := podworker.Handle{
+		Backend: "local", ID: "12-34", Task: 12, Epoch: 34,
+		Data: map[string]string{"pid": h.Data["pid"], "pgid": h.Data["pid"], "start_time": h.Data["start_time"], "dir": dir},
+	}
+	if !reflect.DeepEqual(h, want) {
+		t.Errorf("handle = %+v, want %+v", h, want)
+	}
+	if exit := waitT(t, b, h, root); exit != (podworker.Exit{Code: 0, Reason: "exited"}) {
+		t.Errorf("exit = %+v, want 0", exit)
+	}
+	var onDisk podworker.Handle
+	if b, err := os.ReadFile(filepath.Join(dir, "handle.json")); err != nil || json.Unmarshal(b, &onDisk) != nil {
+		t.Errorf("handle.json: %s, %v", b, err)
+	} else if !reflect.DeepEqual(onDisk, h) {
+		t.Errorf("handle.json = %+v, want %+v", onDisk, h)
+	}
+	for p, mode := range map[string]fs.FileMode{
+		dir:                                    fs.ModeDir | 0o700,
+		filepath.Join(dir, "secrets"):          fs.ModeDir | 0o700,
+		filepath.Join(dir, "secrets/token"):    0o600,
+		filepath.Join(dir, "secrets/svid.pem"): 0o600,
+		filepath.Join(dir, "executor.log"):     0o600,
+	} {
+		if fi, err := os.Lstat(p); err != nil || fi.Mode() != mode {
+			t.Errorf("%s: %v, %v; want mode %v", p, fi, err, mode)
+		}
+	}
+	if got, _ := os.ReadFile(filepath.Join(dir, "secrets/token")); string(got) != "secret" {
+		t.Errorf("secrets/token = %q", got)
+	}
+}
+
+func TestExecutorLog(t *testing.T) {
+	root := t.TempDir()
+	b := newBackend(t, root, time.Second)
+	h := startT(t, b, fakeSpec(1, 1, "no-such-mode"))
+	if exit := waitT(t, b, h, ""); exit.Code != 10 {
+		t.Errorf("exit = %+v, want code 10", exit)
+	}
+	log, err := os.ReadFile(filepath.Join(root, h.ID, "executor.log"))
+	if err != nil || !strings.Contains(string(log), "fake executor no-such-mode: unknown mode") {
+		t.Errorf("executor.log = %q, %v; want the executor's stderr", log, err)
+	}
+}
+
+func TestDestroyEscalatesToSIGKILL(t *testing.T) {
+	const grace = 300 * time.Millisecond
+	b := newBackend(t, t.TempDir(), grace)
+	h := startT(t, b, fakeSpec(1, 1, "ignore-term"))
+	// The executor ignores SIGTERM only once it runs its mode; wait until it does.
+	eventually(t, "the executor ignores SIGTERM", func() bool { return ignoresSIGTERM(t, pidOf(t, h)) })
+	start := time.Now()
+	if err := b.Destroy(ctxT(t), h); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if d := time.Since(start); d < grace {
+		t.Errorf("Destroy took %v, less than the grace period %v", d, grace)
+	}
+	if alive(t, pidOf(t, h)) {
+		t.Error("executor survived Destroy")
+	}
+}
+
+// ignoresSIGTERM reads the ignored-signals mask of pid.
+func ignoresSIGTERM(t *testing.T, pid int) bool {
+	t.Helper()
+	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.SplitSeq(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, "SigIgn:"); ok {
+			mask, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && mask&(1<<(uint(syscall.SIGTERM)-1)) != 0
+		}
+	}
+	return false
+}
+
+func TestDestroyWithCanceledContextKillsAtOnce(t *testing.T) {
+	b := newBackend(t, t.TempDir(), time.Hour)
+	h := startT(t, b, fakeSpec(1, 1, "ignore-term"))
+	eventually(t, "the executor ignores SIGTERM", func() bool { return ignoresSIGTERM(t, pidOf(t, h)) })
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.Destroy(ctx, h); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if alive(t, pidOf(t, h)) {
+		t.Error("executor survived Destroy")
+	}
+}
+
+// childPID waits for the pid a stray or escape executor records. Should the test fail to
+// destroy the child, cleanup kills it.
+func childPID(t *testing.T, root string, h podworker.Handle) int {
+	t.Helper()
+	p := filepath.Join(root, h.ID, "work", childPIDFile)
+	var pid int
+	eventually(t, "the executor records its child", func() bool {
+		b, err := os.ReadFile(p)
+		pid, _ = strconv.Atoi(string(b))
+		return err == nil && pid > 0
+	})
+	dir := filepath.Join(root, h.ID)
+	t.Cleanup(func() {
+		for _, p := range running(t) {
+			if p.pid == pid && p.envDir == dir {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+	})
+	return pid
+}
+
+func TestDestroyKillsStrays(t *testing.T) {
+	root := t.TempDir()
+	b := newBackend(t, root, 300*time.Millisecond)
+	h := startT(t, b, fakeSpec(1, 1, "stray"))
+	if exit := waitT(t, b, h, root); exit.Code != 0 {
+		t.Fatalf("exit = %+v, want 0", exit)
+	}
+	stray := childPID(t, root, h)
+	if !alive(t, stray) {
+		t.Fatal("stray is not running")
+	}
+	if err := b.Destroy(ctxT(t), h); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if alive(t, stray) {
+		t.Error("stray survived Destroy")
+	}
+	if !gone(root)(t, h) {
+		t.Error("something remains")
+	}
+}
+
+func TestDestroyKillsEscapedProcesses(t *testing.T) {
+	root := t.TempDir()
+	b := newBackend(t, root, 5*time.Second)
+	h := startT(t, b, fakeSpec(1, 1, "escape"))
+	escaped := childPID(t, root, h)
+	if err := b.Destroy(ctxT(t), h); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if alive(t, escaped) {
+		t.Error("process in its own session survived Destroy")
+	}
+}
+
+func TestStartWipesExitedEnvironment(t *testing.T) {
+	root := t.TempDir()
+	b := newBackend(t, root, 5*time.Second)
+	h1 := startT(t, b, fakeSpec(3, 4, "exit0"))
+	waitT(t, b, h1, root)
+	leftover := filepath.Join(root, h1.ID, "work", "leftover")
+	if err := os.WriteFile(leftover, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h2 := startT(t, b, fakeSpec(3, 4, "forever"))
+	if h2.ID != h1.ID || h2.Data["pid"] == h1.Data["pid"] {
+		t.Errorf("restart = %+v, first %+v; want the same id and a new process", h2, h1)
+	}
+	if _, err := os.Stat(leftover); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("leftover of the first run: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := b.Wait(ctx, h2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait on the restarted environment = %v, want it running", err)
+	}
+	// The old handle names a process that is gone, in a directory that now is another's.
+	if exit, err := b.Wait(ctxT(t), h1); err != nil || exit.Code != -1 {
+		t.Errorf("Wait(old handle) = %+v, %v; want -1", exit, err)
+	}
+}
+
+// TestStartAfterCrashBeforeHandle covers a controller that died after it started the executor
+// but before it wrote handle.json: a directory without a handle, with a process in it.
+func TestStartAfterCrashBeforeHandle(t *testing.T) {
+	root := t.TempDir()
+	b := newBackend(t, root, 5*time.Second)
+	dir := filepath.Join(root, "5-1")
+	if err := os.MkdirAll(filepath.Join(dir, "work"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	exe, _ := os.Executable()
+	orphan := exec.Command(exe)
+	orphan.Env = append(baseEnv(), fakeEnv+"=forever", "DYNRUNNER_ENV_DIR="+dir)
+	orphan.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := orphan.Start(); err != nil {
+		t.Fatal(err)
+	}
+	orphanDone := make(chan struct{})
+	go func() { _ = orphan.Wait(); close(orphanDone) }()
+	t.Cleanup(func() { _ = orphan.Process.Kill(); <-orphanDone })
+	eventually(t, "the orphan runs", func() bool {
+		for _, p := range running(t) {
+			if p.pid == orphan.Process.Pid && p.envDir == dir {
+				return true
+			}
+		}
+		return false
+	})
+
+	list, err := b.List(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	broken := podworker.Handle{Backend: "local", ID: "5-1", Task: 5, Epoch: 1}
+	if !reflect.DeepEqual(list, []podworker.Handle{broken}) {
+		t.Errorf("List = %+v, want [%+v]", list, broken)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	if _, err := b.Wait(ctx, broken); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Wait(handle without data) = %v, want it running while its process runs", err)
+	}
+
+	h := startT(t, b, fakeSpec(5, 1, "forever"))
+	select {
+	case <-orphanDone:
+	case <-time.After(testTimeout):
+		t.Fatal("Start left the orphaned executor running")
+	}
+	if h.Data["pid"] == strconv.Itoa(orphan.Process.Pid) {
+		t.Error("Start adopted the orphan")
+	}
+}
+
+func TestListAndDestroyForeignEntries(t *testing.T) {
+	root := t.TempDir()
+	outside := t.TempDir()
+	precious := filepath.Join(outside, "precious")
+	if err := os.WriteFile(precious, []byte("keep"), 0o400); err != nil {
+		t.Fatal(err)
+	}
+	b := newBackend(t, root, time.Second)
+	// An environment whose work directory links outside, with a read-only tree.
+	h := startT(t, b, fakeSpec(9, 9, "write-files"))
+	waitT(t, b, h, root)
+	if err := os.Symlink(outside, filepath.Join(root, h.ID, "work", "out")); err != nil {
+		t.Fatal(err)
+	}
+	// Entries that are not environments.
+	if err := os.MkdirAll(filepath.Join(root, "junk", "ro", "deeper"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "junk", "ro", "deeper", "f"), nil, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{"junk/ro/deeper", "junk/ro"} {
+		if err := os.Chmod(filepath.Join(root, d), 0o500); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "file"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(root, "link")); err != nil {
+		t.Fatal(err)
+	}
+
+	list, err := b.List(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []podworker.Handle{
+		h,
+		{Backend: "local", ID: "file"},
+		{Backend: "local", ID: "junk"},
+		{Backend: "local", ID: "link"},
+	}
+	if !reflect.DeepEqual(list, want) {
+		t.Errorf("List = %+v\nwant %+v", list, want)
+	}
+	for _, l := range list {
+		if err := b.Destroy(ctxT(t), l); err != nil {
+			t.Errorf("Destroy(%s): %v", l.ID, err)
+		}
+	}
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if e.Name() != ".locks" {
+			t.Errorf("%s remains in root", e.Name())
+		}
+	}
+	if got, err := os.ReadFile(precious); err != nil || string(got) != "keep" {
+		t.Errorf("file outside root: %q, %v", got, err)
+	}
+}
+
+func TestInvalidHandlesAndSpecs(t *testing.T) {
+	b := newBackend(t, t.TempDir(), time.Second)
+	handles := []podworker.Handle{
+		{Backend: "docker", ID: "1-1", Task: 1, Epoch: 1},
+		{Backend: "local", ID: ""},
+		{Backend: "local", ID: ".."},
+		{Backend: "local", ID: "../1-1"},
+		{Backend: "local", ID: ".locks"},
+		{Backend: "local", ID: "a/b"},
+		{Backend: "local", ID: "1-1", Data: map[string]string{"pid": "100", "pgid": "1", "start_time": "5"}},
+		{Backend: "local", ID: "1-1", Data: map[string]string{"pid": "x"}},
+	}
+	for _, h := range handles {
+		if err := b.Destroy(ctxT(t), h); !errors.Is(err, local.ErrInvalidHandle) {
+			t.Errorf("Destroy(%+v) = %v, want ErrInvalidHandle", h, err)
+		}
+		if _, err := b.Wait(ctxT(t), h); !errors.Is(err, local.ErrInvalidHandle) {
+			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
+		}
+	}
+	specs := []struct {
+		name string
+		spec podworker.Spec
+	}{
+		{"no task", podworker.Spec{Epoch: 1}},
+		{"negative task", podworker.Spec{Task: -1, Epoch: 1}},
+		{"no epoch", podworker.Spec{Task: 1}},
+		{"env key with =", podworker.Spec{Task: 1, Epoch: 1, Env: map[string]string{"A=B": "c"}}},
+		{"empty env key", podworker.Spec{Task: 1, Epoch: 1, Env: map[string]string{"": "c"}}},
+		{"env value with NUL", podworker.Spec{Task: 1, Epoch: 1, Env: map[string]string{"A": "b\x00c"}}},
+		{"secret ..", podworker.Spec{Task: 1, Epoch: 1, Files: map[string][]byte{"..": nil}}},
+		{"secret .", podworker.Spec{Task: 1, Epoch: 1, Files: map[string][]byte{".": nil}}},
+		{"secret with slash", podworker.Spec{Task: 1, Epoch: 1, Files: map[string][]byte{"a/b": nil}}},
+		{"secret with ..", podworker.Spec{Task: 1, Epoch: 1, Files: map[string][]byte{"../../etc/x": nil}}},
+		{"empty secret name", podworker.Spec{Task: 1, Epoch: 1, Files: map[string][]byte{"": nil}}},
+	}
+	for _, tt := range specs {
+		t.Run(tt.name, func(t *testing.T) {
+			if h, err := b.Start(ctxT(t), tt.spec); !errors.Is(err, local.ErrInvalidSpec) {
+				t.Errorf("Start = %+v, %v; want ErrInvalidSpec", h, err)
+			}
+		})
+	}
+}
+
+// TestSurvivesControllerDeath starts an environment from a separate controller process,
+// SIGKILLs that process, and checks that the environment still runs and that a new Backend
+// adopts and destroys it.
+func TestSurvivesControllerDeath(t *testing.T) {
+	root := t.TempDir()
+	exe, _ := os.Executable()
+	ctl := exec.Command(exe)
+	ctl.Env = append(baseEnv(), controllerEnv+"="+root)
+	var stderr bytes.Buffer
+	ctl.Stderr = &stderr
+	out, err := ctl.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ctlDone := make(chan error, 1)
+	lines := make(chan []byte, 1)
+	go func() {
+		line, _ := bufio.NewReader(out).ReadBytes('\n')
+		lines <- line
+		ctlDone <- ctl.Wait()
+	}()
+	t.Cleanup(func() { _ = ctl.Process.Kill() })
+	var h podworker.Handle
+	select {
+	case line := <-lines:
+		if err := json.Unmarshal(line, &h); err != nil {
+			t.Fatalf("controller printed %q (%v); stderr:\n%s", line, err, stderr.String())
+		}
+	case <-time.After(testTimeout):
+		t.Fatal("controller printed no handle")
+	}
+	if err := ctl.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ctlDone; err == nil {
+		t.Fatal("controller exited with 0, want killed")
+	}
+
+	if !alive(t, pidOf(t, h)) {
+		t.Fatal("environment died with its controller")
+	}
+	b := newBackend(t, root, 5*time.Second)
+	list, err := b.List(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(list, []podworker.Handle{h}) {
+		t.Errorf("List after the restart = %+v, want [%+v]", list, h)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := b.Wait(ctx, h); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Wait on the adopted environment = %v, want it running", err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		exit, err := b.Wait(ctxT(t), h)
+		if err == nil && exit.Code != -1 {
+			err = errors.New("adopted exit code should be unknown")
+		}
+		waited <- err
+	}()
+	if err := b.Destroy(ctxT(t), h); err != nil {
+		t.Fatalf("Destroy: %v", err)
+	}
+	if err := <-waited; err != nil && !errors.Is(err, podworker.ErrNotFound) {
+		t.Errorf("Wait during Destroy: %v", err)
+	}
+	if !gone(root)(t, h) {
+		t.Error("something remains")
+	}
+}

@@ -1,0 +1,31 @@
+//go:build !linux
+
+package local
+
+import (
+	"errors"
+	"syscall"
+)
+
+const procSupported = false
+
+type procStat struct {
+	state byte
+	pgrp  int
+	start uint64
+}
+
+func (s procStat) exited() bool { return true }
+
+type procInfo struct {
+	pid int
+	procStat
+	marked bool
+}
+
+var errNoProc = errors.New("/proc is not available")
+
+func readStat(int) (procStat, error)               { return procStat{}, errNoProc }
+func scanProcs(string) ([]procInfo, error)         { return nil, errNoProc }
+func signalGroup(int, syscall.Signal) error        { return errNoProc }
+func signalProc(int, uint64, syscall.Signal) error { return errNoProc }
