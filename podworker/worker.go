@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -39,6 +40,8 @@ type Config struct {
 	ExecutorEnv map[string]string
 	// Reap is how often environments no live assignment owns are looked for.
 	Reap time.Duration
+	// RetryDelay is the redelivery delay after a failed start, times the delivery count.
+	RetryDelay time.Duration
 	Log  zerolog.Logger
 	Now  func() time.Time
 }
@@ -73,6 +76,9 @@ func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *W
 	if cfg.Reap <= 0 {
 		cfg.Reap = 30 * time.Second
 	}
+	if cfg.RetryDelay <= 0 {
+		cfg.RetryDelay = 2 * time.Second
+	}
 	w := &Worker{cfg: cfg, backend: backend, log: log, view: view,
 		slots: make(chan struct{}, cfg.Concurrency), envs: make(map[assignment.TaskID]*env), ready: make(chan struct{})}
 	view.OnChange(w.onChange)
@@ -106,13 +112,15 @@ func (w *Worker) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		}
-		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		msg, err := cons.Next(jetstream.FetchContext(fctx))
+		cancel()
 		if err != nil {
 			<-w.slots
 			if ctx.Err() != nil {
 				return nil
 			}
-			if !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, context.DeadlineExceeded) {
+			if !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 				w.cfg.Log.Warn().Err(err).Msg("fetch dispatch")
 				wait(ctx, time.Second)
 			}
@@ -256,7 +264,7 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, st *assignment.State, cause error) {
 	md, err := msg.Metadata()
 	if err == nil && md.NumDelivered < uint64(w.log.Config().DispatchMaxDeliver) {
-		_ = msg.NakWithDelay(time.Duration(md.NumDelivered) * 2 * time.Second)
+		_ = msg.NakWithDelay(time.Duration(md.NumDelivered) * w.cfg.RetryDelay)
 		return
 	}
 	if st != nil && st.Task > 0 {

@@ -1,0 +1,320 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/devforge"
+)
+
+// The lease in these tests is 90 s, renewed every 30 s; the quiet job is silent for longer.
+const leaseEnv = "LEASE_SECS=90"
+
+// pickupEnv is the floor; it must stay below the lease.
+const pickupEnv = "PICKUP_SECS=60"
+
+const secretValue = "e2e-secret-value-7f3a"
+
+const workflow = `name: e2e
+on: [push]
+jobs:
+  produce:
+    runs-on: [self-hosted, pod]
+    outputs:
+      value: ${{ steps.gen.outputs.value }}
+    steps:
+      - id: gen
+        run: echo "value=from-produce" >> "$GITHUB_OUTPUT"
+      - run: echo "the secret is ${{ secrets.E2E_SECRET }}"
+  consume:
+    needs: produce
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: echo "got ${{ needs.produce.outputs.value }}"
+  matrix:
+    runs-on: [self-hosted, pod]
+    strategy:
+      matrix:
+        n: [1, 2]
+    steps:
+      - run: echo "matrix entry ${{ matrix.n }}"
+  noisy:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: for i in $(seq 1 3000); do echo "noisy line $i"; done
+  quiet:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: sleep 40; echo "woke up after 40 silent seconds"
+  failing:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: echo "about to fail"; exit 3
+      - run: echo "never printed"
+  always:
+    needs: [failing]
+    if: always()
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: echo "runs after a failure"
+`
+
+type jobResult struct {
+	conclusion string
+	log        string
+}
+
+// runWorkflow pushes workflow to a new repo and returns every job's conclusion and
+// normalised log by job name.
+func runWorkflow(t *testing.T, f *devforge.Forge, repo devforge.Repo, content string, limit time.Duration) map[string]jobResult {
+	t.Helper()
+	sha, err := f.PushWorkflow(t.Context(), repo, ".gitea/workflows/e2e.yml", content)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := waitRun(t, f, repo, sha, limit)
+	out := map[string]jobResult{}
+	for _, j := range run.Jobs {
+		log, err := f.JobLog(t.Context(), repo, j.ID)
+		if err != nil {
+			t.Fatalf("log of job %q: %v", j.Name, err)
+		}
+		if strings.Contains(log, secretValue) {
+			t.Errorf("job %q: the secret appears in clear text in its log", j.Name)
+		}
+		out[j.Name] = jobResult{conclusion: j.Conclusion, log: devforge.NormalizeLog(log)}
+	}
+	return out
+}
+
+func TestWorkflowMatchesStaticRunner(t *testing.T) {
+	tools := needTools(t)
+	f := startForge(t, tools)
+	ctx := t.Context()
+
+	// The reference: a static Gitea runner in host mode on its own repository.
+	static, err := f.CreateRepo(ctx, "static")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := f.CreateRepo(ctx, "dynamic")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []devforge.Repo{static, dyn} {
+		if err := f.SetSecret(ctx, r, "E2E_SECRET", secretValue); err != nil {
+			t.Fatal(err)
+		}
+	}
+	regStatic, err := f.RunnerRegistrationToken(ctx, static.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sr, err := devforge.StartStaticRunner(ctx, tools, f.URL(), regStatic, []string{"self-hosted:host", "pod:host"}, filepath.Join(t.TempDir(), "static"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sr.Close() })
+
+	c := newController(t, tools, f, dyn.String(), leaseEnv, pickupEnv)
+	c.start()
+
+	type outcome struct {
+		res map[string]jobResult
+	}
+	results := make(chan outcome, 2)
+	start := time.Now()
+	go func() { results <- outcome{runWorkflow(t, f, static, workflow, 10*time.Minute)} }()
+	want := (<-results).res
+	t.Logf("static runner: %d jobs in %s", len(want), time.Since(start).Round(time.Second))
+	start = time.Now()
+	got := runWorkflow(t, f, dyn, workflow, 10*time.Minute)
+	t.Logf("dynrunner: %d jobs in %s", len(got), time.Since(start).Round(time.Second))
+
+	if len(got) != len(want) || len(got) != 8 {
+		t.Fatalf("dynrunner ran jobs %v, the static runner %v; want the same 8", keys(got), keys(want))
+	}
+	for name, w := range want {
+		g, ok := got[name]
+		if !ok {
+			t.Errorf("job %q missing from the dynrunner run", name)
+			continue
+		}
+		if g.conclusion != w.conclusion {
+			t.Errorf("job %q: dynrunner %s, static runner %s", name, g.conclusion, w.conclusion)
+		}
+		if g.log != w.log {
+			t.Errorf("job %q: logs differ after normalisation\n--- dynrunner\n%s\n--- static runner\n%s", name, tail(g.log, 30), tail(w.log, 30))
+		}
+	}
+	// The workflow's own expectations, independent of the comparison.
+	for name, want := range map[string]string{"produce": "success", "consume": "success", "noisy": "success", "quiet": "success", "failing": "failure", "always": "success"} {
+		if got[name].conclusion != want {
+			t.Errorf("job %q concluded %q, want %q", name, got[name].conclusion, want)
+		}
+	}
+	for name, line := range map[string]string{
+		"produce": "the secret is ***",
+		"consume": "got from-produce",
+		"noisy":   "noisy line 3000",
+		"quiet":   "woke up after 40 silent seconds",
+		"always":  "runs after a failure",
+	} {
+		if !strings.Contains(got[name].log, line) {
+			t.Errorf("job %q: log lacks %q", name, line)
+		}
+	}
+	if n := strings.Count(got["noisy"].log, "noisy line "); n < 3000 {
+		t.Errorf("noisy job logged %d of 3000 lines", n)
+	}
+
+	// A job without an isolation label is failed with a message naming the accepted labels.
+	res := runWorkflow(t, f, dyn, "name: bad\non: [push]\njobs:\n  plain:\n    runs-on: [self-hosted]\n    steps:\n      - run: echo should not run\n", 3*time.Minute)
+	plain := res["plain"]
+	if plain.conclusion != "failure" || !strings.Contains(plain.log, "accepted: [self-hosted, pod]") || strings.Contains(plain.log, "should not run\n") {
+		t.Errorf("runs-on [self-hosted] job: %s\n%s", plain.conclusion, plain.log)
+	}
+	assertNoEnvironmentsLeft(t, c)
+}
+
+func keys(m map[string]jobResult) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// assertNoEnvironmentsLeft checks the local backend removed every environment directory.
+func assertNoEnvironmentsLeft(t *testing.T, c *controller) {
+	t.Helper()
+	var state string
+	for _, kv := range c.env {
+		if v, ok := strings.CutPrefix(kv, "STATE_DIR="); ok {
+			state = v
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		entries, _ := os.ReadDir(filepath.Join(state, "envs"))
+		var left []string
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), ".") {
+				left = append(left, e.Name())
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("environments left behind: %v", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+var lineRe = regexp.MustCompile(`(?m)^count (\d+)$`)
+
+// TestControllerSIGKILLMidJob kills the controller while a job runs and starts it again: the
+// job finishes with its complete log, reported once.
+func TestControllerSIGKILLMidJob(t *testing.T) {
+	tools := needTools(t)
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "crash")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv)
+	c.start()
+	const wf = `name: crash
+on: [push]
+jobs:
+  survive:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: for i in $(seq 1 200); do echo "count $i"; sleep 0.05; done
+      - run: echo "second step done"
+`
+	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/crash.yml", wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Wait until the job is running in its environment and logging, then crash the controller.
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if log := runningLog(t, f, repo, sha); strings.Contains(log, "count 20\n") && !strings.Contains(log, "count 200") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the job did not log its 20th line within 2 minutes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.kill()
+	t.Log("controller SIGKILLed while the job runs")
+	// Downtime on purpose (not a wait for a condition): the job keeps running and its reports
+	// fail meanwhile.
+	time.Sleep(3 * time.Second)
+	c.start()
+	run := waitRun(t, f, repo, sha, 5*time.Minute)
+	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
+		t.Fatalf("run after the crash: %+v", run.Jobs)
+	}
+	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := lineRe.FindAllStringSubmatch(devforge.NormalizeLog(log), -1)
+	if len(counts) != 200 {
+		t.Fatalf("log holds %d count lines, want exactly 200 (complete, none twice)", len(counts))
+	}
+	for i, m := range counts {
+		if m[1] != fmt.Sprint(i+1) {
+			t.Fatalf("count line %d reads %s: log out of order or duplicated", i+1, m[1])
+		}
+	}
+	if !strings.Contains(log, "second step done") {
+		t.Fatal("the second step's output is missing")
+	}
+	// Reported once: the audit stream holds exactly one completed transition, read with the
+	// operator's command.
+	cmd := exec.Command(dynrunnerBin(t), "events", "--json", "--follow=false")
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("dynrunner events: %v\n%s", err, out)
+	}
+	if n := strings.Count(string(out), `"transition":"completed"`); n != 1 {
+		t.Fatalf("%d completed transitions in the audit stream, want 1:\n%s", n, out)
+	}
+	if strings.Contains(string(out), "gitea_runtime_token") {
+		t.Fatal("the audit stream shows task material")
+	}
+	assertNoEnvironmentsLeft(t, c)
+}
+
+// runningLog returns the log so far of the first job of the run for sha, or "".
+func runningLog(t *testing.T, f *devforge.Forge, repo devforge.Repo, sha string) string {
+	runs, err := f.Runs(t.Context(), repo, sha)
+	if err != nil || len(runs) == 0 {
+		return ""
+	}
+	jobs, err := f.Jobs(t.Context(), repo, runs[0].ID)
+	if err != nil || len(jobs) == 0 {
+		return ""
+	}
+	log, err := f.JobLog(t.Context(), repo, jobs[0].ID)
+	if err != nil {
+		return ""
+	}
+	return log
+}

@@ -1,0 +1,218 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
+)
+
+// binary is the dynrunner binary built once for the package's tests.
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+func dynrunnerBin(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "dynrunner-e2e-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "dynrunner")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/dynrunner/dynrunner/cmd/dynrunner").CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// needTools returns the cached Gitea and runner, skipping (failing in CI) when missing.
+func needTools(t *testing.T) devforge.Tools {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end test with a real Gitea and Gitea runner; run without -short")
+	}
+	tools, err := devforge.FindTools()
+	if errors.Is(err, devforge.ErrToolsMissing) && os.Getenv("CI") == "" {
+		t.Skip(err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tools
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// controller is a dynrunner controller process.
+type controller struct {
+	t       *testing.T
+	env     []string
+	httpURL string
+	logPath string
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+// newController prepares a controller on embedded defaults against forge, registering with a
+// registration token of scope.
+func newController(t *testing.T, tools devforge.Tools, forge *devforge.Forge, scope string, extra ...string) *controller {
+	t.Helper()
+	dir := t.TempDir()
+	tok, err := forge.RunnerRegistrationToken(t.Context(), scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	regFile := filepath.Join(dir, "registration-token")
+	if err := secretfile.WriteNew(regFile, []byte(tok)); err != nil {
+		t.Fatal(err)
+	}
+	httpPort := freePort(t)
+	c := &controller{t: t, httpURL: fmt.Sprintf("http://127.0.0.1:%d", httpPort), logPath: filepath.Join(dir, "controller.log")}
+	c.env = append([]string{
+		"PATH=" + os.Getenv("PATH"),
+		"HOME=" + os.Getenv("HOME"),
+		"STATE_DIR=" + filepath.Join(dir, "state"),
+		"GITEA_URL=" + forge.URL(),
+		"GITEA_RUNNER_REGISTRATION_TOKEN_FILE=" + regFile,
+		"GITEA_RUNNER_NAME=dynrunner-e2e",
+		"GITEA_RUNNER_BIN=" + tools.RunnerBin,
+		"GITEA_RUNNER_SHA256=" + tools.RunnerSHA256,
+		"GITEA_RUNNER_VERSION=" + tools.RunnerVersion,
+		fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", httpPort),
+		fmt.Sprintf("RUNNER_FACADE_LISTEN=127.0.0.1:%d", freePort(t)),
+		fmt.Sprintf("NATS_EMBEDDED_LISTEN=127.0.0.1:%d", freePort(t)),
+		"FETCH_INTERVAL=300ms",
+	}, extra...)
+	t.Cleanup(func() {
+		c.stop()
+		if t.Failed() {
+			if b, err := os.ReadFile(c.logPath); err == nil {
+				t.Logf("controller log:\n%s", tail(string(b), 150))
+			}
+		}
+	})
+	return c
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// start runs the controller process and waits until /readyz answers 200.
+func (c *controller) start() {
+	c.t.Helper()
+	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer logf.Close()
+	c.cmd = exec.Command(dynrunnerBin(c.t), "controller")
+	c.cmd.Env = c.env
+	c.cmd.Stdout, c.cmd.Stderr = logf, logf
+	if err := c.cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	c.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(c.cmd, c.done)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-c.done:
+			b, _ := os.ReadFile(c.logPath)
+			c.t.Fatalf("controller exited during start:\n%s", tail(string(b), 40))
+		default:
+		}
+		if resp, err := http.Get(c.httpURL + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatal("controller not ready within 60s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// kill SIGKILLs the controller, as a crash would.
+func (c *controller) kill() {
+	c.t.Helper()
+	_ = c.cmd.Process.Signal(syscall.SIGKILL)
+	<-c.done
+}
+
+// stop sends SIGTERM and waits (bounded) for a clean exit.
+func (c *controller) stop() {
+	if c.cmd == nil || c.done == nil {
+		return
+	}
+	select {
+	case <-c.done:
+		return
+	default:
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		c.t.Errorf("controller did not stop within 30s of SIGTERM")
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// startForge starts a development Gitea for one test.
+func startForge(t *testing.T, tools devforge.Tools) *devforge.Forge {
+	t.Helper()
+	f, err := devforge.Start(t.Context(), tools, devforge.Options{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f
+}
+
+func waitRun(t *testing.T, f *devforge.Forge, repo devforge.Repo, sha string, limit time.Duration) devforge.Run {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), limit)
+	defer cancel()
+	run, err := f.WaitRun(ctx, repo, sha)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return run
+}

@@ -1,0 +1,287 @@
+package podworker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/natsconn"
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+// memBackend is an in-memory Backend whose environments live until ended by the test.
+type memBackend struct {
+	mu        sync.Mutex
+	envs      map[string]*memEnv
+	failStart error
+	starts    int
+	destroyed []string
+}
+
+type memEnv struct {
+	h    podworker.Handle
+	done chan struct{}
+	code int
+}
+
+func newMem() *memBackend { return &memBackend{envs: map[string]*memEnv{}} }
+
+func (m *memBackend) Name() string { return "mem" }
+
+func (m *memBackend) Start(_ context.Context, spec podworker.Spec) (podworker.Handle, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.starts++
+	if m.failStart != nil {
+		return podworker.Handle{}, m.failStart
+	}
+	if _, ok := spec.Files[podworker.TokenFile]; !ok {
+		return podworker.Handle{}, errors.New("no capability token")
+	}
+	id := fmt.Sprintf("%d-%d", spec.Task, spec.Epoch)
+	h := podworker.Handle{Backend: "mem", ID: id, Task: spec.Task, Epoch: spec.Epoch}
+	m.envs[id] = &memEnv{h: h, done: make(chan struct{})}
+	return h, nil
+}
+
+func (m *memBackend) add(h podworker.Handle) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.envs[h.ID] = &memEnv{h: h, done: make(chan struct{})}
+}
+
+func (m *memBackend) exit(id string, code int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.envs[id]; ok {
+		e.code = code
+		close(e.done)
+		delete(m.envs, id)
+	}
+}
+
+func (m *memBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, error) {
+	m.mu.Lock()
+	e, ok := m.envs[h.ID]
+	m.mu.Unlock()
+	if !ok {
+		return podworker.Exit{}, podworker.ErrNotFound
+	}
+	select {
+	case <-e.done:
+		return podworker.Exit{Code: e.code, Reason: "exited"}, nil
+	case <-ctx.Done():
+		return podworker.Exit{}, ctx.Err()
+	}
+}
+
+func (m *memBackend) Destroy(_ context.Context, h podworker.Handle) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e, ok := m.envs[h.ID]; ok {
+		close(e.done)
+		delete(m.envs, h.ID)
+		m.destroyed = append(m.destroyed, h.ID)
+	}
+	return nil
+}
+
+func (m *memBackend) List(context.Context) ([]podworker.Handle, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []podworker.Handle
+	for _, e := range m.envs {
+		out = append(out, e.h)
+	}
+	return out, nil
+}
+
+func (m *memBackend) has(id string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	_, ok := m.envs[id]
+	return ok
+}
+
+var _ podworker.Backend = (*memBackend)(nil)
+
+type rig struct {
+	t    *testing.T
+	log  *eventlog.Log
+	view *eventlog.View
+	js   jetstream.JetStream
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	js, err := jetstream.New(c.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := eventlog.DefaultConfig()
+	cfg.DispatchMaxDeliver = 3
+	l, err := eventlog.Open(t.Context(), js, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rig{t: t, log: l, js: js}
+}
+
+// run starts a view and a worker over backend; the returned function stops both.
+func (r *rig) run(backend podworker.Backend) (stop func()) {
+	r.t.Helper()
+	r.view = eventlog.NewView()
+	issuer, err := captoken.NewIssuer([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	w := podworker.New(podworker.Config{Actor: "worker-test", Tier: assignment.BackendPod, Concurrency: 4, Issuer: issuer,
+		RetryDelay: 10 * time.Millisecond, Reap: time.Hour, Log: zerolog.New(zerolog.NewTestWriter(r.t))}, backend, r.log, r.view)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = r.log.Watch(ctx, r.view) })
+	errc := make(chan error, 1)
+	wg.Go(func() { errc <- w.Run(ctx) })
+	select {
+	case <-w.Ready():
+	case err := <-errc:
+		r.t.Fatalf("worker stopped: %v", err)
+	case <-time.After(10 * time.Second):
+		r.t.Fatal("worker not ready within 10s")
+	}
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		wg.Wait()
+		if err := <-errc; err != nil {
+			r.t.Errorf("worker Run returned %v on cancellation", err)
+		}
+	}
+	r.t.Cleanup(stop)
+	return stop
+}
+
+func (r *rig) claim(task assignment.TaskID) assignment.State {
+	r.t.Helper()
+	st, err := r.log.Apply(r.t.Context(), assignment.Event{Transition: assignment.Claimed, Task: task, At: time.Now(), Actor: "test",
+		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	if err := r.log.Dispatch(r.t.Context(), assignment.BackendPod, task, st.Epoch()); err != nil {
+		r.t.Fatal(err)
+	}
+	return st
+}
+
+func (r *rig) phase(task assignment.TaskID) assignment.State {
+	st, err := r.log.Get(r.t.Context(), task)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return st
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	r.run(mem)
+	st := r.claim(1)
+	id := fmt.Sprintf("1-%d", st.Epoch())
+	eventually(t, "started", func() bool { return r.phase(1).Phase == assignment.Started })
+	got := r.phase(1)
+	var h podworker.Handle
+	if err := json.Unmarshal(got.Handle, &h); err != nil || h.ID != id || got.TokenID == "" {
+		t.Fatalf("started record: handle %s token %q", got.Handle, got.TokenID)
+	}
+	// The environment dies before the job completed: the assignment fails with a reason.
+	mem.exit(id, 2)
+	eventually(t, "failed", func() bool { return r.phase(1).Phase == assignment.Failed })
+	if reason := r.phase(1).Reason; !strings.Contains(reason, "exit code 2") {
+		t.Fatalf("reason %q does not give the exit code", reason)
+	}
+}
+
+func TestWorkerDeadLettersAfterMaxDeliver(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	mem.failStart = errors.New("no capacity")
+	r.run(mem)
+	r.claim(2)
+	eventually(t, "failed", func() bool { return r.phase(2).Phase == assignment.Failed })
+	if reason := r.phase(2).Reason; !strings.Contains(reason, "no capacity") {
+		t.Fatalf("reason %q does not say why", reason)
+	}
+	mem.mu.Lock()
+	starts := mem.starts
+	mem.mu.Unlock()
+	if starts != 3 {
+		t.Fatalf("%d start attempts, want MaxDeliver = 3", starts)
+	}
+	st, err := r.js.Stream(t.Context(), eventlog.StreamDead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := st.GetLastMsgForSubject(t.Context(), eventlog.SubjectDead+"pod")
+	if err != nil {
+		t.Fatalf("no dead letter: %v", err)
+	}
+	if !strings.Contains(msg.Header.Get("Dynrunner-Reason"), "no capacity") {
+		t.Fatalf("dead letter reason = %q", msg.Header.Get("Dynrunner-Reason"))
+	}
+}
+
+func TestWorkerAdoptsOwnedAndReapsOrphans(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	stop := r.run(mem)
+	st := r.claim(3)
+	eventually(t, "started", func() bool { return r.phase(3).Phase == assignment.Started })
+	stop() // a controller restart: the environment keeps running
+
+	owned := fmt.Sprintf("3-%d", st.Epoch())
+	orphan := podworker.Handle{Backend: "mem", ID: "99-1", Task: 99, Epoch: 1}
+	mem.add(orphan)
+	r.run(mem)
+	eventually(t, "the orphan reaped", func() bool { return !mem.has(orphan.ID) })
+	if !mem.has(owned) {
+		t.Fatal("the owned environment was destroyed instead of adopted")
+	}
+	// The adopted environment is watched: ending the assignment elsewhere destroys it.
+	cur := r.phase(3)
+	if _, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 3, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the adopted environment destroyed", func() bool { return !mem.has(owned) })
+}
