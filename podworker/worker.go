@@ -42,8 +42,8 @@ type Config struct {
 	Reap time.Duration
 	// RetryDelay is the redelivery delay after a failed start, times the delivery count.
 	RetryDelay time.Duration
-	Log  zerolog.Logger
-	Now  func() time.Time
+	Log        zerolog.Logger
+	Now        func() time.Time
 }
 
 // Worker consumes dispatches of one tier and runs their environments on a Backend.
