@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -317,6 +318,10 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 			reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
 			if errors.Is(err, ErrNotFound) {
 				reason = "the environment disappeared before the job completed"
+			} else if d, ok := w.backend.(Diagnoser); ok {
+				if why, derr := d.Diagnose(ctx, h); derr == nil && why != "" {
+					reason += ": " + strings.TrimPrefix(why, ExecutorErrorPrefix)
+				}
 			}
 			next, aerr := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
 				Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: reason}, &cur)

@@ -250,7 +250,16 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	}
 	s.cfg.Metrics.Live.Set(float64(live))
 	s.dropEnded(ctx)
+	// Ended assignments stay in the view for an hour so late reports get a clear answer.
+	for _, id := range s.view.Forget(now.Add(-forgetAfter)) {
+		s.mu.Lock()
+		delete(s.dropped, id)
+		s.mu.Unlock()
+	}
 }
+
+// forgetAfter is how long an ended assignment stays in the in-memory view.
+const forgetAfter = time.Hour
 
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
 	if ev, due := assignment.Overdue(st, now); due {

@@ -157,8 +157,7 @@ func runDemo(ctx context.Context, args []string) error {
 	select {
 	case <-ctx.Done():
 		stopController()
-		<-cerr
-		return nil
+		return <-cerr
 	case err := <-cerr:
 		return err
 	}

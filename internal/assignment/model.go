@@ -92,7 +92,7 @@ type State struct {
 
 // Epoch returns the assignment's fencing epoch.
 func (s State) Epoch() Epoch {
-	if s.Record.Transition == Claimed {
+	if s.Transition == Claimed {
 		return Epoch(s.Seq)
 	}
 	return s.Record.Epoch

@@ -69,15 +69,18 @@ func (v *View) Ended() []assignment.State {
 }
 
 // Forget removes ended assignments last changed before cutoff, bounding the view's memory in
-// a long-running controller.
-func (v *View) Forget(cutoff time.Time) {
+// a long-running controller, and returns their task ids.
+func (v *View) Forget(cutoff time.Time) []assignment.TaskID {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	var gone []assignment.TaskID
 	for id, s := range v.states {
 		if !s.Live() && s.At.Before(cutoff) {
 			delete(v.states, id)
+			gone = append(gone, id)
 		}
 	}
+	return gone
 }
 
 // Len counts the assignments the view holds.
