@@ -51,6 +51,8 @@ type Scheduler struct {
 	log   *eventlog.Log
 	view  *eventlog.View
 
+	started time.Time // when Run began; deadlines wait a grace period after it
+
 	mu        sync.Mutex
 	keptAlive map[assignment.TaskID]time.Time
 	dropped   map[assignment.TaskID]bool
@@ -84,6 +86,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
+	s.started = s.cfg.Now()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.reconcileLoop(ctx) })
 	s.fetchLoop(ctx)
@@ -167,22 +170,60 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		return fmt.Errorf("scheduler: seal task %d: %w", id, err)
 	}
 	sum := sha256.Sum256(sealed)
-	if err := s.log.PutTask(ctx, id, sealed); err != nil {
+	var st assignment.State
+	err = s.persist(ctx, func() error {
+		if err := s.log.PutTask(ctx, id, sealed); err != nil {
+			return err
+		}
+		var err error
+		st, err = s.log.Apply(ctx, assignment.Event{
+			Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
+			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: job.RunsOn,
+			TaskDigest: hex.EncodeToString(sum[:]), Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
+		}, nil)
+		if errors.Is(err, assignment.ErrExists) {
+			// A retried claim whose first append landed: the forge hands a task out once.
+			st, err = s.log.Get(ctx, id)
+		}
 		return err
-	}
-	st, err := s.log.Apply(ctx, assignment.Event{
-		Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
-		Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: job.RunsOn,
-		TaskDigest: hex.EncodeToString(sum[:]), Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
-	}, nil)
+	})
 	if err != nil {
-		return err
+		// The forge handed the task to us; rather than leave it to Gitea's zombie timeout,
+		// say why it cannot run.
+		logger.Error().Err(err).Msg("could not persist the assignment; failing the task upstream")
+		return errors.Join(err, s.failUpstream(context.WithoutCancel(ctx), id, []string{
+			"dynrunner: this job was not run: the assignment could not be persisted to JetStream: " + err.Error(),
+		}))
 	}
 	s.view.Observe(st)
 	s.cfg.Metrics.Claimed.WithLabelValues(string(backend)).Inc()
 	logger.Info().Str(logkey.Backend, string(backend)).Uint64(logkey.Epoch, uint64(st.Epoch())).
 		Str("repo", st.Repo).Str("job", st.Job).Msg("task claimed")
 	return s.log.Dispatch(ctx, backend, id, st.Epoch())
+}
+
+// persistFor bounds how long a claim is retried against an unavailable JetStream.
+const persistFor = time.Minute
+
+// persist retries fn (an idempotent write) with backoff for up to persistFor.
+func (s *Scheduler) persist(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(persistFor)
+	wait := 100 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		s.cfg.Log.Warn().Err(err).Dur("retry_in", wait).Msg("persist assignment")
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 func mustMarshal(m proto.Message) []byte {
@@ -262,7 +303,10 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 const forgetAfter = time.Hour
 
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
-	if ev, due := assignment.Overdue(st, now); due {
+	// After a restart, environments get one renewal interval to reach the facade again
+	// before deadlines that passed while the controller was down are enforced.
+	grace := now.Sub(s.started) < s.cfg.Lease/3
+	if ev, due := assignment.Overdue(st, now); due && !grace {
 		ev.Actor = s.cfg.Actor
 		next, err := s.log.Apply(ctx, ev, &st)
 		if errors.Is(err, assignment.ErrNoChange) {
