@@ -75,13 +75,7 @@ func NewFacade(cfg FacadeConfig, forge Forge, log *eventlog.Log, view *eventlog.
 // PingService and the LeaseService. It must sit behind a TLS listener that requires client
 // SVIDs (workload.ServerTLSConfig); every request is authorised by the caller's SPIFFE ID.
 func (f *Facade) Handler() http.Handler {
-	mux := http.NewServeMux()
-	p, h := runnerv1connect.NewRunnerServiceHandler(f)
-	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
-	p, h = pingv1connect.NewPingServiceHandler(f)
-	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
-	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f)
-	mux.Handle(p, h)
+	mux := f.mux()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		id, err := workload.PeerID(r)
 		if err != nil {
@@ -93,17 +87,56 @@ func (f *Facade) Handler() http.Handler {
 	})
 }
 
-type peerKey struct{}
-
-// caller is the assignment the request's SPIFFE ID is bound to.
-type caller struct {
-	id    spiffeid.ID
-	task  assignment.TaskID
-	epoch assignment.Epoch
+// GuestHandler serves the same services to microVM guests, which have no SPIFFE identity
+// until VM attestation exists. It must sit behind a server-authenticated TLS listener (the
+// guest pins the facade's CA). A guest proves which assignment it serves with its single-use
+// capability token at Register and with the runner credentials Register returned afterwards;
+// only vm assignments are served here, so a pod environment never gets the weaker path.
+func (f *Facade) GuestHandler() http.Handler {
+	mux := f.mux()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), guestKey{}, true)))
+	})
 }
 
-func (f *Facade) caller(ctx context.Context, method string) (caller, error) {
+func (f *Facade) mux() *http.ServeMux {
+	mux := http.NewServeMux()
+	p, h := runnerv1connect.NewRunnerServiceHandler(f)
+	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
+	p, h = pingv1connect.NewPingServiceHandler(f)
+	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
+	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f)
+	mux.Handle(p, h)
+	return mux
+}
+
+type (
+	peerKey  struct{}
+	guestKey struct{}
+)
+
+// caller is the assignment a request is bound to: by the caller's SPIFFE ID, or for a
+// microVM guest by its runner credentials.
+type caller struct {
+	id    string
+	task  assignment.TaskID
+	epoch assignment.Epoch
+	guest bool
+}
+
+func isGuest(ctx context.Context) bool { return ctx.Value(guestKey{}) != nil }
+
+// caller identifies the assignment a request is for. Register identifies guests by their
+// capability token instead; see Register.
+func (f *Facade) caller(ctx context.Context, method string, h http.Header) (caller, error) {
 	f.cfg.Metrics.Reports.WithLabelValues(method).Inc()
+	if isGuest(ctx) {
+		task, epoch, ok := parseRunnerToken(h.Get("x-runner-token"))
+		if !ok {
+			return caller{}, f.refuse("bad_runner_token", connect.CodeUnauthenticated, errors.New("dynrunner facade: guest request without valid runner credentials"))
+		}
+		return caller{id: fmt.Sprintf("guest of task %d epoch %d", task, epoch), task: task, epoch: epoch, guest: true}, nil
+	}
 	id, ok := ctx.Value(peerKey{}).(spiffeid.ID)
 	if !ok {
 		return caller{}, f.refuse("no_identity", connect.CodeUnauthenticated, errors.New("dynrunner facade: no client SVID"))
@@ -113,7 +146,7 @@ func (f *Facade) caller(ctx context.Context, method string) (caller, error) {
 		return caller{}, f.refuse("wrong_identity", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: %s is not an assignment identity of trust domain %s", id, f.cfg.TrustDomain))
 	}
-	return caller{id: id, task: task, epoch: epoch}, nil
+	return caller{id: id.String(), task: task, epoch: epoch}, nil
 }
 
 func (f *Facade) refuse(reason string, code connect.Code, err error) error {
@@ -122,12 +155,28 @@ func (f *Facade) refuse(reason string, code connect.Code, err error) error {
 	return connect.NewError(code, err)
 }
 
-// runnerToken derives the runner credential the facade hands out at Register; it is bound to
-// the assignment, the epoch and the runner UUID, so nothing needs storing.
+// runnerToken derives the runner credential the facade hands out at Register: it names the
+// assignment and epoch and carries an HMAC over them and the runner UUID, so nothing needs
+// storing and a guest's later requests identify their assignment by it.
 func (f *Facade) runnerToken(c caller, uuid string) string {
 	m := hmac.New(sha256.New, f.cfg.RunnerKey)
 	fmt.Fprintf(m, "dynrunner-runner-v1|%d|%d|%s", c.task, c.epoch, uuid)
-	return hex.EncodeToString(m.Sum(nil))
+	return fmt.Sprintf("%d.%d.%s", c.task, c.epoch, hex.EncodeToString(m.Sum(nil)))
+}
+
+// parseRunnerToken reads the assignment a runner token names; the HMAC is checked by runner.
+func parseRunnerToken(tok string) (assignment.TaskID, assignment.Epoch, bool) {
+	ts, rest, ok := strings.Cut(tok, ".")
+	if !ok {
+		return 0, 0, false
+	}
+	es, _, ok := strings.Cut(rest, ".")
+	if !ok {
+		return 0, 0, false
+	}
+	task, err1 := assignment.ParseTaskID(ts)
+	epoch, err2 := assignment.ParseEpoch(es)
+	return task, epoch, err1 == nil && err2 == nil
 }
 
 // runner authenticates the x-runner-uuid/x-runner-token headers of an assignment's runner and
@@ -157,6 +206,10 @@ func (f *Facade) current(ctx context.Context, c caller) (assignment.State, error
 	}
 	if err != nil {
 		return st, connect.NewError(connect.CodeUnavailable, err)
+	}
+	if c.guest && st.Backend != assignment.BackendVM {
+		return st, f.refuse("guest_for_pod", connect.CodePermissionDenied,
+			fmt.Errorf("dynrunner facade: task %d runs in a %s environment, which must present its SPIFFE identity", c.task, st.Backend))
 	}
 	if st.Epoch() != c.epoch {
 		return st, f.refuse("stale_epoch", connect.CodeFailedPrecondition,
@@ -189,7 +242,10 @@ func (f *Facade) apply(ctx context.Context, ev assignment.Event, hint *assignmen
 
 // Ping implements the PingService the Gitea runner calls before registering.
 func (f *Facade) Ping(ctx context.Context, req *connect.Request[pingv1.PingRequest]) (*connect.Response[pingv1.PingResponse], error) {
-	if _, err := f.caller(ctx, "Ping"); err != nil {
+	if isGuest(ctx) {
+		// The runner pings before it has credentials; a ping reveals nothing.
+		f.cfg.Metrics.Reports.WithLabelValues("Ping").Inc()
+	} else if _, err := f.caller(ctx, "Ping", req.Header()); err != nil {
 		return nil, err
 	}
 	return connect.NewResponse(&pingv1.PingResponse{Data: "Hello, " + req.Msg.GetData() + "!"}), nil
@@ -197,13 +253,22 @@ func (f *Facade) Ping(ctx context.Context, req *connect.Request[pingv1.PingReque
 
 // Register redeems the environment's single-use capability token.
 func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.RegisterRequest]) (*connect.Response[runnerv1.RegisterResponse], error) {
-	c, err := f.caller(ctx, "Register")
-	if err != nil {
-		return nil, err
+	var c caller
+	tok, terr := f.cfg.Issuer.Verify(req.Msg.GetToken())
+	if isGuest(ctx) {
+		// A guest has no SPIFFE ID: its capability token names the assignment.
+		f.cfg.Metrics.Reports.WithLabelValues("Register").Inc()
+		if terr == nil {
+			c = caller{id: fmt.Sprintf("guest of task %d epoch %d", tok.Task(), tok.Epoch()), task: tok.Task(), epoch: tok.Epoch(), guest: true}
+		}
+	} else {
+		var err error
+		if c, err = f.caller(ctx, "Register", req.Header()); err != nil {
+			return nil, err
+		}
 	}
-	tok, err := f.cfg.Issuer.Verify(req.Msg.GetToken())
-	if err != nil {
-		return nil, f.refuse("bad_token", connect.CodeUnauthenticated, fmt.Errorf("dynrunner facade: registration token: %w", err))
+	if terr != nil {
+		return nil, f.refuse("bad_token", connect.CodeUnauthenticated, fmt.Errorf("dynrunner facade: registration token: %w", terr))
 	}
 	if tok.Task() != c.task || tok.Epoch() != c.epoch || tok.Purpose() != captoken.PurposeRegister {
 		return nil, f.refuse("token_mismatch", connect.CodePermissionDenied,
@@ -225,7 +290,7 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 		return nil, err
 	}
 	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
-		Str(logkey.SpiffeID, c.id.String()).Str("token_id", tok.ID()).Msg("environment registered")
+		Str("caller", c.id).Str("token_id", tok.ID()).Msg("environment registered")
 	return connect.NewResponse(&runnerv1.RegisterResponse{Runner: &runnerv1.Runner{
 		Id: int64(c.task), Uuid: uuid, Token: f.runnerToken(c, uuid), Name: req.Msg.GetName(),
 		Labels: req.Msg.GetLabels(), Ephemeral: req.Msg.GetEphemeral(),
@@ -234,7 +299,7 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 
 // Declare accepts the runner's labels; routing was decided when the task was claimed.
 func (f *Facade) Declare(ctx context.Context, req *connect.Request[runnerv1.DeclareRequest]) (*connect.Response[runnerv1.DeclareResponse], error) {
-	c, err := f.caller(ctx, "Declare")
+	c, err := f.caller(ctx, "Declare", req.Header())
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +314,7 @@ func (f *Facade) Declare(ctx context.Context, req *connect.Request[runnerv1.Decl
 
 // FetchTask hands the assignment's task to its runner exactly once.
 func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.FetchTaskRequest]) (*connect.Response[runnerv1.FetchTaskResponse], error) {
-	c, err := f.caller(ctx, "FetchTask")
+	c, err := f.caller(ctx, "FetchTask", req.Header())
 	if err != nil {
 		return nil, err
 	}
@@ -281,7 +346,7 @@ func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 
 // UpdateTask forwards the runner's state upstream and records the end of the job.
 func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.UpdateTaskRequest]) (*connect.Response[runnerv1.UpdateTaskResponse], error) {
-	c, err := f.caller(ctx, "UpdateTask")
+	c, err := f.caller(ctx, "UpdateTask", req.Header())
 	if err != nil {
 		return nil, err
 	}
@@ -315,7 +380,7 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 
 // UpdateLog forwards log rows upstream.
 func (f *Facade) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.UpdateLogRequest]) (*connect.Response[runnerv1.UpdateLogResponse], error) {
-	c, err := f.caller(ctx, "UpdateLog")
+	c, err := f.caller(ctx, "UpdateLog", req.Header())
 	if err != nil {
 		return nil, err
 	}
@@ -338,7 +403,7 @@ func (f *Facade) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.Up
 
 // Renew extends the lease of the caller's assignment.
 func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.RenewRequest]) (*connect.Response[dynrunnerv1.RenewResponse], error) {
-	c, err := f.caller(ctx, "Renew")
+	c, err := f.caller(ctx, "Renew", req.Header())
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -172,5 +173,49 @@ func TestFacadeRefusesForeignCA(t *testing.T) {
 	_, err = runnerClient(&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}, srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Token: "x"}))
 	if err == nil {
 		t.Fatal("a client without an SVID was served")
+	}
+}
+
+// TestFacadeGuestListener: a microVM guest without an SVID registers with its token over
+// server-authenticated TLS and works with the runner credentials it got; a pod assignment is
+// never served there.
+func TestFacadeGuestListener(t *testing.T) {
+	e := newEnv(t)
+	srv := e.guestServer()
+	ctx := t.Context()
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.GuestClientTLSConfig(e.ca.Bundle(), workload.FacadeID(e.td)), ForceAttemptHTTP2: true}}
+
+	pod := e.claim(sampleTask(60))
+	_, podTok := e.start(pod)
+	_, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: podTok.Secret()}))
+	if codeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("pod token on the guest listener: %v, want permission denied", err)
+	}
+
+	vm := e.claimOn(sampleTask(61), assignment.BackendVM)
+	_, tok := e.start(vm)
+	if _, err := runnerClient(hc, srv.URL, "", "").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); codeOf(err) != connect.CodeUnauthenticated {
+		t.Fatalf("guest fetch without credentials: %v, want unauthenticated", err)
+	}
+	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: tok.Secret()}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: tok.Secret()})); codeOf(err) != connect.CodePermissionDenied {
+		t.Fatalf("replayed guest token: %v, want permission denied", err)
+	}
+	r := reg.Msg.GetRunner()
+	rc := runnerClient(hc, srv.URL, r.GetUuid(), r.GetToken())
+	got, err := rc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	if err != nil || got.Msg.GetTask().GetId() != 61 {
+		t.Fatalf("guest fetch = %v, %v", got.Msg.GetTask(), err)
+	}
+	// A forged token naming another assignment fails the HMAC.
+	forged := strings.Replace(r.GetToken(), "61.", "60.", 1)
+	if _, err := runnerClient(hc, srv.URL, r.GetUuid(), forged).UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 60})); err == nil {
+		t.Fatal("a forged runner token was served")
+	}
+	if _, err := rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 61, Result: runnerv1.Result_RESULT_SUCCESS}})); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -157,7 +157,12 @@ func newEnv(t *testing.T) *env {
 // server is a facade listening for mTLS on loopback.
 type server struct{ URL string }
 
-func (e *env) facadeServer() server {
+func (e *env) facadeServer() server { return e.serve(false) }
+
+// guestServer is the facade's listener for microVM guests: server-authenticated TLS only.
+func (e *env) guestServer() server { return e.serve(true) }
+
+func (e *env) serve(guest bool) server {
 	e.t.Helper()
 	f := scheduler.NewFacade(scheduler.FacadeConfig{
 		Actor: "facade-test", TrustDomain: e.td, Lease: 5 * time.Minute, Issuer: e.issuer,
@@ -172,6 +177,10 @@ func (e *env) facadeServer() server {
 		e.t.Fatal(err)
 	}
 	hs := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src), ErrorLog: log.New(io.Discard, "", 0)}
+	if guest {
+		hs.Handler = f.GuestHandler()
+		hs.TLSConfig = workload.GuestServerTLSConfig(src)
+	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = hs.ServeTLS(ln, "", "") }()
 	e.t.Cleanup(func() { _ = hs.Close(); <-done })
@@ -194,6 +203,10 @@ func (e *env) clientTLS(cfg *tls.Config) *http.Client {
 
 // claim persists a task's assignment as the scheduler does and returns its state.
 func (e *env) claim(task *runnerv1.Task) assignment.State {
+	return e.claimOn(task, assignment.BackendPod)
+}
+
+func (e *env) claimOn(task *runnerv1.Task, backend assignment.Backend) assignment.State {
 	e.t.Helper()
 	ctx := e.t.Context()
 	id := assignment.TaskID(task.GetId())
@@ -205,7 +218,7 @@ func (e *env) claim(task *runnerv1.Task) assignment.State {
 		e.t.Fatal(err)
 	}
 	st, err := e.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: id, At: time.Now(), Actor: "test",
-		Backend: assignment.BackendPod, TaskDigest: digest(sealed), Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+		Backend: backend, TaskDigest: digest(sealed), Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}

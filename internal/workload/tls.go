@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
@@ -70,4 +71,20 @@ func PeerID(r *http.Request) (spiffeid.ID, error) {
 		return spiffeid.ID{}, fmt.Errorf("workload: client certificate: %w: %w", ErrNoPeerID, err)
 	}
 	return id, nil
+}
+
+// GuestServerTLSConfig is the facade's TLS configuration for microVM guests, which have no
+// SVID yet: it presents src's SVID and asks for no client certificate. Guests pin the CA
+// (src's bundle) and the facade's SPIFFE ID with GuestClientTLSConfig; they authenticate
+// with single-use tokens inside the connection.
+func GuestServerTLSConfig(src Source) *tls.Config {
+	cfg := tlsconfig.TLSServerConfig(src)
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	return cfg
+}
+
+// GuestClientTLSConfig is a guest's TLS configuration: it trusts only bundle and accepts only
+// a server SVID for exactly the ID server.
+func GuestClientTLSConfig(bundle x509bundle.Source, server spiffeid.ID) *tls.Config {
+	return tlsconfig.TLSClientConfig(bundle, tlsconfig.AuthorizeID(server))
 }
