@@ -407,6 +407,12 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 	if err != nil {
 		return nil, err
 	}
+	if c.guest {
+		// A guest is known by its runner credentials alone: check them, not just their claim.
+		if _, err := f.runner(ctx, c, req.Header()); err != nil {
+			return nil, err
+		}
+	}
 	if assignment.TaskID(req.Msg.GetTaskId()) != c.task || assignment.Epoch(req.Msg.GetEpoch()) != c.epoch {
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: renewal for task %d epoch %d from %s", req.Msg.GetTaskId(), req.Msg.GetEpoch(), c.id))

@@ -102,7 +102,7 @@ func runExecutor(ctx context.Context, args []string) error {
 	log.Info().Str("spiffe_id", svid.ID.String()).Msg("SVID received")
 
 	return executor.Run(ctx, executor.Config{
-		FacadeURL: facadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: string(token), SVID: src,
+		FacadeURL: facadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: string(token), TLS: workload.ClientTLSConfig(src, facadeID),
 		RunnerBin: bin, RunnerSHA256: sha, RunnerVersion: os.Getenv("GITEA_RUNNER_VERSION"),
 		Labels: labels, WorkDir: work, Renew: renew, Output: os.Stdout, Log: log,
 	})

@@ -3,6 +3,8 @@ package executor
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"encoding/json"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -25,7 +27,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
 )
@@ -38,8 +39,9 @@ type Config struct {
 	Epoch     assignment.Epoch
 	// Token is the single-use capability token (a secret).
 	Token string
-	// SVID is the environment's identity source (Workload API or files).
-	SVID workload.Source
+	// TLS dials the facade: mTLS with the environment's SVID (workload.ClientTLSConfig), or
+	// for a microVM guest server-authenticated TLS pinning the facade's CA and SPIFFE ID.
+	TLS *tls.Config
 
 	RunnerBin     string
 	RunnerSHA256  string
@@ -92,7 +94,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	transport := &http.Transport{
-		TLSClientConfig:     workload.ClientTLSConfig(cfg.SVID, cfg.FacadeID),
+		TLSClientConfig:     cfg.TLS,
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
@@ -132,7 +134,22 @@ func Run(ctx context.Context, cfg Config) error {
 	done := make(chan error, 1)
 	go func() { done <- daemon.Wait() }()
 
-	lease := dynrunnerv1connect.NewLeaseServiceClient(&http.Client{Transport: transport, Timeout: 30 * time.Second}, cfg.FacadeURL)
+	// Renewals carry the runner credentials Register returned: a guest without an SVID is
+	// known to the facade by them (with an SVID they are checked alongside).
+	creds, err := readRegistration(filepath.Join(cfg.WorkDir, ".runner"))
+	if err != nil {
+		_ = syscall.Kill(-daemon.Process.Pid, syscall.SIGKILL)
+		<-done
+		return err
+	}
+	lease := dynrunnerv1connect.NewLeaseServiceClient(&http.Client{Transport: transport, Timeout: 30 * time.Second}, cfg.FacadeURL,
+		connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
+			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+				req.Header().Set("x-runner-uuid", creds.UUID)
+				req.Header().Set("x-runner-token", creds.Token)
+				return next(ctx, req)
+			}
+		})))
 	ticker := time.NewTicker(cfg.Renew)
 	defer ticker.Stop()
 	stop := func(why string) {
@@ -168,6 +185,24 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Debug().Time("lease_expires", resp.Msg.GetLeaseExpiresAt().AsTime()).Msg("lease renewed")
 		}
 	}
+}
+
+// registration is the part of the Gitea runner's `.runner` file the executor reads.
+type registration struct {
+	UUID  string `json:"uuid"`
+	Token string `json:"token"`
+}
+
+func readRegistration(path string) (registration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return registration{}, fmt.Errorf("executor: runner registration: %w", err)
+	}
+	var r registration
+	if err := json.Unmarshal(data, &r); err != nil || r.UUID == "" || r.Token == "" {
+		return registration{}, fmt.Errorf("executor: runner registration %s holds no credentials", path)
+	}
+	return r, nil
 }
 
 func redact(s, secret string) string {
