@@ -60,10 +60,14 @@ var ErrNotFound = errors.New("podworker: environment not found")
 // Diagnoser is implemented by backends that can tell why an environment's executor failed.
 // The worker adds the answer to the failure reason the forge shows.
 type Diagnoser interface {
-	// Diagnose returns the executor's last error line (it starts with ExecutorErrorPrefix), or
+	// Diagnose returns the executor's (or launcher's) last error line, which starts with
+	// ExecutorErrorPrefix (LauncherErrorPrefix), or
 	// "" when there is none. It never returns the job's own output.
 	Diagnose(ctx context.Context, h Handle) (string, error)
 }
 
-// ExecutorErrorPrefix starts the line the executor prints when it fails.
-const ExecutorErrorPrefix = "dynrunner executor: "
+// The lines the executor and the microVM launcher print when they fail start with these.
+const (
+	ExecutorErrorPrefix = "dynrunner executor: "
+	LauncherErrorPrefix = "dynrunner launcher: "
+)

@@ -320,7 +320,7 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 				reason = "the environment disappeared before the job completed"
 			} else if d, ok := w.backend.(Diagnoser); ok {
 				if why, derr := d.Diagnose(ctx, h); derr == nil && why != "" {
-					reason += ": " + strings.TrimPrefix(why, ExecutorErrorPrefix)
+					reason += ": " + strings.TrimPrefix(why, "dynrunner ")
 				}
 			}
 			next, aerr := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),

@@ -23,6 +23,7 @@ const usage = `dynrunner — one-shot environments for Gitea Actions jobs
 Usage:
   dynrunner controller      run the control plane (components from COMPONENTS, default all)
   dynrunner executor        run one job inside an environment (started by a pod worker)
+  dynrunner guest           run one job inside a microVM (reads the NoCloud seed), then power off
   dynrunner events [--json] follow the audit stream of assignment transitions
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
   dynrunner version         print the version
@@ -44,6 +45,8 @@ func main() {
 		err = runController(ctx, args)
 	case "executor":
 		err = runExecutor(ctx, args)
+	case "guest":
+		err = runGuest(ctx, args)
 	case "events":
 		err = runEvents(ctx, args, os.Stdout)
 	case "demo":

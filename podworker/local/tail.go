@@ -17,8 +17,8 @@ var _ podworker.Diagnoser = (*Backend)(nil)
 // maxTail bounds how much of executor.log Diagnose reads.
 const maxTail = 64 << 10
 
-// Diagnose returns the executor's own final error line from executor.log, if it wrote one.
-// Only lines the executor prints about itself are returned, never the job's output.
+// Diagnose returns the executor's (or launcher's) own final error line from executor.log, if
+// it wrote one. Only lines they print about themselves are returned, never the job's output.
 func (b *Backend) Diagnose(_ context.Context, h podworker.Handle) (string, error) {
 	id, err := b.checkHandle(h)
 	if err != nil {
@@ -40,7 +40,8 @@ func (b *Backend) Diagnose(_ context.Context, h podworker.Handle) (string, error
 	}
 	var last string
 	for line := range bytes.Lines(data) {
-		if s := strings.TrimSpace(string(line)); strings.HasPrefix(s, podworker.ExecutorErrorPrefix) {
+		s := strings.TrimSpace(string(line))
+		if strings.HasPrefix(s, podworker.ExecutorErrorPrefix) || strings.HasPrefix(s, podworker.LauncherErrorPrefix) {
 			last = s
 		}
 	}

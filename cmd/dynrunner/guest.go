@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"syscall"
+
+	"github.com/dynrunner/dynrunner/guest"
+)
+
+// runGuest runs inside a microVM: one job, then power off.
+func runGuest(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("guest", flag.ContinueOnError)
+	seed := fs.String("seed-dir", "/run/dynrunner/seed", "directory of the mounted NoCloud seed (meta-data)")
+	work := fs.String("work-dir", "/var/lib/dynrunner-guest", "work directory of the runner and the job")
+	poweroff := fs.Bool("poweroff", os.Getpid() == 1, "power the VM off when the job ends (default when running as PID 1)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	log, err := newLogger(os.Stderr, "json", "info", "guest")
+	if err != nil {
+		return err
+	}
+	err = guest.Run(ctx, guest.Config{SeedDir: *seed, WorkDir: *work, Output: os.Stdout, Log: log})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "dynrunner guest: %v\n", err)
+	}
+	if *poweroff {
+		syscall.Sync()
+		if perr := syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF); perr != nil {
+			return fmt.Errorf("power off: %w", perr)
+		}
+	}
+	return err
+}

@@ -1,0 +1,184 @@
+package guest
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/executor"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/vmworker"
+)
+
+// Seed is what the NoCloud seed's meta-data tells the guest.
+type Seed struct {
+	InstanceID string `yaml:"instance-id"`
+	Nonce      string `yaml:"dynrunner-nonce"`
+	Endpoint   string `yaml:"dynrunner-endpoint"`
+}
+
+// ReadSeed reads meta-data from a mounted NoCloud seed directory.
+func ReadSeed(dir string) (Seed, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "meta-data"))
+	if err != nil {
+		return Seed{}, fmt.Errorf("guest: seed: %w", err)
+	}
+	var s Seed
+	if err := yaml.Unmarshal(data, &s); err != nil {
+		return Seed{}, fmt.Errorf("guest: seed meta-data: %w", err)
+	}
+	u, err := url.Parse(s.Endpoint)
+	if s.InstanceID == "" || s.Nonce == "" || err != nil || u.Scheme != "http" || u.Host == "" {
+		return Seed{}, errors.New("guest: seed meta-data lacks instance-id, dynrunner-nonce or an http dynrunner-endpoint")
+	}
+	return s, nil
+}
+
+// Config configures one guest run.
+type Config struct {
+	SeedDir string
+	WorkDir string
+	Output  io.Writer
+	Log     zerolog.Logger
+}
+
+// Run redeems the seed's nonce and runs the assignment's one job.
+func Run(ctx context.Context, cfg Config) error {
+	seed, err := ReadSeed(cfg.SeedDir)
+	if err != nil {
+		return err
+	}
+	hc := &http.Client{Timeout: 2 * time.Minute}
+	grant, err := redeem(ctx, hc, seed)
+	if err != nil {
+		return err
+	}
+	task, err := assignment.ParseTaskID(fmt.Sprint(grant.TaskID))
+	if err != nil {
+		return err
+	}
+	epoch, err := assignment.ParseEpoch(fmt.Sprint(grant.Epoch))
+	if err != nil {
+		return err
+	}
+	facadeID, err := spiffeid.FromString(grant.FacadeSpiffeID)
+	if err != nil {
+		return fmt.Errorf("guest: facade SPIFFE ID: %w", err)
+	}
+	bundle, err := x509bundle.Parse(facadeID.TrustDomain(), []byte(grant.FacadeCAPEM))
+	if err != nil {
+		return fmt.Errorf("guest: facade CA: %w", err)
+	}
+	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
+		return fmt.Errorf("guest: work dir: %w", err)
+	}
+	bin := filepath.Join(cfg.WorkDir, "gitea-runner")
+	if err := download(ctx, hc, strings.TrimRight(seed.Endpoint, "/")+grant.RunnerPath, bin, grant.RunnerSHA256); err != nil {
+		return err
+	}
+	log := cfg.Log.With().Int64("task_id", grant.TaskID).Uint64("epoch", grant.Epoch).Logger()
+	log.Info().Str("facade", grant.FacadeURL).Msg("nonce redeemed; running the job")
+	renew := time.Duration(grant.RenewSecs) * time.Second
+	if renew <= 0 {
+		renew = 100 * time.Second
+	}
+	return executor.Run(ctx, executor.Config{
+		FacadeURL: grant.FacadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: grant.Token,
+		TLS:       workload.GuestClientTLSConfig(bundle, facadeID),
+		RunnerBin: bin, RunnerSHA256: grant.RunnerSHA256, RunnerVersion: grant.RunnerVersion,
+		Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, Output: cfg.Output, Log: log,
+	})
+}
+
+func redeem(ctx context.Context, hc *http.Client, seed Seed) (vmworker.Grant, error) {
+	body, _ := json.Marshal(vmworker.RedeemRequest{InstanceID: seed.InstanceID, Nonce: seed.Nonce})
+	var last error
+	// The bridge may need a moment after boot; the nonce itself redeems once.
+	for attempt := range 30 {
+		if attempt > 0 {
+			t := time.NewTimer(time.Second)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return vmworker.Grant{}, ctx.Err()
+			case <-t.C:
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(seed.Endpoint, "/")+"/v1/redeem", bytes.NewReader(body))
+		if err != nil {
+			return vmworker.Grant{}, fmt.Errorf("guest: redeem: %w", err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			last = err
+			continue
+		}
+		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			// A refused nonce is final: never retry a 4xx.
+			if resp.StatusCode < 500 {
+				return vmworker.Grant{}, fmt.Errorf("guest: redeem refused (%s): %s", resp.Status, strings.TrimSpace(string(data)))
+			}
+			last = fmt.Errorf("%s", resp.Status)
+			continue
+		}
+		var g vmworker.Grant
+		if err := json.Unmarshal(data, &g); err != nil {
+			return vmworker.Grant{}, fmt.Errorf("guest: redeem answer: %w", err)
+		}
+		return g, nil
+	}
+	return vmworker.Grant{}, fmt.Errorf("guest: nonce endpoint %s unreachable: %w", seed.Endpoint, last)
+}
+
+// download fetches the runner binary and keeps it only if its SHA-256 is the granted one.
+func download(ctx context.Context, hc *http.Client, from, to, sha string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, from, nil)
+	if err != nil {
+		return fmt.Errorf("guest: runner download: %w", err)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("guest: runner download: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("guest: runner download: %s", resp.Status)
+	}
+	f, err := os.OpenFile(to+".part", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o700)
+	if err != nil {
+		return fmt.Errorf("guest: runner download: %w", err)
+	}
+	h := sha256.New()
+	_, err = io.Copy(io.MultiWriter(f, h), resp.Body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("guest: runner download: %w", err)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, sha) {
+		os.Remove(to + ".part")
+		return fmt.Errorf("guest: runner download has SHA-256 %s, the grant pins %s", got, sha)
+	}
+	return os.Rename(to+".part", to)
+}

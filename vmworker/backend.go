@@ -1,0 +1,104 @@
+package vmworker
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"maps"
+
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+// Launcher is how the VM backend runs one microVM: `dynrunner launcher` as a child process
+// in its own process group (podworker/local), configured through DYNRUNNER_LAUNCH_*
+// variables. The launcher outlives a controller crash like any local environment, and tears
+// its VM down (TAP, disk, seed, hypervisor) when its process group is stopped.
+type Launcher interface {
+	podworker.Backend
+}
+
+// Backend boots one microVM per job. It issues the nonce the guest redeems for its
+// capability token, so the token never reaches the VM's seed or disk.
+type Backend struct {
+	procs    Launcher
+	nonces   *Nonces
+	endpoint string
+	launch   map[string]string
+}
+
+var (
+	_ podworker.Backend   = (*Backend)(nil)
+	_ podworker.Diagnoser = (*Backend)(nil)
+)
+
+// NewBackend returns a VM backend running launchers through procs. endpoint is the nonce
+// endpoint's URL as guests reach it; launch holds the static DYNRUNNER_LAUNCH_* settings
+// (image, kernel, hypervisor, bridge, resources).
+func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[string]string) *Backend {
+	return &Backend{procs: procs, nonces: nonces, endpoint: endpoint, launch: maps.Clone(launch)}
+}
+
+// Name implements podworker.Backend.
+func (b *Backend) Name() string { return "launcher" }
+
+// Start issues a nonce for the assignment's token and starts a launcher.
+func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Handle, error) {
+	token, ok := spec.Files[podworker.TokenFile]
+	if !ok {
+		return podworker.Handle{}, fmt.Errorf("vmworker: spec for task %d has no capability token", spec.Task)
+	}
+	instance, err := newInstanceID()
+	if err != nil {
+		return podworker.Handle{}, err
+	}
+	nonce, err := NewNonce()
+	if err != nil {
+		return podworker.Handle{}, err
+	}
+	if err := b.nonces.Issue(ctx, nonce, instance, spec.Task, spec.Epoch, string(token)); err != nil {
+		return podworker.Handle{}, err
+	}
+	env := maps.Clone(spec.Env)
+	if env == nil {
+		env = map[string]string{}
+	}
+	maps.Copy(env, b.launch)
+	env["DYNRUNNER_LAUNCH_INSTANCE_ID"] = instance
+	env["DYNRUNNER_LAUNCH_NONCE"] = nonce
+	env["DYNRUNNER_LAUNCH_ENDPOINT"] = b.endpoint
+	// Nothing secret is written to the launcher's directory: the nonce is useless without
+	// the bridge, and redeems once.
+	return b.procs.Start(ctx, podworker.Spec{Task: spec.Task, Epoch: spec.Epoch, Env: env, Files: map[string][]byte{}})
+}
+
+// Wait implements podworker.Backend.
+func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, error) {
+	return b.procs.Wait(ctx, h)
+}
+
+// Destroy stops the launcher, which tears its VM down.
+func (b *Backend) Destroy(ctx context.Context, h podworker.Handle) error { return b.procs.Destroy(ctx, h) }
+
+// List implements podworker.Backend.
+func (b *Backend) List(ctx context.Context) ([]podworker.Handle, error) { return b.procs.List(ctx) }
+
+// Diagnose returns the launcher's failure line, if any.
+func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, error) {
+	if d, ok := b.procs.(podworker.Diagnoser); ok {
+		return d.Diagnose(ctx, h)
+	}
+	return "", nil
+}
+
+// newInstanceID returns a random UUID (version 4) in canonical form.
+func newInstanceID() (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("vmworker: instance id: %w", err)
+	}
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	h := hex.EncodeToString(b[:])
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+}

@@ -1,0 +1,177 @@
+package vmworker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/logkey"
+)
+
+// EndpointConfig configures the nonce endpoint.
+type EndpointConfig struct {
+	// Listen is the bridge address and port, e.g. 10.213.0.1:7001; never a wildcard.
+	Listen string
+	// Allowed is the bridge network; requests from anywhere else are refused.
+	Allowed netip.Prefix
+	// What a guest receives with its token.
+	FacadeURL     string
+	FacadeID      string
+	FacadeCAPEM   []byte
+	RunnerBin     string
+	RunnerSHA256  string
+	RunnerVersion string
+	Labels        []string
+	Renew         time.Duration
+	Log           zerolog.Logger
+}
+
+// Grant is what a redeemed nonce returns to the guest.
+type Grant struct {
+	TaskID         int64    `json:"task_id"`
+	Epoch          uint64   `json:"epoch"`
+	Token          string   `json:"token"`
+	FacadeURL      string   `json:"facade_url"`
+	FacadeSpiffeID string   `json:"facade_spiffe_id"`
+	FacadeCAPEM    string   `json:"facade_ca_pem"`
+	RunnerPath     string   `json:"runner_path"`
+	RunnerSHA256   string   `json:"runner_sha256"`
+	RunnerVersion  string   `json:"runner_version"`
+	Labels         []string `json:"labels"`
+	RenewSecs      int      `json:"renew_secs"`
+}
+
+// RedeemRequest is the body of POST /v1/redeem.
+type RedeemRequest struct {
+	InstanceID string `json:"instance_id"`
+	Nonce      string `json:"nonce"`
+}
+
+// Endpoint serves the nonce endpoint.
+type Endpoint struct {
+	cfg    EndpointConfig
+	nonces *Nonces
+	log    *eventlog.Log
+}
+
+// NewEndpoint returns an Endpoint; it refuses a wildcard or out-of-network listen address.
+func NewEndpoint(cfg EndpointConfig, nonces *Nonces, log *eventlog.Log) (*Endpoint, error) {
+	ap, err := netip.ParseAddrPort(cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("vmworker: nonce endpoint address %q: %w", cfg.Listen, err)
+	}
+	if ap.Addr().IsUnspecified() || !cfg.Allowed.Contains(ap.Addr()) {
+		return nil, fmt.Errorf("vmworker: nonce endpoint address %s must be the microVM bridge's own address in %s", cfg.Listen, cfg.Allowed)
+	}
+	return &Endpoint{cfg: cfg, nonces: nonces, log: log}, nil
+}
+
+var (
+	uuidRe  = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	nonceRe = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
+)
+
+// Handler serves POST /v1/redeem, GET /v1/runner and GET /v1/ping.
+func (e *Endpoint) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/redeem", e.redeem)
+	mux.HandleFunc("GET /v1/runner", e.runner)
+	mux.HandleFunc("GET /v1/ping", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "pong\n") })
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil || !e.cfg.Allowed.Contains(ap.Addr().Unmap()) {
+			e.cfg.Log.Warn().Str("remote", r.RemoteAddr).Msg("nonce endpoint refused a caller outside the microVM bridge")
+			http.Error(w, "dynrunner nonce endpoint: only microVM guests on the bridge are served", http.StatusForbidden)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
+	var req RedeemRequest
+	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || !uuidRe.MatchString(req.InstanceID) || !nonceRe.MatchString(req.Nonce) {
+		http.Error(w, "dynrunner nonce endpoint: want {\"instance_id\": <uuid>, \"nonce\": <url-safe nonce>}", http.StatusBadRequest)
+		return
+	}
+	task, epoch, token, err := e.nonces.Redeem(r.Context(), req.InstanceID, req.Nonce)
+	switch {
+	case errors.Is(err, ErrUnknownNonce):
+		http.Error(w, "dynrunner nonce endpoint: unknown nonce", http.StatusNotFound)
+		return
+	case errors.Is(err, ErrNonceRedeemed):
+		e.cfg.Log.Warn().Str("instance_id", req.InstanceID).Msg("a nonce was presented again")
+		http.Error(w, "dynrunner nonce endpoint: nonce already redeemed", http.StatusGone)
+		return
+	case err != nil:
+		e.cfg.Log.Error().Err(err).Msg("redeem nonce")
+		http.Error(w, "dynrunner nonce endpoint: try again", http.StatusServiceUnavailable)
+		return
+	}
+	if st, err := e.log.Get(r.Context(), task); err != nil || st.Epoch() != epoch || !st.Live() || st.Phase == assignment.Failed {
+		http.Error(w, "dynrunner nonce endpoint: the assignment is no longer current", http.StatusGone)
+		return
+	}
+	e.cfg.Log.Info().Int64(logkey.TaskID, int64(task)).Uint64(logkey.Epoch, uint64(epoch)).Str("instance_id", req.InstanceID).Msg("nonce redeemed")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(Grant{
+		TaskID: int64(task), Epoch: uint64(epoch), Token: token,
+		FacadeURL: e.cfg.FacadeURL, FacadeSpiffeID: e.cfg.FacadeID, FacadeCAPEM: string(e.cfg.FacadeCAPEM),
+		RunnerPath: "/v1/runner", RunnerSHA256: e.cfg.RunnerSHA256, RunnerVersion: e.cfg.RunnerVersion,
+		Labels: e.cfg.Labels, RenewSecs: int(e.cfg.Renew.Seconds()),
+	})
+}
+
+// runner serves the pinned Gitea runner binary; it is not secret, and the guest checks its
+// SHA-256 against the grant before running it.
+func (e *Endpoint) runner(w http.ResponseWriter, r *http.Request) {
+	f, err := os.Open(e.cfg.RunnerBin)
+	if err != nil {
+		http.Error(w, "dynrunner nonce endpoint: runner binary unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		http.Error(w, "dynrunner nonce endpoint: runner binary unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("X-Runner-SHA256", e.cfg.RunnerSHA256)
+	http.ServeContent(w, r, "gitea-runner", fi.ModTime(), f)
+}
+
+// Run serves the endpoint until ctx ends; it returns nil on cancellation.
+func (e *Endpoint) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", e.cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("vmworker: nonce endpoint: %w (is the microVM bridge up?)", err)
+	}
+	srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("vmworker: nonce endpoint: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	<-errc
+	return nil
+}

@@ -1,0 +1,137 @@
+package vmworker
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+)
+
+// BucketNonces holds one sealed record per issued nonce, keyed by the nonce's SHA-256.
+const BucketNonces = "dynrunner_nonces"
+
+// Errors of Redeem. The endpoint maps them to HTTP statuses.
+var (
+	// ErrUnknownNonce: no such nonce, or not for this instance.
+	ErrUnknownNonce = errors.New("vmworker: unknown nonce")
+	// ErrNonceRedeemed: the nonce was redeemed before.
+	ErrNonceRedeemed = errors.New("vmworker: nonce already redeemed")
+)
+
+// Nonces issues and redeems single-use nonces; redemption is decided by a compare-and-swap in
+// JetStream, so it holds across controller replicas and restarts.
+type Nonces struct {
+	kv  jetstream.KeyValue
+	box *sealbox.Box
+}
+
+type nonceRecord struct {
+	Task       assignment.TaskID `json:"task_id"`
+	Epoch      assignment.Epoch  `json:"epoch"`
+	InstanceID string            `json:"instance_id"`
+	Token      string            `json:"token,omitempty"`
+	Redeemed   bool              `json:"redeemed"`
+	Issued     time.Time         `json:"issued"`
+}
+
+// OpenNonces ensures the nonce bucket. Records expire after ttl (unredeemed nonces included).
+func OpenNonces(ctx context.Context, js jetstream.JetStream, box *sealbox.Box, replicas int, ttl time.Duration) (*Nonces, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketNonces,
+		Description: "dynrunner single-use microVM nonces (sealed)",
+		History:     1,
+		TTL:         ttl,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("vmworker: bucket %s: %w", BucketNonces, err)
+	}
+	return &Nonces{kv: kv, box: box}, nil
+}
+
+func nonceKey(nonce string) string {
+	s := sha256.Sum256([]byte(nonce))
+	return hex.EncodeToString(s[:])
+}
+
+// NewNonce returns a fresh URL-safe nonce (256 bits).
+func NewNonce() (string, error) {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", fmt.Errorf("vmworker: nonce: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// Issue records nonce as redeemable once by instanceID for the capability token.
+func (n *Nonces) Issue(ctx context.Context, nonce, instanceID string, task assignment.TaskID, epoch assignment.Epoch, token string) error {
+	rec := nonceRecord{Task: task, Epoch: epoch, InstanceID: instanceID, Token: token, Issued: time.Now().UTC()}
+	sealed, err := n.seal(nonce, rec)
+	if err != nil {
+		return err
+	}
+	if _, err := n.kv.Create(ctx, nonceKey(nonce), sealed); err != nil {
+		return fmt.Errorf("vmworker: issue nonce for task %d: %w", task, err)
+	}
+	return nil
+}
+
+// Redeem trades a nonce for its token, once.
+func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignment.TaskID, assignment.Epoch, string, error) {
+	key := nonceKey(nonce)
+	e, err := n.kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return 0, 0, "", ErrUnknownNonce
+	}
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("vmworker: redeem: %w", err)
+	}
+	var rec nonceRecord
+	plain, err := n.box.Open(e.Value(), nonceAAD(key))
+	if err == nil {
+		err = json.Unmarshal(plain, &rec)
+	}
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("vmworker: redeem: %w", err)
+	}
+	if rec.InstanceID != instanceID {
+		return 0, 0, "", ErrUnknownNonce
+	}
+	if rec.Redeemed {
+		return 0, 0, "", ErrNonceRedeemed
+	}
+	token := rec.Token
+	rec.Token, rec.Redeemed = "", true
+	sealed, err := n.seal(nonce, rec)
+	if err != nil {
+		return 0, 0, "", err
+	}
+	if _, err := n.kv.Update(ctx, key, sealed, e.Revision()); err != nil {
+		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return 0, 0, "", ErrNonceRedeemed // another redemption won the race
+		}
+		return 0, 0, "", fmt.Errorf("vmworker: redeem: %w", err)
+	}
+	return rec.Task, rec.Epoch, token, nil
+}
+
+func nonceAAD(key string) []byte { return []byte("dynrunner/nonce/" + key) }
+
+func (n *Nonces) seal(nonce string, rec nonceRecord) ([]byte, error) {
+	plain, err := json.Marshal(rec)
+	if err != nil {
+		return nil, fmt.Errorf("vmworker: nonce record: %w", err)
+	}
+	return n.box.Seal(plain, nonceAAD(nonceKey(nonce)))
+}
