@@ -78,7 +78,9 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 }
 
 // Destroy stops the launcher, which tears its VM down.
-func (b *Backend) Destroy(ctx context.Context, h podworker.Handle) error { return b.procs.Destroy(ctx, h) }
+func (b *Backend) Destroy(ctx context.Context, h podworker.Handle) error {
+	return b.procs.Destroy(ctx, h)
+}
 
 // List implements podworker.Backend.
 func (b *Backend) List(ctx context.Context) ([]podworker.Handle, error) { return b.procs.List(ctx) }
