@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -58,8 +59,32 @@ type Controller struct {
 	PodConcurrency           int
 	VMConcurrency            int
 	Lease, Pickup, Keepalive time.Duration
+	Tiers                    []string
+	VM                       VM
 	FetchInterval            time.Duration
 }
+
+// VM configures the vm worker and its launchers.
+type VM struct {
+	Backend           string
+	Image             string
+	Kernel            string
+	Initramfs         string
+	Cmdline           string
+	Firmware          string
+	Hypervisor        string
+	CPUs              int
+	MemoryMiB         int
+	DiskGiB           int
+	Bridge            string
+	BridgeCIDR        netip.Prefix // the bridge's own address with its network's length
+	NonceListen       string
+	FacadeGuestListen string
+	LauncherRoot      string
+}
+
+// HasTier reports whether the scheduler routes jobs to tier.
+func (c Controller) HasTier(tier string) bool { return slices.Contains(c.Tiers, tier) }
 
 // Has reports whether the component is enabled.
 func (c Controller) Has(component string) bool { return slices.Contains(c.Components, component) }
@@ -109,7 +134,8 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	e := &env{get: getenv}
 	var c Controller
 
-	c.Components = parseComponents(e, e.str("COMPONENTS", "all"))
+	vmImage := e.str("VM_IMAGE", "")
+	c.Components = parseComponents(e, e.str("COMPONENTS", "all"), vmImage != "")
 	home, _ := os.UserHomeDir()
 	c.StateDir = e.str("STATE_DIR", filepath.Join(home, ".local", "state", "dynrunner"))
 	if !filepath.IsAbs(c.StateDir) {
@@ -249,6 +275,22 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	if c.Keepalive >= 10*time.Minute {
 		e.fail("KEEPALIVE_SECS must be below 600: Gitea fails tasks silent for 10 minutes")
 	}
+	c.VM = loadVM(e, c, vmImage)
+	c.Tiers = []string{"pod"}
+	if c.Has(VMWorker) {
+		c.Tiers = append(c.Tiers, "vm")
+	}
+	if v, ok := e.lookup("TIERS"); ok {
+		c.Tiers = nil
+		for _, t := range strings.Split(v, ",") {
+			switch t = strings.TrimSpace(t); t {
+			case "pod", "vm":
+				c.Tiers = append(c.Tiers, t)
+			default:
+				e.fail("TIERS: unknown tier %q; want pod, vm or both", t)
+			}
+		}
+	}
 	fi := e.str("FETCH_INTERVAL", "1s")
 	c.FetchInterval, err = time.ParseDuration(fi)
 	if err != nil || c.FetchInterval < 100*time.Millisecond {
@@ -257,19 +299,20 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	return c, errors.Join(e.errs...)
 }
 
-func parseComponents(e *env, v string) []string {
+func parseComponents(e *env, v string, vm bool) []string {
 	var out []string
 	for _, p := range strings.Split(v, ",") {
 		switch p = strings.TrimSpace(p); p {
 		case "all":
 			out = append(out, Scheduler, Facade, PodWorker)
-		case Scheduler, Facade, PodWorker:
+			if vm {
+				out = append(out, VMWorker)
+			}
+		case Scheduler, Facade, PodWorker, VMWorker:
 			out = append(out, p)
-		case VMWorker:
-			e.fail("COMPONENTS: vm-worker is not part of this release; it never runs vm jobs in pods, so [self-hosted, vm] jobs are failed with a clear message")
 		case "":
 		default:
-			e.fail("COMPONENTS: unknown component %q; want all or a list of scheduler, facade, pod-worker", p)
+			e.fail("COMPONENTS: unknown component %q; want all or a list of scheduler, facade, pod-worker, vm-worker", p)
 		}
 	}
 	slices.Sort(out)
@@ -278,4 +321,63 @@ func parseComponents(e *env, v string) []string {
 		e.fail("COMPONENTS is empty")
 	}
 	return out
+}
+
+func loadVM(e *env, c Controller, image string) VM {
+	v := VM{
+		Backend:      e.str("VM_BACKEND", "local"),
+		Image:        image,
+		Kernel:       e.str("VM_KERNEL", ""),
+		Initramfs:    e.str("VM_INITRAMFS", ""),
+		Cmdline:      e.str("VM_CMDLINE", ""),
+		Firmware:     e.str("VM_FIRMWARE", ""),
+		Hypervisor:   e.str("VM_HYPERVISOR", "cloud-hypervisor"),
+		CPUs:         e.integer("VM_CPUS", 2, 1),
+		MemoryMiB:    e.integer("VM_MEMORY_MIB", 2048, 256),
+		DiskGiB:      e.integer("VM_DISK_GIB", 20, 1),
+		Bridge:       e.str("VM_BRIDGE", "dynrunner0"),
+		LauncherRoot: e.str("VM_LAUNCHER_ROOT", filepath.Join(c.StateDir, "vms")),
+	}
+	cidr := e.str("VM_BRIDGE_CIDR", "10.213.0.1/24")
+	p, err := netip.ParsePrefix(cidr)
+	if err != nil || !p.Addr().Is4() || p.Bits() > 30 || p.Addr() == p.Masked().Addr() {
+		e.fail("VM_BRIDGE_CIDR=%q: want the bridge's own IPv4 address with its prefix, e.g. 10.213.0.1/24", cidr)
+	}
+	v.BridgeCIDR = p
+	bridgeIP := p.Addr().String()
+	v.NonceListen = e.str("VM_NONCE_LISTEN", net.JoinHostPort(bridgeIP, "7001"))
+	v.FacadeGuestListen = e.str("RUNNER_FACADE_GUEST_LISTEN", net.JoinHostPort(bridgeIP, "8444"))
+	if !c.Has(VMWorker) {
+		return v
+	}
+	switch {
+	case v.Backend == "opensandbox":
+		e.fail("VM_BACKEND=opensandbox is not part of this release; use local")
+	case v.Backend != "local":
+		e.fail("VM_BACKEND=%q: want local", v.Backend)
+	}
+	if v.Image == "" {
+		e.fail("VM_IMAGE is required with the vm worker: the base image microVM disks are converted from")
+	}
+	for name, path := range map[string]string{"VM_IMAGE": v.Image, "VM_KERNEL": v.Kernel, "VM_INITRAMFS": v.Initramfs, "VM_FIRMWARE": v.Firmware, "VM_LAUNCHER_ROOT": v.LauncherRoot} {
+		if path != "" && (!filepath.IsAbs(path) || filepath.Clean(path) != path) {
+			e.fail("%s=%q: want a clean absolute path", name, path)
+		}
+	}
+	if (v.Kernel == "") != (v.Initramfs == "") {
+		e.fail("VM_KERNEL and VM_INITRAMFS must be set together (direct kernel boot)")
+	}
+	if v.Hypervisor != "cloud-hypervisor" && v.Hypervisor != "qemu" {
+		e.fail("VM_HYPERVISOR=%q: want cloud-hypervisor or qemu", v.Hypervisor)
+	}
+	for name, addr := range map[string]string{"VM_NONCE_LISTEN": v.NonceListen, "RUNNER_FACADE_GUEST_LISTEN": v.FacadeGuestListen} {
+		ap, err := netip.ParseAddrPort(addr)
+		if err != nil || !v.BridgeCIDR.Masked().Contains(ap.Addr()) || ap.Addr().IsUnspecified() {
+			e.fail("%s=%q: must be an address on the microVM bridge (%s), never a wildcard", name, addr, v.BridgeCIDR.Masked())
+		}
+	}
+	if !c.Has(Facade) {
+		e.fail("the vm worker needs the facade in the same process in this release (it hands guests the facade's CA)")
+	}
+	return v
 }
