@@ -29,6 +29,7 @@ import (
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/local"
 	"github.com/dynrunner/dynrunner/scheduler"
+	"github.com/dynrunner/dynrunner/vmworker"
 )
 
 func runController(ctx context.Context, args []string) error {
@@ -149,9 +150,9 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	ready = append(ready, view.Ready())
 
 	var forge scheduler.Forge
-	backends := []assignment.Backend{}
-	if cfg.Has(config.PodWorker) || cfg.Has(config.Scheduler) {
-		backends = append(backends, assignment.BackendPod)
+	var backends []assignment.Backend
+	for _, t := range cfg.Tiers {
+		backends = append(backends, assignment.Backend(t))
 	}
 	if cfg.Has(config.Scheduler) || cfg.Has(config.Facade) {
 		labels := []string{scheduler.LabelSelfHosted}
@@ -190,7 +191,11 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 
 	if cfg.Has(config.Facade) {
 		if devCA != nil {
-			facadeSrc, err = devCA.ServerSource(cfg.FacadeID, 24*time.Hour, facadeHosts(cfg.FacadeURL))
+			hosts := facadeHosts(cfg.FacadeURL)
+			if cfg.Has(config.VMWorker) {
+				hosts = append(hosts, cfg.VM.BridgeCIDR.Addr().String())
+			}
+			facadeSrc, err = devCA.ServerSource(cfg.FacadeID, 24*time.Hour, hosts)
 		} else {
 			facadeSrc, err = workload.FromWorkloadAPI(ctx, cfg.SpiffeEndpointSocket)
 		}
@@ -212,6 +217,24 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		ready = append(ready, facadeReady)
 		g.Go(func() error { return serve(gctx, srv, ln, true) })
 		log.Info().Str("listen", ln.Addr().String()).Str("spiffe_id", cfg.FacadeID.String()).Msg("facade serving mTLS")
+		if cfg.Has(config.VMWorker) {
+			if err := vmworker.EnsureBridge(ctx, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
+				return err
+			}
+			gln, err := net.Listen("tcp", cfg.VM.FacadeGuestListen)
+			if err != nil {
+				return fmt.Errorf("RUNNER_FACADE_GUEST_LISTEN: %w", err)
+			}
+			gsrv := &http.Server{Handler: f.GuestHandler(), TLSConfig: workload.GuestServerTLSConfig(facadeSrc), ReadHeaderTimeout: 10 * time.Second}
+			g.Go(func() error { return serve(gctx, gsrv, gln, true) })
+			log.Info().Str("listen", gln.Addr().String()).Msg("facade serving microVM guests (token-authenticated TLS, vm assignments only)")
+		}
+	}
+
+	if cfg.Has(config.VMWorker) {
+		if err := startVMWorker(ctx, gctx, g, cfg, log, actor, issuer, box, js, evlog, view, facadeSrc, &ready); err != nil {
+			return err
+		}
 	}
 
 	if cfg.Has(config.PodWorker) {

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/local"
+	"github.com/dynrunner/dynrunner/vmworker"
+)
+
+// nonceTTL bounds how long an unredeemed nonce lives in JetStream.
+const nonceTTL = time.Hour
+
+// startVMWorker starts the nonce endpoint and the vm worker, whose environments are
+// `dynrunner launcher` processes.
+func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Controller, log zerolog.Logger, actor string,
+	issuer *captoken.Issuer, box *sealbox.Box, js jetstream.JetStream, evlog *eventlog.Log, view *eventlog.View,
+	facadeSrc workload.Source, ready *[]<-chan struct{},
+) error {
+	vlog := log.With().Str("component", "vm-worker").Logger()
+	nonces, err := vmworker.OpenNonces(ctx, js, box, cfg.NATSReplicas, nonceTTL)
+	if err != nil {
+		return err
+	}
+	bundle, err := facadeSrc.GetX509BundleForTrustDomain(cfg.TrustDomain)
+	if err != nil {
+		return fmt.Errorf("vm worker: facade CA: %w", err)
+	}
+	caPEM, err := bundle.Marshal()
+	if err != nil {
+		return fmt.Errorf("vm worker: facade CA: %w", err)
+	}
+	ep, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
+		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.BridgeCIDR.Masked(),
+		FacadeURL: "https://" + cfg.VM.FacadeGuestListen, FacadeID: cfg.FacadeID.String(), FacadeCAPEM: caPEM,
+		RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
+		Labels: []string{"self-hosted:host", "vm:host"}, Renew: cfg.Lease / 3, Log: vlog,
+	}, nonces, evlog)
+	if err != nil {
+		return err
+	}
+	g.Go(func() error { return ep.Run(gctx) })
+	vlog.Info().Str("listen", cfg.VM.NonceListen).Msg("nonce endpoint serving the microVM bridge")
+
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("vm worker: locate the dynrunner binary: %w", err)
+	}
+	procs, err := local.New(local.Config{
+		Root:    filepath.Join(cfg.StateDir, "launchers"),
+		Command: []string{exe, "launcher"},
+		BaseEnv: []string{"PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"},
+		Grace:   30 * time.Second, // the launcher tears its VM down on SIGTERM
+		Log:     vlog.With().Str("backend", "launcher").Logger(),
+	})
+	if err != nil {
+		return err
+	}
+	launch := map[string]string{
+		"DYNRUNNER_LAUNCH_IMAGE":       cfg.VM.Image,
+		"DYNRUNNER_LAUNCH_KERNEL":      cfg.VM.Kernel,
+		"DYNRUNNER_LAUNCH_INITRAMFS":   cfg.VM.Initramfs,
+		"DYNRUNNER_LAUNCH_CMDLINE":     cfg.VM.Cmdline,
+		"DYNRUNNER_LAUNCH_FIRMWARE":    cfg.VM.Firmware,
+		"DYNRUNNER_LAUNCH_HYPERVISOR":  cfg.VM.Hypervisor,
+		"DYNRUNNER_LAUNCH_CPUS":        fmt.Sprint(cfg.VM.CPUs),
+		"DYNRUNNER_LAUNCH_MEMORY_MIB":  fmt.Sprint(cfg.VM.MemoryMiB),
+		"DYNRUNNER_LAUNCH_DISK_GIB":    fmt.Sprint(cfg.VM.DiskGiB),
+		"DYNRUNNER_LAUNCH_BRIDGE":      cfg.VM.Bridge,
+		"DYNRUNNER_LAUNCH_BRIDGE_CIDR": cfg.VM.BridgeCIDR.String(),
+		"DYNRUNNER_LAUNCH_ROOT":        cfg.VM.LauncherRoot,
+		"DYNRUNNER_LAUNCH_DEADLINE":    "6h",
+	}
+	backend := vmworker.NewBackend(procs, nonces, "http://"+cfg.VM.NonceListen, launch)
+	w := podworker.New(podworker.Config{
+		Actor: "vm-worker@" + actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
+		Issuer: issuer, Log: vlog,
+	}, backend, evlog, view)
+	g.Go(func() error { return w.Run(gctx) })
+	*ready = append(*ready, w.Ready())
+	return nil
+}
+
