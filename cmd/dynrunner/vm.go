@@ -94,4 +94,3 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 	*ready = append(*ready, w.Ready())
 	return nil
 }
-
