@@ -35,7 +35,10 @@ func dynrunnerBin(t *testing.T) string {
 			return
 		}
 		binPath = filepath.Join(dir, "dynrunner")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/dynrunner/dynrunner/cmd/dynrunner").CombinedOutput()
+		// Static, so the same binary also runs as the guest inside the test microVM.
+		build := exec.Command("go", "build", "-o", binPath, "github.com/dynrunner/dynrunner/cmd/dynrunner")
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		out, err := build.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
 		}

@@ -1,0 +1,123 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// vmImage builds (cached) the test tier's guest image with this package's dynrunner binary
+// as the guest program, skipping (failing in CI) when the VM tools are missing.
+func vmImage(t *testing.T) (dir string) {
+	t.Helper()
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "genisoimage", "busybox", "cpio", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CI") == "" {
+				t.Skipf("%s is missing; install the VM test tier's tools with: bash scripts/vm-deps.sh", tool)
+			}
+			t.Fatalf("%s is missing although CI must provide it (scripts/vm-deps.sh)", tool)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the VM tier needs root for the bridge and TAP devices")
+	}
+	dir = t.TempDir()
+	cmd := exec.Command("bash", "../scripts/vm-test-image.sh", dir)
+	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("vm-test-image.sh: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func TestVMJobBootsUnderQEMU(t *testing.T) {
+	tools := needTools(t)
+	img := vmImage(t)
+	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "vm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bridge = "dre2e0"
+	state := t.TempDir()
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
+		"VM_IMAGE="+filepath.Join(img, "base.qcow2"),
+		"VM_KERNEL="+filepath.Join(img, "vmlinuz"),
+		"VM_INITRAMFS="+filepath.Join(img, "initramfs.cpio.gz"),
+		"VM_CMDLINE="+strings.TrimSpace(string(cmdline)),
+		"VM_HYPERVISOR=qemu",
+		"VM_MEMORY_MIB=1024",
+		"VM_CPUS=1",
+		"VM_DISK_GIB=1",
+		"VM_BRIDGE="+bridge,
+		"VM_BRIDGE_CIDR=10.213.77.1/24",
+		"VM_LAUNCHER_ROOT="+filepath.Join(state, "vms"),
+	)
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	c.start()
+
+	res := runWorkflow(t, f, repo, `name: vm
+on: [push]
+jobs:
+  inside:
+    runs-on: [self-hosted, vm]
+    steps:
+      - shell: sh
+        run: |
+          echo "kernel $(uname -r)"
+          grep -m1 'model name' /proc/cpuinfo
+          echo "vm job done"
+  both:
+    runs-on: [self-hosted, pod, vm]
+    steps:
+      - run: echo should never run
+`, 10*time.Minute)
+	inside := res["inside"]
+	if inside.conclusion != "success" || !strings.Contains(inside.log, "vm job done") || !strings.Contains(inside.log, "QEMU") {
+		t.Fatalf("vm job: %s\n%s", inside.conclusion, inside.log)
+	}
+	both := res["both"]
+	if both.conclusion != "failure" || !strings.Contains(both.log, "both pod and vm") {
+		t.Fatalf("pod+vm job: %s\n%s", both.conclusion, both.log)
+	}
+
+	// Nothing of the VM remains: no launcher, no qemu, no TAP device, no per-VM directory.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		left := vmLeftovers(filepath.Join(state, "vms"))
+		if left == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind after the VM job: %s", left)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// vmLeftovers describes what of a microVM still exists, or "".
+func vmLeftovers(root string) string {
+	var left []string
+	if out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+root).Output(); len(strings.TrimSpace(string(out))) > 0 {
+		left = append(left, "qemu processes "+strings.Join(strings.Fields(string(out)), ","))
+	}
+	if out, _ := exec.Command("ip", "-o", "link", "show", "master", "dre2e0").Output(); len(strings.TrimSpace(string(out))) > 0 {
+		left = append(left, "devices on the bridge: "+strings.TrimSpace(string(out)))
+	}
+	entries, _ := os.ReadDir(root)
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			left = append(left, fmt.Sprintf("directory %s", filepath.Join(root, e.Name())))
+		}
+	}
+	return strings.Join(left, "; ")
+}
