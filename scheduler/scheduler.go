@@ -27,6 +27,10 @@ type Config struct {
 	Actor string
 	// Backends are the enabled isolation tiers.
 	Backends []assignment.Backend
+	// Capacity is how many live assignments each tier takes (its workers' concurrency across
+	// the fleet). The scheduler fetches no task while every enabled tier is full, so claims do
+	// not pile up behind busy environments and time out.
+	Capacity map[assignment.Backend]int
 	// Lease is how long an assignment lives without renewal; Pickup how long a claim may wait
 	// for its environment's runner to fetch the task (below Lease).
 	Lease, Pickup time.Duration
@@ -110,6 +114,10 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		if s.full() {
+			wait = s.cfg.FetchInterval
+			continue
+		}
 		resp, err := s.forge.FetchTask(ctx, version)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -121,17 +129,36 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 			continue
 		}
 		s.readyOnce.Do(func() { close(s.ready) })
-		version = resp.GetTasksVersion()
 		task := resp.GetTask()
 		if task == nil {
+			version = resp.GetTasksVersion()
 			wait = s.cfg.FetchInterval
 			continue
 		}
-		wait = 0 // a task came: ask again at once, more may be queued
+		// A task came: ask again at once with version 0, so Gitea looks for more queued jobs
+		// rather than answering "nothing changed since this version".
+		version, wait = 0, 0
 		if err := s.accept(ctx, task); err != nil && ctx.Err() == nil {
 			s.cfg.Log.Error().Err(err).Int64(logkey.TaskID, task.GetId()).Msg("task not accepted")
 		}
 	}
+}
+
+// full reports whether every enabled tier has as many live assignments as it has capacity.
+func (s *Scheduler) full() bool {
+	if len(s.cfg.Capacity) == 0 {
+		return false
+	}
+	live := map[assignment.Backend]int{}
+	for _, st := range s.view.Live() {
+		live[st.Backend]++
+	}
+	for _, b := range s.cfg.Backends {
+		if c, ok := s.cfg.Capacity[b]; !ok || live[b] < c {
+			return false
+		}
+	}
+	return true
 }
 
 func backoff(cur, base, max time.Duration) time.Duration {
@@ -191,6 +218,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		// The forge handed the task to us; rather than leave it to Gitea's zombie timeout,
 		// say why it cannot run.
 		logger.Error().Err(err).Msg("could not persist the assignment; failing the task upstream")
+		_ = s.log.DropTask(context.WithoutCancel(ctx), id)
 		return errors.Join(err, s.failUpstream(context.WithoutCancel(ctx), id, []string{
 			"dynrunner: this job was not run: the assignment could not be persisted to JetStream: " + err.Error(),
 		}))

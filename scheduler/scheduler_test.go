@@ -27,9 +27,12 @@ func (c *clock) Advance(d time.Duration) {
 	c.mu.Unlock()
 }
 
-func (e *env) runScheduler(clk *clock) {
+func (e *env) runScheduler(clk *clock) { e.runSchedulerWith(clk, nil) }
+
+func (e *env) runSchedulerWith(clk *clock, capacity map[assignment.Backend]int) {
 	e.t.Helper()
 	s := scheduler.New(scheduler.Config{
+		Capacity: capacity,
 		Actor: "scheduler-test", Backends: []assignment.Backend{assignment.BackendPod},
 		Lease: 5 * time.Minute, Pickup: 2 * time.Minute, FetchInterval: 20 * time.Millisecond, FetchIntervalMax: 100 * time.Millisecond,
 		Keepalive: time.Minute, Reconcile: 20 * time.Millisecond, Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)), Now: clk.Now,
@@ -166,4 +169,37 @@ func TestSchedulerKeepsStartingTasksAliveAndSeesCancellation(t *testing.T) {
 		st, err := e.log.Get(t.Context(), 41)
 		return err == nil && st.Phase == assignment.Closed && strings.Contains(st.Reason, "cancelled")
 	})
+}
+
+// TestSchedulerFetchesOnlyWithCapacity: with the pod tier full, no task is taken from the
+// forge; once an assignment ends, the next one is, without waiting for a new tasks version.
+func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
+	e := newEnv(t)
+	e.runSchedulerWith(&clock{now: time.Now()}, map[assignment.Backend]int{assignment.BackendPod: 1})
+	e.forge.push(taskWithRunsOn(51, "[self-hosted, pod]"))
+	e.forge.push(taskWithRunsOn(52, "[self-hosted, pod]"))
+	eventually(t, "the first claim", func() bool { _, err := e.log.Get(t.Context(), 51); return err == nil })
+	e.forge.mu.Lock()
+	before := e.forge.fetches
+	e.forge.mu.Unlock()
+	// Several fetch intervals pass (bounded polling on the fake forge's counter is not
+	// possible while nothing is fetched, so observe the claim of 52 not happening meanwhile).
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		if _, err := e.log.Get(t.Context(), 52); err == nil {
+			t.Fatal("a second task was claimed while the only pod slot was taken")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	e.forge.mu.Lock()
+	after := e.forge.fetches
+	e.forge.mu.Unlock()
+	if after != before {
+		t.Fatalf("%d fetches while full, want none", after-before)
+	}
+	st, _ := e.log.Get(t.Context(), 51)
+	if _, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 51, Epoch: st.Epoch(), At: time.Now(), Reason: "test"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second claim", func() bool { _, err := e.log.Get(t.Context(), 52); return err == nil })
 }

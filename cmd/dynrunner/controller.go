@@ -155,10 +155,10 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		backends = append(backends, assignment.Backend(t))
 	}
 	if cfg.Has(config.Scheduler) || cfg.Has(config.Facade) {
-		labels := []string{scheduler.LabelSelfHosted}
-		for _, b := range backends {
-			labels = append(labels, string(b))
-		}
+		// Every tier label is declared whether or not its tier is enabled here, so Gitea hands
+		// a job for a disabled tier to the scheduler, which fails it with a clear message
+		// instead of leaving it queued; and every process declares the same labels.
+		labels := []string{scheduler.LabelSelfHosted, string(assignment.BackendPod), string(assignment.BackendVM)}
 		g, err := connectForge(ctx, cfg, labels)
 		if err != nil {
 			return err
@@ -182,6 +182,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	if cfg.Has(config.Scheduler) {
 		s := scheduler.New(scheduler.Config{
 			Actor: "scheduler@" + actor, Backends: backends, Lease: cfg.Lease, Pickup: cfg.Pickup,
+			Capacity: map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
 			FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
 			Reconcile: time.Second, Box: box, Log: log.With().Str("component", "scheduler").Logger(), Metrics: metrics,
 		}, forge, evlog, view)

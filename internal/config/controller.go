@@ -199,10 +199,10 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	if c.Has(Facade) != c.Has(Scheduler) && c.GiteaRunnerRegTokenFile != "" {
 		e.fail("the facade forwards reports with the scheduler's runner credentials: when they run in separate processes, give both GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE instead of GITEA_RUNNER_REGISTRATION_TOKEN_FILE")
 	}
-	if c.Has(PodWorker) {
+	if c.Has(PodWorker) || c.Has(VMWorker) {
 		switch {
 		case c.GiteaRunnerBin == "":
-			e.fail("GITEA_RUNNER_BIN is required with the pod worker: the pinned Gitea runner environments run (scripts/tools.sh builds it)")
+			e.fail("GITEA_RUNNER_BIN is required with the pod and vm workers: the pinned Gitea runner environments run (scripts/tools.sh builds it)")
 		case len(c.GiteaRunnerSHA256) != 64 || strings.Trim(c.GiteaRunnerSHA256, "0123456789abcdef") != "":
 			e.fail("GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITEA_RUNNER_BIN (sha256sum %s)", c.GiteaRunnerBin)
 		}

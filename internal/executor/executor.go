@@ -1,12 +1,11 @@
 package executor
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
-	"encoding/json"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,8 @@ import (
 	"syscall"
 	"time"
 
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -113,14 +114,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := os.WriteFile(confPath, []byte(runnerConfig(cfg.WorkDir)), 0o600); err != nil {
 		return fmt.Errorf("executor: runner config: %w", err)
 	}
+	// The executor redeems the token itself and writes the runner's registration file, so the
+	// token never appears on a command line where other processes could read it.
 	name := fmt.Sprintf("dynrunner-%d-%d", cfg.Task, cfg.Epoch)
-	reg := exec.CommandContext(ctx, cfg.RunnerBin, "--config", confPath, "register", "--no-interactive", "--ephemeral",
-		"--instance", fwd.URL(), "--token", cfg.Token, "--name", name, "--labels", strings.Join(cfg.Labels, ","))
-	reg.Dir = cfg.WorkDir
-	var regOut bytes.Buffer
-	reg.Stdout, reg.Stderr = &regOut, &regOut
-	if err := reg.Run(); err != nil {
-		return fmt.Errorf("executor: register the runner at the facade: %w: %s", err, redact(regOut.String(), cfg.Token))
+	creds, err := register(ctx, transport, cfg, name, fwd.URL())
+	if err != nil {
+		return err
 	}
 	log.Info().Str("runner", name).Msg("runner registered at the facade")
 
@@ -135,13 +134,7 @@ func Run(ctx context.Context, cfg Config) error {
 	go func() { done <- daemon.Wait() }()
 
 	// Renewals carry the runner credentials Register returned: a guest without an SVID is
-	// known to the facade by them (with an SVID they are checked alongside).
-	creds, err := readRegistration(filepath.Join(cfg.WorkDir, ".runner"))
-	if err != nil {
-		_ = syscall.Kill(-daemon.Process.Pid, syscall.SIGKILL)
-		<-done
-		return err
-	}
+	// known to the facade by them.
 	lease := dynrunnerv1connect.NewLeaseServiceClient(&http.Client{Transport: transport, Timeout: 30 * time.Second}, cfg.FacadeURL,
 		connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
@@ -187,29 +180,59 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 }
 
-// registration is the part of the Gitea runner's `.runner` file the executor reads.
+// registration is the Gitea runner's `.runner` file.
 type registration struct {
-	UUID  string `json:"uuid"`
-	Token string `json:"token"`
+	Warning   string   `json:"WARNING"`
+	ID        int64    `json:"id"`
+	UUID      string   `json:"uuid"`
+	Name      string   `json:"name"`
+	Token     string   `json:"token"`
+	Address   string   `json:"address"`
+	Labels    []string `json:"labels"`
+	Ephemeral bool     `json:"ephemeral"`
 }
 
-func readRegistration(path string) (registration, error) {
-	data, err := os.ReadFile(path)
+// register redeems the capability token at the facade for an ephemeral runner and writes the
+// runner's registration file (mode 0600) pointing it at the forwarder.
+func register(ctx context.Context, transport http.RoundTripper, cfg Config, name, forwarder string) (registration, error) {
+	client := runnerv1connect.NewRunnerServiceClient(&http.Client{Transport: transport, Timeout: time.Minute}, strings.TrimRight(cfg.FacadeURL, "/")+"/api/actions")
+	names := make([]string, len(cfg.Labels))
+	for i, l := range cfg.Labels {
+		names[i], _, _ = strings.Cut(l, ":")
+	}
+	var resp *connect.Response[runnerv1.RegisterResponse]
+	var err error
+	// The facade may be restarting; a refused token is final.
+	for attempt := range 30 {
+		if attempt > 0 {
+			t := time.NewTimer(2 * time.Second)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return registration{}, ctx.Err()
+			case <-t.C:
+			}
+		}
+		resp, err = client.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{
+			Name: name, Token: cfg.Token, Version: "dynrunner-executor", Labels: names, Ephemeral: true,
+		}))
+		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
+			break
+		}
+	}
 	if err != nil {
-		return registration{}, fmt.Errorf("executor: runner registration: %w", err)
+		return registration{}, fmt.Errorf("executor: register the runner at the facade: %w", err)
 	}
-	var r registration
-	if err := json.Unmarshal(data, &r); err != nil || r.UUID == "" || r.Token == "" {
-		return registration{}, fmt.Errorf("executor: runner registration %s holds no credentials", path)
+	r := resp.Msg.GetRunner()
+	reg := registration{
+		Warning: "written by dynrunner executor for one job", ID: r.GetId(), UUID: r.GetUuid(), Name: name,
+		Token: r.GetToken(), Address: forwarder, Labels: cfg.Labels, Ephemeral: true,
 	}
-	return r, nil
-}
-
-func redact(s, secret string) string {
-	if secret == "" {
-		return s
+	data, _ := json.MarshalIndent(reg, "", "  ")
+	if err := os.WriteFile(filepath.Join(cfg.WorkDir, ".runner"), data, 0o600); err != nil {
+		return registration{}, fmt.Errorf("executor: runner registration file: %w", err)
 	}
-	return strings.ReplaceAll(s, secret, "REDACTED")
+	return reg, nil
 }
 
 // runnerConfig is the Gitea runner's configuration inside an environment: one job, host
