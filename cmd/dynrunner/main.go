@@ -23,6 +23,7 @@ const usage = `dynrunner — one-shot environments for Gitea Actions jobs
 Usage:
   dynrunner controller      run the control plane (components from COMPONENTS, default all)
   dynrunner executor        run one job inside an environment (started by a pod worker)
+  dynrunner launcher        boot one microVM for a job and clean everything up (used by the vm worker)
   dynrunner guest           run one job inside a microVM (reads the NoCloud seed), then power off
   dynrunner events [--json] follow the audit stream of assignment transitions
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
@@ -45,6 +46,8 @@ func main() {
 		err = runController(ctx, args)
 	case "executor":
 		err = runExecutor(ctx, args)
+	case "launcher":
+		err = runLauncher(ctx, args)
 	case "guest":
 		err = runGuest(ctx, args)
 	case "events":

@@ -1,0 +1,203 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// childEnv is the whole environment of every program the launcher runs: nothing of the
+// launcher's own (which may hold the nonce) is inherited.
+var childEnv = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C"}
+
+// lookPath resolves a program in childEnv's PATH (and the launcher's own, for tests and
+// unusual installs).
+func lookPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range strings.Split(strings.TrimPrefix(childEnv[0], "PATH="), ":") {
+		p := dir + "/" + name
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("launcher: %s not found in PATH: %w", name, exec.ErrNotFound)
+}
+
+// startChild starts cmd with a parent-death signal of SIGKILL. The signal fires when the
+// thread that forked the child ends, so the fork happens on a goroutine locked to its thread
+// until the child has been waited for. It returns a channel receiving Wait's result.
+func startChild(cmd *exec.Cmd) (<-chan error, error) {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	started := make(chan error, 1)
+	done := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		done <- cmd.Wait()
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return done, nil
+}
+
+// run runs a helper program (qemu-img, genisoimage, ip) with argv only and childEnv. On
+// failure the error holds the program's output. Cancelling ctx kills the program.
+func run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	path, err := lookPath(name)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	cmd := &exec.Cmd{Path: path, Args: append([]string{name}, args...), Env: childEnv, Stdout: &out, Stderr: &out}
+	done, err := startChild(cmd)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = cmd.Process.Kill()
+		return out.Bytes(), fmt.Errorf("%s: %w", name, errors.Join(ctx.Err(), <-done))
+	}
+	if err != nil {
+		msg := strings.TrimSpace(out.String())
+		if len(msg) > 2000 {
+			msg = msg[:2000] + "..."
+		}
+		if msg == "" {
+			return out.Bytes(), fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+		}
+		return out.Bytes(), fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, msg)
+	}
+	return out.Bytes(), nil
+}
+
+// flock applies flock(2) to f.
+func flock(f *os.File, how int) error {
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ferr error
+	if err := rc.Control(func(fd uintptr) {
+		for {
+			ferr = syscall.Flock(int(fd), how)
+			if !errors.Is(ferr, syscall.EINTR) {
+				return
+			}
+		}
+	}); err != nil {
+		return err
+	}
+	return ferr
+}
+
+// procsWithArgPrefix lists the processes (zombies left out) one of whose arguments contains
+// prefix: the hypervisor of an instance names files inside the instance directory.
+func procsWithArgPrefix(prefix string) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 1 || pid == self {
+			continue
+		}
+		if procHasArg(pid, prefix) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// childComms are the command names (comm, at most 15 bytes) of the programs the launcher
+// starts with instance files as arguments. Only those are stragglers: an operator's
+// `tail serial.log` is not.
+var childComms = []string{"qemu", "cloud-hyperviso", "genisoimage"}
+
+// procHasArg reports whether pid runs (is no zombie), is one of childComms and has an argument
+// containing s.
+func procHasArg(pid int, s string) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	open, i := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
+	if open < 0 || i < open || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
+		return false
+	}
+	comm := string(stat[open+1 : i])
+	if !slices.ContainsFunc(childComms, func(c string) bool { return strings.HasPrefix(comm, c) }) {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	for arg := range bytes.SplitSeq(b, []byte{0}) {
+		if bytes.Contains(arg, []byte(s)) {
+			return true
+		}
+	}
+	return false
+}
+
+// killStragglers SIGKILLs every process with an argument containing marker and waits until
+// they are gone, up to wait. Each process is signalled through a pidfd opened before its
+// arguments are checked again, so a reused pid is never hit.
+func killStragglers(ctx context.Context, marker string, wait time.Duration) (int, error) {
+	pids := procsWithArgPrefix(marker)
+	for _, pid := range pids {
+		p, err := os.FindProcess(pid)
+		if err != nil {
+			continue
+		}
+		if procHasArg(pid, marker) {
+			_ = p.Signal(syscall.SIGKILL)
+		}
+		_ = p.Release()
+	}
+	if len(pids) == 0 {
+		return 0, nil
+	}
+	deadline := time.Now().Add(wait)
+	for backoff := 5 * time.Millisecond; ; backoff = min(2*backoff, 100*time.Millisecond) {
+		left := procsWithArgPrefix(marker)
+		if len(left) == 0 {
+			return len(pids), nil
+		}
+		if time.Now().After(deadline) {
+			return len(pids), fmt.Errorf("launcher: processes %v survived SIGKILL", left)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return len(pids), ctx.Err()
+		}
+	}
+}
