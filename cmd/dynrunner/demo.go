@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os/exec"
 	"os"
 	"path/filepath"
 	"strings"
@@ -38,12 +39,28 @@ jobs:
       - run: echo "the answer is ${{ steps.out.outputs.answer }}"
 `
 
+// demoVMWorkflow is the sample workflow of `demo --vm`: one job in a one-shot microVM.
+const demoVMWorkflow = `name: demo-vm
+on: [push]
+jobs:
+  hello-vm:
+    runs-on: [self-hosted, vm]
+    steps:
+      - name: where am I
+        shell: sh
+        run: |
+          echo "hello from a one-shot dynrunner microVM"
+          echo "kernel $(uname -r), $(nproc) vCPU"
+          grep -m1 'model name' /proc/cpuinfo
+`
+
 // runDemo starts a development Gitea and a controller on embedded defaults, pushes a sample
 // workflow with a [self-hosted, pod] job, and prints its result and log.
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	once := fs.Bool("once", false, "exit after the sample job instead of running until Ctrl-C")
 	keep := fs.Bool("keep", false, "keep the demo's state directory")
+	vm := fs.Bool("vm", false, "run the sample job in a microVM booted under QEMU (needs root and scripts/vm-deps.sh)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -108,6 +125,13 @@ func runDemo(ctx context.Context, args []string) error {
 		"NATS_EMBEDDED_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[2]),
 		"LOG_FORMAT":                           "console",
 	}
+	workflow := demoWorkflow
+	if *vm {
+		if err := demoVMEnv(ctx, dir, env); err != nil {
+			return err
+		}
+		workflow = demoVMWorkflow
+	}
 	cfg, err := config.LoadController(func(k string) string { return env[k] })
 	if err != nil {
 		return fmt.Errorf("demo configuration: %w", err)
@@ -124,11 +148,11 @@ func runDemo(ctx context.Context, args []string) error {
 		return err
 	}
 
-	sha, err := forge.PushWorkflow(ctx, repo, ".gitea/workflows/demo.yml", demoWorkflow)
+	sha, err := forge.PushWorkflow(ctx, repo, ".gitea/workflows/demo.yml", workflow)
 	if err != nil {
 		return err
 	}
-	log.Info().Str("repo", forge.URL()+"/"+repo.String()).Msg("pushed a workflow with a [self-hosted, pod] job; waiting for it")
+	log.Info().Str("repo", forge.URL()+"/"+repo.String()).Msg("pushed the sample workflow; waiting for it")
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	run, err := forge.WaitRun(wctx, repo, sha)
@@ -204,4 +228,47 @@ func waitReady(ctx context.Context, url string, cerr <-chan error) error {
 			}
 		}
 	}
+}
+
+// demoVMEnv builds the test tier's guest image around this (static) binary and points the
+// controller's vm worker at it: QEMU with TCG, a bridge of the demo's own.
+func demoVMEnv(ctx context.Context, dir string, env map[string]string) error {
+	if os.Geteuid() != 0 {
+		return errors.New("demo --vm needs root for the microVM bridge and TAP devices")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	script := filepath.Join("scripts", "vm-test-image.sh")
+	if _, err := os.Stat(script); err != nil {
+		return fmt.Errorf("demo --vm runs from the repository root (it needs %s): %w", script, err)
+	}
+	img := filepath.Join(dir, "vm-image")
+	cmd := exec.CommandContext(ctx, "bash", script, img)
+	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+exe)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("build the guest image (is the binary static? build it with CGO_ENABLED=0): %w", err)
+	}
+	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
+	if err != nil {
+		return err
+	}
+	for k, v := range map[string]string{
+		"VM_IMAGE":         filepath.Join(img, "base.qcow2"),
+		"VM_KERNEL":        filepath.Join(img, "vmlinuz"),
+		"VM_INITRAMFS":     filepath.Join(img, "initramfs.cpio.gz"),
+		"VM_CMDLINE":       strings.TrimSpace(string(cmdline)),
+		"VM_HYPERVISOR":    "qemu",
+		"VM_CPUS":          "1",
+		"VM_MEMORY_MIB":    "1024",
+		"VM_DISK_GIB":      "1",
+		"VM_BRIDGE":        "drdemo0",
+		"VM_BRIDGE_CIDR":   "10.213.99.1/24",
+		"VM_LAUNCHER_ROOT": filepath.Join(dir, "vms"),
+	} {
+		env[k] = v
+	}
+	return nil
 }
