@@ -27,7 +27,6 @@ import (
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/podworker"
-	"github.com/dynrunner/dynrunner/podworker/local"
 	"github.com/dynrunner/dynrunner/scheduler"
 	"github.com/dynrunner/dynrunner/vmworker"
 )
@@ -182,7 +181,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	if cfg.Has(config.Scheduler) {
 		s := scheduler.New(scheduler.Config{
 			Actor: "scheduler@" + actor, Backends: backends, Lease: cfg.Lease, Pickup: cfg.Pickup,
-			Capacity: map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
+			Capacity:      map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
 			FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
 			Reconcile: time.Second, Box: box, Log: log.With().Str("component", "scheduler").Logger(), Metrics: metrics,
 		}, forge, evlog, view)
@@ -243,12 +242,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		if err != nil {
 			return fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
 		}
-		backend, err := local.New(local.Config{
-			Root:    filepath.Join(cfg.StateDir, "envs"),
-			Command: []string{exe, "executor"},
-			BaseEnv: []string{"PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"},
-			Log:     log.With().Str("component", "pod-worker").Str("backend", "local").Logger(),
-		})
+		backend, runnerBin, err := podBackend(ctx, cfg, exe, log.With().Str("component", "pod-worker").Str("backend", cfg.PodBackend).Logger())
 		if err != nil {
 			return err
 		}
@@ -264,7 +258,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 				"DYNRUNNER_FACADE_SPIFFE_ID": cfg.FacadeID.String(),
 				"DYNRUNNER_RENEW_SECS":       fmt.Sprint(int(cfg.Lease.Seconds()) / 3),
 				"DYNRUNNER_LABELS":           "self-hosted:host,pod:host",
-				"GITEA_RUNNER_BIN":           cfg.GiteaRunnerBin,
+				"GITEA_RUNNER_BIN":           runnerBin,
 				"GITEA_RUNNER_SHA256":        cfg.GiteaRunnerSHA256,
 				"GITEA_RUNNER_VERSION":       cfg.GiteaRunnerVersion,
 				"SPIFFE_ENDPOINT_SOCKET":     cfg.SpiffeEndpointSocket,

@@ -56,6 +56,7 @@ type Controller struct {
 	SpiffeEndpointSocket     string
 	DevCA                    bool
 	PodBackend               string
+	Docker                   DockerPod
 	PodConcurrency           int
 	VMConcurrency            int
 	Lease, Pickup, Keepalive time.Duration
@@ -180,6 +181,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	c.GiteaRunnerRegTokenFile = e.str("GITEA_RUNNER_REGISTRATION_TOKEN_FILE", "")
 	host, _ := os.Hostname()
 	c.GiteaRunnerName = e.str("GITEA_RUNNER_NAME", "dynrunner-"+host)
+	c.PodBackend = e.str("POD_BACKEND", "local")
 	c.GiteaRunnerBin = e.str("GITEA_RUNNER_BIN", "")
 	c.GiteaRunnerSHA256 = strings.ToLower(e.str("GITEA_RUNNER_SHA256", ""))
 	c.GiteaRunnerVersion = e.str("GITEA_RUNNER_VERSION", "v1.0.8")
@@ -199,9 +201,12 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	if c.Has(Facade) != c.Has(Scheduler) && c.GiteaRunnerRegTokenFile != "" {
 		e.fail("the facade forwards reports with the scheduler's runner credentials: when they run in separate processes, give both GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE instead of GITEA_RUNNER_REGISTRATION_TOKEN_FILE")
 	}
+	// Docker environments run the runner inside the executor image; GITEA_RUNNER_BIN is the
+	// host's copy, for local environments and microVMs.
+	hostRunner := (c.Has(PodWorker) && c.PodBackend != "docker") || c.Has(VMWorker)
 	if c.Has(PodWorker) || c.Has(VMWorker) {
 		switch {
-		case c.GiteaRunnerBin == "":
+		case hostRunner && c.GiteaRunnerBin == "":
 			e.fail("GITEA_RUNNER_BIN is required with the pod and vm workers: the pinned Gitea runner environments run (scripts/tools.sh builds it)")
 		case len(c.GiteaRunnerSHA256) != 64 || strings.Trim(c.GiteaRunnerSHA256, "0123456789abcdef") != "":
 			e.fail("GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITEA_RUNNER_BIN (sha256sum %s)", c.GiteaRunnerBin)
@@ -236,14 +241,16 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		c.FacadeID = spiffeid.RequireFromPath(td, "/dynrunner/facade")
 	}
 
-	c.PodBackend = e.str("POD_BACKEND", "local")
-	if c.PodBackend != "local" {
-		e.fail("POD_BACKEND=%q: this release has the local backend only", c.PodBackend)
+	switch c.PodBackend {
+	case "local", "docker":
+	default:
+		e.fail("POD_BACKEND=%q: want local or docker (kubernetes is not part of this release)", c.PodBackend)
 	}
+	c.Docker = loadDocker(e, c)
 	c.SpiffeEndpointSocket = e.str("SPIFFE_ENDPOINT_SOCKET", "")
 	c.DevCA = c.SpiffeEndpointSocket == ""
-	if c.DevCA && c.PodBackend != "local" {
-		e.fail("SPIFFE_ENDPOINT_SOCKET is required with POD_BACKEND=%s: the development CA is for the local backend only", c.PodBackend)
+	if !c.DevCA && c.PodBackend == "docker" && c.Has(PodWorker) {
+		e.fail("SPIFFE_ENDPOINT_SOCKET with POD_BACKEND=docker: the docker backend does not mount the Workload API socket into containers yet; leave it unset (the development CA gives each container its SVID files)")
 	}
 
 	c.CapabilityKeyFile = e.str("RUNNER_FACADE_CAPABILITY_KEY_FILE", "")

@@ -61,7 +61,9 @@
 // Handle.ID is the container name; Handle.Data holds "container_id". Wait uses the engine's
 // wait endpoint (condition not-running), for handles of this instance and adopted ones alike, so
 // the exit code is always known; "oom" is the reason when the kernel killed the container for
-// memory. Destroy stops the container with Config.Grace, force-removes it (with its anonymous
+// memory. While the engine cannot be reached or answers with a server error (a restart of the
+// engine, which with live-restore keeps containers running), Wait retries until its context
+// ends rather than report the environment lost. Destroy stops the container with Config.Grace, force-removes it (with its anonymous
 // volumes) and removes its secrets directory; it is idempotent. List reports the managed
 // containers of Config.Scope, plus every entry of StateDir without a container (a crash between
 // writing secrets and creating the container) as a Handle with nil Data.

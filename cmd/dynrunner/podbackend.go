@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/docker"
+	"github.com/dynrunner/dynrunner/podworker/local"
+)
+
+// podBackend builds the pod worker's backend from POD_BACKEND, and returns the path of the
+// Gitea runner as the environments see it (GITEA_RUNNER_BIN of the executor).
+func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger) (podworker.Backend, string, error) {
+	if cfg.PodBackend != "docker" {
+		b, err := local.New(local.Config{
+			Root:    filepath.Join(cfg.StateDir, "envs"),
+			Command: []string{exe, "executor"},
+			BaseEnv: []string{"PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"},
+			Log:     log,
+		})
+		return b, cfg.GiteaRunnerBin, err
+	}
+	d := cfg.Docker
+	b, err := docker.New(docker.Config{
+		Socket: d.Socket, Image: d.Image, Network: d.Network,
+		Memory: int64(d.MemoryMiB) << 20, CPUs: d.CPUs, Pids: int64(d.Pids),
+		Privileged: d.Privileged, User: d.User, Scope: d.Scope,
+		StateDir: filepath.Join(cfg.StateDir, "docker-envs"),
+		Log:      log,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := b.Check(ctx); err != nil {
+		return nil, "", fmt.Errorf("POD_BACKEND=docker: %w", err)
+	}
+	labels, err := b.ImageLabels(ctx)
+	if err != nil {
+		return nil, "", fmt.Errorf("POD_BACKEND=docker: %w", err)
+	}
+	if sha := labels[docker.LabelRunnerSHA256]; sha != "" && sha != cfg.GiteaRunnerSHA256 {
+		return nil, "", fmt.Errorf("POD_EXECUTOR_IMAGE %s holds a Gitea runner with SHA-256 %s, but GITEA_RUNNER_SHA256 is %s", d.Image, sha, cfg.GiteaRunnerSHA256)
+	}
+	if d.Privileged {
+		log.Warn().Msg("POD_DOCKER_PRIVILEGED=true: job containers run privileged, as root, with every capability and device; a job can take over this host")
+	}
+	if d.Network == "host" {
+		log.Info().Msg("job containers share the host's network (POD_DOCKER_NETWORK=host): they reach services on loopback")
+	}
+	log.Info().Str("image", d.Image).Str("network", d.Network).Int("memory_mib", d.MemoryMiB).
+		Float64("cpus", d.CPUs).Int("pids", d.Pids).Msg("docker pod backend ready")
+	return b, docker.RunnerBin, nil
+}

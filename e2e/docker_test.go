@@ -1,0 +1,161 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// dockerSocket is the engine the docker pod backend uses by default.
+const dockerSocket = "/var/run/docker.sock"
+
+// needDocker skips the test when the Docker engine does not answer, and fails it in CI.
+func needDocker(t *testing.T) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", dockerSocket)
+	}}}
+	defer hc.CloseIdleConnections()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://docker/_ping", nil)
+	resp, err := hc.Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			return
+		}
+	}
+	msg := "the Docker engine at " + dockerSocket + " does not answer; start it with `systemctl start docker` and run as root"
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// executorImage builds the executor image with scripts/executor-image.sh and returns its ID.
+func executorImage(t *testing.T) string {
+	t.Helper()
+	began := time.Now()
+	cmd := exec.CommandContext(t.Context(), "bash", filepath.Join("..", "scripts", "executor-image.sh"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("scripts/executor-image.sh: %v\n%s", err, tail(stderr.String(), 40))
+	}
+	id := strings.TrimSpace(stdout.String())
+	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(id) {
+		t.Fatalf("scripts/executor-image.sh printed %q, want an image ID\n%s", id, tail(stderr.String(), 40))
+	}
+	t.Logf("executor image %s built in %s", id[:19], time.Since(began).Round(100*time.Millisecond))
+	return id
+}
+
+// managedContainers lists the containers of the docker backend's default scope, as an operator
+// would.
+func managedContainers(t *testing.T) []string {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-a", "--format", "{{.Names}} {{.Status}}",
+		"--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker ps: %v\n%s", err, out)
+	}
+	return strings.Fields(strings.TrimSpace(string(out)))
+}
+
+const dockerWorkflow = `name: docker
+on: [push]
+jobs:
+  hardened:
+    runs-on: [self-hosted, pod]
+    steps:
+      - name: capabilities
+        run: grep Cap /proc/self/status
+      - name: read-only root
+        run: |
+          if touch /should-fail; then echo "the root file system is writable"; exit 1; fi
+          echo "touch of / refused"
+      - name: limits
+        run: |
+          # cgroup v2 files, else cgroup v1 (memory, then pids)
+          cat /sys/fs/cgroup/memory.max /sys/fs/cgroup/pids.max 2>/dev/null ||
+            cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max
+      - name: user
+        run: echo "uid=$(id -u) home=$HOME"; echo "the secret is ${{ secrets.E2E_SECRET }}"
+`
+
+// TestDockerBackendHardenedJob runs a job in a container of the docker pod backend, built from
+// the real executor image, and checks from inside the job that the container is hardened.
+func TestDockerBackendHardenedJob(t *testing.T) {
+	tools := needTools(t)
+	needDocker(t)
+	image := executorImage(t)
+	if left := managedContainers(t); len(left) > 0 {
+		t.Logf("dynrunner containers left by an earlier run (the controller reaps them): %v", left)
+	}
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "docker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
+		"POD_BACKEND=docker",
+		"POD_EXECUTOR_IMAGE="+image,
+	)
+	c.start()
+
+	began := time.Now()
+	res := runWorkflow(t, f, repo, dockerWorkflow, 5*time.Minute)
+	t.Logf("job ran in %s", time.Since(began).Round(100*time.Millisecond))
+	job, ok := res["hardened"]
+	if !ok {
+		t.Fatalf("no job %q in the run: %v", "hardened", keys(res))
+	}
+	if job.conclusion != "success" {
+		t.Errorf("job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)CapEff:\s+0000000000000000$`),
+		regexp.MustCompile(`(?m)CapPrm:\s+0000000000000000$`),
+		regexp.MustCompile(`(?m)CapBnd:\s+0000000000000000$`),
+		regexp.MustCompile(`touch: cannot touch '/should-fail': Read-only file system`),
+		regexp.MustCompile(`(?m)touch of / refused$`),
+		regexp.MustCompile(`(?m)^4294967296$`), // the default memory limit, 4 GiB
+		regexp.MustCompile(`(?m)^4096$`),       // the default pids limit
+		regexp.MustCompile(`(?m)uid=1000 home=/home/runner$`),
+		regexp.MustCompile(`(?m)the secret is \*\*\*$`),
+	} {
+		if !want.MatchString(job.log) {
+			t.Errorf("job log lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("job log:\n%s", tail(job.log, 80))
+	}
+
+	// Nothing remains: the container is removed once the job ended.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left := managedContainers(t)
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dynrunner containers left behind: %v", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

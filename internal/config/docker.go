@@ -1,0 +1,72 @@
+package config
+
+import (
+	"regexp"
+	"strconv"
+)
+
+// DockerPod configures the docker pod backend (POD_BACKEND=docker).
+type DockerPod struct {
+	Socket     string
+	Image      string
+	Network    string
+	MemoryMiB  int
+	CPUs       float64
+	Pids       int
+	Privileged bool
+	User       string
+	Scope      string
+}
+
+var (
+	imageByDigestRe = regexp.MustCompile(`^(sha256:[0-9a-f]{64}|[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64})$`)
+	dockerNameRe    = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
+	dockerUserRe    = regexp.MustCompile(`^[0-9]{1,10}:[0-9]{1,10}$`)
+	dockerScopeRe   = regexp.MustCompile(`^[a-z0-9]{1,32}$`)
+)
+
+// loadDocker reads POD_EXECUTOR_IMAGE and the POD_DOCKER_* variables; it checks them only when
+// the pod worker runs the docker backend.
+func loadDocker(e *env, c Controller) DockerPod {
+	d := DockerPod{
+		Socket:    e.str("POD_DOCKER_SOCKET", "/var/run/docker.sock"),
+		Image:     e.str("POD_EXECUTOR_IMAGE", ""),
+		Network:   e.str("POD_DOCKER_NETWORK", "host"),
+		MemoryMiB: e.integer("POD_DOCKER_MEMORY_MIB", 4096, 64),
+		Pids:      e.integer("POD_DOCKER_PIDS", 4096, 16),
+		User:      e.str("POD_DOCKER_USER", ""),
+		Scope:     e.str("POD_DOCKER_SCOPE", "default"),
+	}
+	cpus := e.str("POD_DOCKER_CPUS", "2")
+	n, err := strconv.ParseFloat(cpus, 64)
+	if err != nil || n < 0.01 || n > 4096 {
+		e.fail("POD_DOCKER_CPUS=%q: want a number of CPUs, at least 0.01", cpus)
+	}
+	d.CPUs = n
+	switch p := e.str("POD_DOCKER_PRIVILEGED", "false"); p {
+	case "true":
+		d.Privileged = true
+	case "false":
+	default:
+		e.fail("POD_DOCKER_PRIVILEGED=%q: want true or false", p)
+	}
+	if !c.Has(PodWorker) || c.PodBackend != "docker" {
+		return d
+	}
+	if !imageByDigestRe.MatchString(d.Image) {
+		e.fail("POD_EXECUTOR_IMAGE=%q: the docker backend runs an image pinned by digest: sha256:<64 hex> (the local image ID scripts/executor-image.sh prints) or name@sha256:<64 hex>; a tag is refused", d.Image)
+	}
+	if len(d.Socket) == 0 || d.Socket[0] != '/' {
+		e.fail("POD_DOCKER_SOCKET=%q: want the absolute path of the Docker engine's unix socket", d.Socket)
+	}
+	if !dockerNameRe.MatchString(d.Network) {
+		e.fail("POD_DOCKER_NETWORK=%q: want a Docker network name (host, bridge or a user-defined network)", d.Network)
+	}
+	if d.User != "" && !dockerUserRe.MatchString(d.User) {
+		e.fail("POD_DOCKER_USER=%q: want numeric uid:gid", d.User)
+	}
+	if !dockerScopeRe.MatchString(d.Scope) {
+		e.fail("POD_DOCKER_SCOPE=%q: want 1 to 32 lowercase letters and digits", d.Scope)
+	}
+	return d
+}

@@ -1,0 +1,64 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestLoadDockerPodBackend(t *testing.T) {
+	image := "sha256:" + strings.Repeat("0f", 32)
+	with := func(kv ...string) map[string]string {
+		m := base()
+		delete(m, "GITEA_RUNNER_BIN") // the runner is inside the image
+		m["POD_BACKEND"], m["POD_EXECUTOR_IMAGE"] = "docker", image
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	c, err := LoadController(envOf(with()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := DockerPod{Socket: "/var/run/docker.sock", Image: image, Network: "host", MemoryMiB: 4096, CPUs: 2, Pids: 4096, Scope: "default"}
+	if c.PodBackend != "docker" || c.Docker != want || !c.DevCA {
+		t.Errorf("docker defaults: backend %q, %+v, dev CA %v; want %+v", c.PodBackend, c.Docker, c.DevCA, want)
+	}
+	c, err = LoadController(envOf(with("POD_DOCKER_NETWORK", "ci-net", "POD_DOCKER_PRIVILEGED", "true",
+		"POD_DOCKER_MEMORY_MIB", "2048", "POD_DOCKER_CPUS", "1.5", "POD_DOCKER_PIDS", "512", "POD_DOCKER_USER", "0:0",
+		"POD_EXECUTOR_IMAGE", "registry.example/dynrunner/executor@sha256:"+strings.Repeat("1", 64))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := c.Docker; d.Network != "ci-net" || !d.Privileged || d.MemoryMiB != 2048 || d.CPUs != 1.5 || d.Pids != 512 || d.User != "0:0" {
+		t.Errorf("docker settings: %+v", d)
+	}
+	for _, tt := range []struct {
+		name string
+		env  map[string]string
+		want string
+	}{
+		{"no image", with("POD_EXECUTOR_IMAGE", ""), "POD_EXECUTOR_IMAGE"},
+		{"tag", with("POD_EXECUTOR_IMAGE", "dynrunner-executor:dev"), "a tag is refused"},
+		{"privileged typo", with("POD_DOCKER_PRIVILEGED", "yes"), "POD_DOCKER_PRIVILEGED"},
+		{"network", with("POD_DOCKER_NETWORK", "container:x"), "POD_DOCKER_NETWORK"},
+		{"cpus", with("POD_DOCKER_CPUS", "0"), "POD_DOCKER_CPUS"},
+		{"memory", with("POD_DOCKER_MEMORY_MIB", "8"), "POD_DOCKER_MEMORY_MIB"},
+		{"user", with("POD_DOCKER_USER", "runner"), "POD_DOCKER_USER"},
+		{"workload api", with("SPIFFE_ENDPOINT_SOCKET", "unix:///run/spire/agent.sock"), "SPIFFE_ENDPOINT_SOCKET"},
+		{"no runner sha", with("GITEA_RUNNER_SHA256", ""), "GITEA_RUNNER_SHA256"},
+		{"unknown backend", with("POD_BACKEND", "kubernetes"), "POD_BACKEND"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := LoadController(envOf(tt.env)); err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("LoadController = %v, want an error naming %s", err, tt.want)
+			}
+		})
+	}
+	// The local backend still needs the host's runner.
+	m := base()
+	delete(m, "GITEA_RUNNER_BIN")
+	if _, err := LoadController(envOf(m)); err == nil || !strings.Contains(err.Error(), "GITEA_RUNNER_BIN") {
+		t.Errorf("local backend without GITEA_RUNNER_BIN: %v", err)
+	}
+}

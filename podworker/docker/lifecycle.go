@@ -1,0 +1,244 @@
+package docker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"net/url"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+// removeWait bounds how long Destroy waits for a removal another caller started.
+const removeWait = 30 * time.Second
+
+// Wait blocks until the environment's container has stopped or ctx is done, and returns the
+// executor's exit code. It works the same for handles of this Backend and adopted ones (the
+// engine keeps the state). It returns an error wrapping podworker.ErrNotFound when the
+// container no longer exists.
+func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, error) {
+	ref, err := b.checkHandle(h)
+	if err != nil {
+		return podworker.Exit{}, err
+	}
+	var res waitResult
+	var werr error
+	for pause := 100 * time.Millisecond; ; pause = min(2*pause, maxWaitRetry) {
+		res, werr = b.waitOnce(ctx, ref)
+		if ctx.Err() != nil {
+			return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, ctx.Err())
+		}
+		if !transient(werr) {
+			break
+		}
+		// The engine restarts or is overloaded; with live-restore the container runs on, so
+		// keep waiting instead of declaring the environment lost.
+		b.envLog(h).Warn().Err(werr).Dur("retry_in", pause).Msg("wait on the engine failed; retrying")
+		if err := sleepCtx(ctx, pause); err != nil {
+			return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, err)
+		}
+	}
+	c, ierr := b.inspect(ctx, ref)
+	switch {
+	case werr == nil && isNotFound(ierr):
+		// Removed right after it stopped.
+		return podworker.Exit{Code: res.StatusCode, Reason: "exited"}, nil
+	case isNotFound(werr) || isNotFound(ierr):
+		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, podworker.ErrNotFound)
+	case werr != nil:
+		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, werr)
+	case ierr != nil:
+		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, ierr)
+	case res.Error != nil && res.Error.Message != "":
+		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %s", h.ID, res.Error.Message)
+	}
+	switch {
+	case c.State.Running:
+		// Restarted between the wait and the inspection: not this backend's doing.
+		return podworker.Exit{}, fmt.Errorf("docker: wait %s: container %s runs again", h.ID, shortID(c.ID))
+	case c.State.Status == "created":
+		return podworker.Exit{Code: -1, Reason: "never started"}, nil
+	case c.State.OOMKilled:
+		return podworker.Exit{Code: c.State.ExitCode, Reason: "oom"}, nil
+	}
+	return podworker.Exit{Code: c.State.ExitCode, Reason: "exited"}, nil
+}
+
+// maxWaitRetry bounds the pause between Wait's attempts while the engine is unreachable.
+const maxWaitRetry = 5 * time.Second
+
+// waitResult is the engine's answer to a wait.
+type waitResult struct {
+	StatusCode int `json:"StatusCode"`
+	Error      *struct {
+		Message string `json:"Message"`
+	} `json:"Error"`
+}
+
+// waitOnce blocks in the engine's wait endpoint until container ref is not running.
+func (b *Backend) waitOnce(ctx context.Context, ref string) (waitResult, error) {
+	var res waitResult
+	err := b.eng.call(ctx, http.MethodPost, "/containers/"+url.PathEscape(ref)+"/wait",
+		url.Values{"condition": {"not-running"}}, nil, &res)
+	return res, err
+}
+
+// transient reports whether err may go away by itself: the engine could not be reached, the
+// connection broke, or the engine answered with a server error.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, ErrEngineTooOld) {
+		return false
+	}
+	if s := statusOf(err); s != 0 {
+		return s >= 500
+	}
+	return true
+}
+
+// Destroy stops the environment's container (SIGTERM, then SIGKILL after Config.Grace),
+// removes it and removes its secrets directory. When ctx ends during the grace period the
+// container is killed at once; the removal still completes. Destroying an environment that is
+// gone, or never existed, returns nil. A container of that name that this backend's scope did
+// not create is left alone, with an error wrapping ErrNotManaged.
+func (b *Backend) Destroy(ctx context.Context, h podworker.Handle) error {
+	ref, err := b.checkHandle(h)
+	if err != nil {
+		return err
+	}
+	unlock, err := b.lockEnv(ctx, h.ID)
+	if err != nil {
+		return fmt.Errorf("docker: destroy %s: %w", h.ID, err)
+	}
+	found, err := b.destroyLocked(ctx, h.ID, ref)
+	unlock(err == nil)
+	if err != nil {
+		return fmt.Errorf("docker: destroy %s: %w", h.ID, err)
+	}
+	if found {
+		b.envLog(h).Info().Msg("environment destroyed")
+	}
+	return nil
+}
+
+// destroyLocked removes the container ref of environment name and, unless another container
+// of that name exists now, the environment's directory. It reports whether it found anything.
+// The caller holds the environment's lock.
+func (b *Backend) destroyLocked(ctx context.Context, name, ref string) (bool, error) {
+	found := false
+	c, err := b.inspect(ctx, ref)
+	switch {
+	case isNotFound(err):
+	case err != nil:
+		return false, err
+	case !b.ours(c):
+		return false, fmt.Errorf("container %s: %w", shortID(c.ID), ErrNotManaged)
+	case strings.TrimPrefix(c.Name, "/") != name:
+		return false, fmt.Errorf("container %s is named %s: %w", shortID(c.ID), c.Name, ErrInvalidHandle)
+	default:
+		found = true
+		if err := b.removeContainer(ctx, c.ID, true); err != nil {
+			return true, err
+		}
+	}
+	if ref != name {
+		// The secrets belong to whichever container has the name now: a handle of an older
+		// container must not take them from a newer one.
+		if _, err := b.inspect(ctx, name); err == nil {
+			return found, nil
+		} else if !isNotFound(err) {
+			return found, err
+		}
+	}
+	removed, err := b.removeEnvDir(name)
+	return found || removed, err
+}
+
+// removeContainer stops container id (with the grace period when graceful) and removes it.
+// The removal completes even when ctx ends.
+func (b *Backend) removeContainer(ctx context.Context, id string, graceful bool) error {
+	if graceful {
+		secs := strconv.Itoa(int(math.Ceil(b.grace.Seconds())))
+		err := b.eng.call(ctx, http.MethodPost, "/containers/"+id+"/stop", url.Values{"t": {secs}}, nil, nil)
+		if err != nil && !isNotFound(err) && ctx.Err() == nil {
+			b.log.Warn().Err(err).Str("container", shortID(id)).Msg("stop failed; removing by force")
+		}
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeWait)
+	defer cancel()
+	err := b.eng.call(rctx, http.MethodDelete, "/containers/"+id, url.Values{"force": {"1"}, "v": {"1"}}, nil, nil)
+	switch {
+	case err == nil || isNotFound(err):
+		return nil
+	case statusOf(err) != http.StatusConflict:
+		return err
+	}
+	// Another caller is removing it: wait until it is gone.
+	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
+		if _, ierr := b.inspect(rctx, id); isNotFound(ierr) {
+			return nil
+		}
+		if serr := sleepCtx(rctx, pause); serr != nil {
+			return fmt.Errorf("%w (waited %v for its removal)", err, removeWait)
+		}
+	}
+}
+
+// List returns the containers of this backend's scope, running or not, and the entries of
+// StateDir that have no container (see the package documentation), in name order.
+func (b *Backend) List(ctx context.Context) ([]podworker.Handle, error) {
+	// Directories first: an environment started in between shows up as its container.
+	entries, err := os.ReadDir(b.stateDir)
+	if err != nil {
+		return nil, fmt.Errorf("docker: list: %w", err)
+	}
+	filters, _ := json.Marshal(map[string][]string{
+		"label": {LabelManaged + "=true", LabelScope + "=" + b.scope},
+	})
+	var cs []struct {
+		ID     string            `json:"Id"`
+		Names  []string          `json:"Names"`
+		Labels map[string]string `json:"Labels"`
+	}
+	err = b.eng.call(ctx, http.MethodGet, "/containers/json", url.Values{"all": {"1"}, "filters": {string(filters)}}, nil, &cs)
+	if err != nil {
+		return nil, fmt.Errorf("docker: list: %w", err)
+	}
+	var out []podworker.Handle
+	seen := make(map[string]bool)
+	for _, c := range cs {
+		if len(c.Names) == 0 || !containerIDRe.MatchString(c.ID) {
+			continue
+		}
+		name := strings.TrimPrefix(c.Names[0], "/")
+		if !containerNameRe.MatchString(name) {
+			continue
+		}
+		task, epoch := taskOf(c.Labels)
+		if t, e, ok := b.parseEnvName(name); !ok || t != task || e != epoch {
+			task, epoch = 0, 0 // not an environment this backend would have made: reap it
+		}
+		seen[name] = true
+		out = append(out, b.handle(name, c.ID, task, epoch))
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || seen[name] || !containerNameRe.MatchString(name) {
+			continue
+		}
+		h := podworker.Handle{Backend: backendName, ID: name}
+		if task, epoch, ok := b.parseEnvName(name); ok {
+			h.Task, h.Epoch = task, epoch
+		}
+		out = append(out, h)
+	}
+	slices.SortFunc(out, func(a, b podworker.Handle) int { return strings.Compare(a.ID, b.ID) })
+	return out, nil
+}

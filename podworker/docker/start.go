@@ -1,0 +1,242 @@
+package docker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+// cleanupTimeout bounds the removal of a half-created environment after a failed Start.
+const cleanupTimeout = 30 * time.Second
+
+// Start creates and starts the container of spec. When the environment's container already
+// runs (a retried dispatch), Start returns its handle and creates nothing. When it exists but
+// has stopped, Start removes it and its secrets and starts afresh.
+func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Handle, error) {
+	if err := validateSpec(spec); err != nil {
+		return podworker.Handle{}, err
+	}
+	name := b.envName(spec.Task, spec.Epoch)
+	unlock, err := b.lockEnv(ctx, name)
+	if err != nil {
+		return podworker.Handle{}, fmt.Errorf("docker: start %s: %w", name, err)
+	}
+	defer unlock(false)
+	c, err := b.inspect(ctx, name)
+	switch {
+	case err == nil:
+		if !b.ours(c) {
+			return podworker.Handle{}, fmt.Errorf("docker: start %s: container %s: %w", name, shortID(c.ID), ErrNotManaged)
+		}
+		if c.State.Running {
+			h := b.handle(name, c.ID, spec.Task, spec.Epoch)
+			b.envLog(h).Info().Msg("environment already running")
+			return h, nil
+		}
+		// Left over from an earlier attempt: remove it with its secrets.
+		if _, err := b.destroyLocked(ctx, name, c.ID); err != nil {
+			return podworker.Handle{}, fmt.Errorf("docker: start %s: wipe: %w", name, err)
+		}
+	case isNotFound(err):
+		if _, err := b.removeEnvDir(name); err != nil {
+			return podworker.Handle{}, fmt.Errorf("docker: start %s: wipe: %w", name, err)
+		}
+	default:
+		return podworker.Handle{}, fmt.Errorf("docker: start %s: %w", name, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return podworker.Handle{}, fmt.Errorf("docker: start %s: %w", name, err)
+	}
+	began := time.Now()
+	h, err := b.create(ctx, name, spec)
+	if err != nil {
+		return podworker.Handle{}, fmt.Errorf("docker: start %s: %w", name, err)
+	}
+	b.envLog(h).Info().Dur("took", time.Since(began)).Msg("environment started")
+	return h, nil
+}
+
+// create writes the secrets, creates and starts the container. On error it leaves nothing
+// behind.
+func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) (h podworker.Handle, err error) {
+	var id string
+	defer func() {
+		if err == nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		defer cancel()
+		if id != "" {
+			if rerr := b.removeContainer(cctx, id, false); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
+			}
+		}
+		if _, rerr := b.removeEnvDir(name); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
+		}
+	}()
+	secrets, err := b.writeSecrets(name, spec.Files)
+	if err != nil {
+		return h, err
+	}
+	var created struct {
+		ID       string   `json:"Id"`
+		Warnings []string `json:"Warnings"`
+	}
+	err = b.eng.call(ctx, http.MethodPost, "/containers/create", url.Values{"name": {name}},
+		b.containerConfig(spec, secrets), &created)
+	if err != nil {
+		return h, err
+	}
+	id = created.ID
+	if !containerIDRe.MatchString(id) {
+		return h, fmt.Errorf("create answered container id %q", id)
+	}
+	for _, w := range created.Warnings {
+		b.log.Warn().Str("env", name).Str("warning", w).Msg("engine warning on create")
+	}
+	if err := b.eng.call(ctx, http.MethodPost, "/containers/"+id+"/start", nil, nil, nil); err != nil {
+		return h, err
+	}
+	return b.handle(name, id, spec.Task, spec.Epoch), nil
+}
+
+// The parts of the Engine API's container create body the backend sets.
+type (
+	containerConfig struct {
+		Image      string            `json:"Image"`
+		User       string            `json:"User"`
+		Env        []string          `json:"Env"`
+		WorkingDir string            `json:"WorkingDir"`
+		Labels     map[string]string `json:"Labels"`
+		HostConfig hostConfig        `json:"HostConfig"`
+	}
+	hostConfig struct {
+		NetworkMode    string            `json:"NetworkMode"`
+		Privileged     bool              `json:"Privileged"`
+		CapDrop        []string          `json:"CapDrop,omitempty"`
+		SecurityOpt    []string          `json:"SecurityOpt"`
+		ReadonlyRootfs bool              `json:"ReadonlyRootfs"`
+		Init           bool              `json:"Init"`
+		IpcMode        string            `json:"IpcMode"`
+		Tmpfs          map[string]string `json:"Tmpfs"`
+		Mounts         []mount           `json:"Mounts"`
+		Memory         int64             `json:"Memory"`
+		MemorySwap     int64             `json:"MemorySwap"`
+		NanoCpus       int64             `json:"NanoCpus"`
+		PidsLimit      int64             `json:"PidsLimit"`
+		RestartPolicy  struct {
+			Name string `json:"Name"`
+		} `json:"RestartPolicy"`
+	}
+	mount struct {
+		Type     string `json:"Type"`
+		Source   string `json:"Source"`
+		Target   string `json:"Target"`
+		ReadOnly bool   `json:"ReadOnly"`
+	}
+)
+
+// containerConfig is the create body of spec's container; secrets is the host directory of its
+// secret files.
+func (b *Backend) containerConfig(spec podworker.Spec, secrets string) containerConfig {
+	env := make([]string, 0, len(spec.Env)+4)
+	own := map[string]string{
+		"DYNRUNNER_SECRETS_DIR": SecretsDir,
+		"DYNRUNNER_WORK_DIR":    WorkDir,
+		"HOME":                  HomeDir,
+		"TMPDIR":                TmpDir,
+	}
+	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
+		if _, mine := own[k]; !mine {
+			env = append(env, k+"="+spec.Env[k])
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(own)) {
+		env = append(env, k+"="+own[k])
+	}
+	size := strconv.FormatInt(b.memory, 10)
+	owned := ",mode=0700,uid=" + strconv.Itoa(b.uid) + ",gid=" + strconv.Itoa(b.gid)
+	hc := hostConfig{
+		NetworkMode:    b.network,
+		Privileged:     b.privileged,
+		SecurityOpt:    []string{"no-new-privileges:true"},
+		ReadonlyRootfs: true,
+		Init:           true,
+		IpcMode:        "private",
+		Tmpfs: map[string]string{
+			TmpDir:  "rw,exec,nosuid,nodev,size=" + size + ",mode=1777",
+			WorkDir: "rw,exec,nosuid,nodev,size=" + size + owned,
+			HomeDir: "rw,exec,nosuid,nodev,size=" + size + owned,
+		},
+		Mounts:     []mount{{Type: "bind", Source: secrets, Target: SecretsDir, ReadOnly: true}},
+		Memory:     b.memory,
+		MemorySwap: b.memory,
+		NanoCpus:   b.nanoCPUs,
+		PidsLimit:  b.pids,
+	}
+	if !b.privileged {
+		hc.CapDrop = []string{"ALL"}
+	}
+	hc.RestartPolicy.Name = "no"
+	return containerConfig{
+		Image:      b.image,
+		User:       b.user,
+		Env:        env,
+		WorkingDir: WorkDir,
+		Labels: map[string]string{
+			LabelManaged: "true",
+			LabelScope:   b.scope,
+			LabelTask:    spec.Task.String(),
+			LabelEpoch:   spec.Epoch.String(),
+		},
+		HostConfig: hc,
+	}
+}
+
+// container is what the backend reads of a container's inspection.
+type container struct {
+	ID    string `json:"Id"`
+	Name  string `json:"Name"`
+	State struct {
+		Status    string `json:"Status"`
+		Running   bool   `json:"Running"`
+		ExitCode  int    `json:"ExitCode"`
+		OOMKilled bool   `json:"OOMKilled"`
+	} `json:"State"`
+	Config struct {
+		Labels map[string]string `json:"Labels"`
+	} `json:"Config"`
+}
+
+// inspect returns the container ref (an id or a name); a missing one gives an error for which
+// isNotFound is true.
+func (b *Backend) inspect(ctx context.Context, ref string) (container, error) {
+	var c container
+	err := b.eng.call(ctx, http.MethodGet, "/containers/"+url.PathEscape(ref)+"/json", nil, nil, &c)
+	return c, err
+}
+
+// ours reports whether c was created by a backend of this scope.
+func (b *Backend) ours(c container) bool {
+	return c.Config.Labels[LabelManaged] == "true" && c.Config.Labels[LabelScope] == b.scope
+}
+
+// taskOf returns the task and epoch labels of c, zero when they do not parse.
+func taskOf(labels map[string]string) (assignment.TaskID, assignment.Epoch) {
+	task, err1 := assignment.ParseTaskID(labels[LabelTask])
+	epoch, err2 := assignment.ParseEpoch(labels[LabelEpoch])
+	if err1 != nil || err2 != nil {
+		return 0, 0
+	}
+	return task, epoch
+}

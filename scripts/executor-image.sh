@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Builds the dynrunner executor image for the docker pod backend, without any registry:
+#   1. a Debian bookworm minbase root filesystem made with debootstrap and loaded with
+#      `docker import` as the base image (once per recipe version: skipped when the tag exists);
+#   2. deploy/executor-image/Dockerfile FROM that base, adding the static dynrunner binary
+#      (CGO_ENABLED=0) and the pinned Gitea runner (scripts/tools.sh builds it).
+# Prints the image ID (sha256:...) on stdout, the value for POD_EXECUTOR_IMAGE; progress goes to
+# stderr. Installs debootstrap with apt-get when missing (run as root on a fresh machine or CI).
+# Usage: scripts/executor-image.sh            environment: DEBIAN_MIRROR, GITEA_RUNNER_VERSION,
+#        EXECUTOR_IMAGE_TAG (default dynrunner-executor:dev), DYNRUNNER_CACHE
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+# Bump RECIPE when the base's package list or preparation changes: the tag names the recipe, so
+# a changed recipe builds a new base instead of reusing a stale one.
+RECIPE=1
+SUITE=bookworm
+PACKAGES=bash,ca-certificates,curl,git,gzip,openssh-client,procps,tar,unzip,xz-utils,zstd
+BASE_TAG=dynrunner-executor-base:$SUITE-r$RECIPE
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+TAG=${EXECUTOR_IMAGE_TAG:-dynrunner-executor:dev}
+GITEA_RUNNER_VERSION=${GITEA_RUNNER_VERSION:-v1.0.8}
+CACHE=${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}
+RUNNER=$CACHE/tools/gitea-runner-$GITEA_RUNNER_VERSION/gitea-runner
+
+log() { printf 'executor-image: %s\n' "$*" >&2; }
+die() { log "$*"; exit 1; }
+
+# Temporary directories, removed on exit whatever happens.
+TMPS=()
+cleanup() { [ ${#TMPS[@]} -eq 0 ] || rm -rf "${TMPS[@]}"; }
+trap cleanup EXIT
+
+command -v docker >/dev/null || die "the docker CLI is missing (apt-get install docker.io)"
+docker version >/dev/null 2>&1 || die "the Docker engine does not answer (systemctl start docker; is $USER in the docker group?)"
+command -v go >/dev/null || die "go is missing"
+
+# Parallel builds (test packages, CI) share the base and the tag: one at a time.
+mkdir -p "$CACHE"
+exec {lock}>"$CACHE/.executor-image.lock"
+flock "$lock"
+
+ensure_debootstrap() {
+  command -v debootstrap >/dev/null && return 0
+  [ "$(id -u)" = 0 ] || die "debootstrap is missing; install it as root: apt-get update && apt-get install -y debootstrap"
+  log "installing debootstrap"
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >&2
+}
+
+build_base() {
+  if docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
+    log "base $BASE_TAG cached"
+    return 0
+  fi
+  [ "$(id -u)" = 0 ] || die "building the base root filesystem needs root (debootstrap)"
+  ensure_debootstrap
+  local tmp start
+  start=$(date +%s)
+  tmp=$(mktemp -d /var/tmp/dynrunner-rootfs.XXXXXX)
+  TMPS+=("$tmp")
+  log "debootstrap $SUITE minbase from $MIRROR (a few minutes, once per recipe)"
+  debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp/rootfs" "$MIRROR" >"$tmp/debootstrap.log" 2>&1 ||
+    { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
+  # Nothing of this host, and no identity, goes into the image: docker provides resolv.conf,
+  # hosts and hostname at run time; no machine id, apt lists or caches.
+  rm -rf "$tmp/rootfs/var/lib/apt/lists/"* "$tmp/rootfs/var/cache/apt/"*.bin "$tmp/rootfs/var/cache/apt/archives/"*.deb \
+    "$tmp/rootfs/var/log/"* "$tmp/rootfs/tmp/"* "$tmp/rootfs/root/".bash_history
+  : >"$tmp/rootfs/etc/resolv.conf"
+  : >"$tmp/rootfs/etc/machine-id"
+  echo localhost >"$tmp/rootfs/etc/hostname"
+  tar --numeric-owner --xattrs -C "$tmp/rootfs" -c . |
+    docker import \
+      --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+      --change 'ENV LANG=C.UTF-8' \
+      --change 'CMD ["/bin/bash"]' \
+      --message "debootstrap --variant=minbase $SUITE ($PACKAGES), recipe $RECIPE" \
+      - "$BASE_TAG" >/dev/null
+  log "base $BASE_TAG imported in $(($(date +%s) - start))s"
+}
+
+build_image() {
+  if [ ! -x "$RUNNER" ]; then
+    bash scripts/tools.sh gitea-runner
+  fi
+  local ctx sha version
+  ctx=$(mktemp -d /var/tmp/dynrunner-image.XXXXXX)
+  TMPS+=("$ctx")
+  version=$(git -C "$ROOT" describe --always --dirty 2>/dev/null || echo dev)
+  CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$version" -o "$ctx/dynrunner" ./cmd/dynrunner
+  cp "$RUNNER" "$ctx/gitea-runner"
+  chmod 0755 "$ctx/dynrunner" "$ctx/gitea-runner"
+  cp deploy/executor-image/Dockerfile "$ctx/Dockerfile"
+  sha=$(sha256sum "$ctx/gitea-runner" | cut -d' ' -f1)
+  docker build -q --build-arg "BASE=$BASE_TAG" \
+    --label "dynrunner.gitea-runner.version=$GITEA_RUNNER_VERSION" \
+    --label "dynrunner.gitea-runner.sha256=$sha" \
+    --label "dynrunner.base=$BASE_TAG" \
+    -t "$TAG" "$ctx" >/dev/null
+  log "image $TAG built (dynrunner $version, gitea-runner $GITEA_RUNNER_VERSION sha256 $sha)"
+}
+
+build_base
+build_image
+docker image inspect --format '{{.Id}}' "$TAG"
