@@ -107,6 +107,16 @@ func leaseOwner(p string) (InstanceID, bool) {
 	return id, err == nil
 }
 
+// EnsureBridge makes sure the microVM bridge exists with its address and is up, as every
+// launch does; the vm worker calls it at start so the nonce endpoint can listen on it. root
+// is the launchers' root directory (it holds the lock that serialises bridge setup).
+func EnsureBridge(ctx context.Context, root, name string, addr netip.Prefix) error {
+	if err := os.MkdirAll(root, 0o700); err != nil {
+		return fmt.Errorf("launcher: root %s: %w", root, err)
+	}
+	return ensureBridge(ctx, root, name, addr)
+}
+
 // ensureBridge makes sure the bridge exists, carries its address and is up. It is idempotent
 // and serialised across launchers by a flock on <root>/.bridge.lock.
 func ensureBridge(ctx context.Context, root, name string, addr netip.Prefix) error {
@@ -165,6 +175,9 @@ func createTAP(ctx context.Context, tap, alias, bridge string) error {
 		{"tuntap", "add", "dev", tap, "mode", "tap"},
 		{"link", "set", "dev", tap, "alias", alias},
 		{"link", "set", "dev", tap, "master", bridge},
+		// Isolated ports reach the host (the nonce endpoint, the facade) but not each other,
+		// so one guest cannot talk to, or spoof, another on the bridge.
+		{"link", "set", "dev", tap, "type", "bridge_slave", "isolated", "on"},
 		{"link", "set", "dev", tap, "up"},
 	}
 	for _, s := range steps {

@@ -26,9 +26,9 @@ import (
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/scheduler"
-	"github.com/dynrunner/dynrunner/vmworker"
 )
 
 func runController(ctx context.Context, args []string) error {
@@ -218,7 +218,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		g.Go(func() error { return serve(gctx, srv, ln, true) })
 		log.Info().Str("listen", ln.Addr().String()).Str("spiffe_id", cfg.FacadeID.String()).Msg("facade serving mTLS")
 		if cfg.Has(config.VMWorker) {
-			if err := vmworker.EnsureBridge(ctx, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
+			if err := launcher.EnsureBridge(ctx, cfg.VM.LauncherRoot, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
 				return err
 			}
 			gln, err := net.Listen("tcp", cfg.VM.FacadeGuestListen)
