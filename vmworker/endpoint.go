@@ -172,6 +172,8 @@ func (e *Endpoint) Run(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
-	<-errc
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("vmworker: nonce endpoint: %w", err)
+	}
 	return nil
 }
