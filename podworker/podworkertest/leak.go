@@ -58,3 +58,10 @@ func goroutinesIn(pkg string) []string {
 	}
 	return out
 }
+
+// NoGoroutineLeak fails t if, after timeout, a goroutine still runs a function of the package
+// that defines backend's type. Other conformance suites (the VM backends') use it too.
+func NoGoroutineLeak(t *testing.T, backend any, timeout time.Duration) {
+	t.Helper()
+	checkNoGoroutines(t, backendPackage(backend), timeout)
+}

@@ -1,0 +1,467 @@
+package opensandbox_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
+	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
+)
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestUnauthorized(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	tests := []struct {
+		name  string
+		setup func(*opensandbox.Config)
+		auth  int
+	}{
+		{name: "wrong key 401", setup: func(c *opensandbox.Config) { c.APIKey = []byte("not-the-key-" + f.srv.APIKey()[:4]) }},
+		{name: "key refused 401", auth: http.StatusUnauthorized},
+		{name: "key forbidden 403", auth: http.StatusForbidden},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b := f.backend(t, tt.setup)
+			f.srv.SetAuthStatus(tt.auth)
+			t.Cleanup(func() { f.srv.SetAuthStatus(0) })
+			before := len(f.srv.Requests())
+			_, err := b.Start(ctxT(t), spec(101, vmworkertest.ScriptRun))
+			f.checkErr(t, err)
+			if !errors.Is(err, opensandbox.ErrUnauthorized) {
+				t.Errorf("Start error = %v, want ErrUnauthorized", err)
+			}
+			if !strings.Contains(err.Error(), "refused the API key") {
+				t.Errorf("Start error %q does not say the API key was refused", err)
+			}
+			if got := len(f.srv.Requests()) - before; got != 1 {
+				t.Errorf("%d requests, want 1: a refused key is not retried", got)
+			}
+			_, err = b.List(ctxT(t))
+			f.checkErr(t, err)
+			if !errors.Is(err, opensandbox.ErrUnauthorized) {
+				t.Errorf("List error = %v, want ErrUnauthorized", err)
+			}
+			err = b.Destroy(ctxT(t), podworker.Handle{Backend: b.Name(), ID: "some-sandbox"})
+			f.checkErr(t, err)
+			if !errors.Is(err, opensandbox.ErrUnauthorized) {
+				t.Errorf("Destroy error = %v, want ErrUnauthorized", err)
+			}
+			if f.nonces.Len() != 0 {
+				t.Errorf("a nonce was issued although no sandbox can be created")
+			}
+		})
+	}
+}
+
+func TestNotFound(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+	h := podworker.Handle{Backend: b.Name(), ID: "0b4f9f1e-5d59-4c39-8d5e-000000000000", Task: 5, Epoch: 1}
+	if err := b.Destroy(ctxT(t), h); err != nil {
+		t.Errorf("Destroy of a sandbox that does not exist (404) = %v, want nil", err)
+	}
+	_, err := b.Wait(ctxT(t), h)
+	f.checkErr(t, err)
+	if !errors.Is(err, podworker.ErrNotFound) {
+		t.Errorf("Wait on a sandbox that does not exist = %v, want ErrNotFound", err)
+	}
+}
+
+func TestConflict(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+
+	f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusConflict, Code: "SANDBOX::CONFLICT", Message: "conflicts"})
+	_, err := b.Start(ctxT(t), spec(201, vmworkertest.ScriptRun))
+	f.checkErr(t, err)
+	if !errors.Is(err, opensandbox.ErrConflict) {
+		t.Errorf("Start error = %v, want ErrConflict", err)
+	}
+	if n := f.count(http.MethodPost, "/sandboxes"); n != 1 {
+		t.Errorf("%d creates, want 1: a 409 is not retried", n)
+	}
+
+	h, err := b.Start(ctxT(t), spec(202, vmworkertest.ScriptRun))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	// 409 on delete while the sandbox runs: an error.
+	f.srv.Inject(vmworkertest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
+	err = b.Destroy(ctxT(t), h)
+	f.checkErr(t, err)
+	if !errors.Is(err, opensandbox.ErrConflict) {
+		t.Errorf("Destroy error = %v, want ErrConflict", err)
+	}
+	// 409 on delete because the sandbox is already stopping: done.
+	f.srv.SetState(h.ID, opensandbox.StateStopping, "user_delete", "")
+	f.srv.Inject(vmworkertest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
+	if err := b.Destroy(ctxT(t), h); err != nil {
+		t.Errorf("Destroy of a stopping sandbox answered 409 = %v, want nil", err)
+	}
+}
+
+func TestRateLimited(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+
+	t.Run("RetryAfterHonoured", func(t *testing.T) {
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "1"})
+		began := time.Now()
+		if _, err := b.List(ctxT(t)); err != nil {
+			t.Fatalf("List after one 429: %v", err)
+		}
+		if took := time.Since(began); took < time.Second {
+			t.Errorf("List took %v, want at least the 1s Retry-After", took)
+		}
+	})
+	t.Run("CreateRetried", func(t *testing.T) {
+		// A 429 is answered before anything happens, so even a create is sent again.
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusTooManyRequests})
+		before := f.count(http.MethodPost, "/sandboxes")
+		h, err := b.Start(ctxT(t), spec(301, vmworkertest.ScriptRun))
+		if err != nil {
+			t.Fatalf("Start after one 429: %v", err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+		if n := f.count(http.MethodPost, "/sandboxes") - before; n != 2 {
+			t.Errorf("%d creates, want 2", n)
+		}
+	})
+	t.Run("RetryAfterTooLong", func(t *testing.T) {
+		b := f.backend(t, func(c *opensandbox.Config) { c.MaxRetryWait = 2 * time.Second })
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "3600"})
+		began := time.Now()
+		_, err := b.List(ctxT(t))
+		f.checkErr(t, err)
+		if !errors.Is(err, opensandbox.ErrRateLimited) {
+			t.Errorf("List error = %v, want ErrRateLimited", err)
+		}
+		if took := time.Since(began); took > time.Second {
+			t.Errorf("List took %v: it waited for a Retry-After it cannot honour", took)
+		}
+	})
+	t.Run("Persistent", func(t *testing.T) {
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, Count: 100})
+		t.Cleanup(f.srv.ClearFaults)
+		_, err := b.List(ctxT(t))
+		f.checkErr(t, err)
+		if !errors.Is(err, opensandbox.ErrRateLimited) {
+			t.Errorf("List error = %v, want ErrRateLimited", err)
+		}
+	})
+}
+
+func TestServerErrors(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+
+	t.Run("RetriedThenSucceeds", func(t *testing.T) {
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusServiceUnavailable, Count: 2})
+		if _, err := b.List(ctxT(t)); err != nil {
+			t.Fatalf("List after two 503: %v", err)
+		}
+	})
+	t.Run("GivenUp", func(t *testing.T) {
+		b := f.backend(t, func(c *opensandbox.Config) { c.Retries = 3 })
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusInternalServerError, Count: 4})
+		before := f.count(http.MethodGet, "/sandboxes")
+		_, err := b.List(ctxT(t))
+		f.checkErr(t, err)
+		if !errors.Is(err, opensandbox.ErrUnavailable) {
+			t.Errorf("List error = %v, want ErrUnavailable", err)
+		}
+		if n := f.count(http.MethodGet, "/sandboxes") - before; n != 4 {
+			t.Errorf("%d requests, want 4 (3 retries)", n)
+		}
+		if !strings.Contains(err.Error(), "after 4 attempts") {
+			t.Errorf("error %q does not say how often it tried", err)
+		}
+	})
+	t.Run("CreateLostAnswer", func(t *testing.T) {
+		// The server creates the sandbox, then answers 500: Start must find it, not make two.
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
+		sp := spec(401, vmworkertest.ScriptRun)
+		h, err := b.Start(ctxT(t), sp)
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+		if n := countTask(f, sp.Task.String()); n != 1 {
+			t.Errorf("%d sandboxes of the task, want 1", n)
+		}
+		if n := f.count(http.MethodPost, "/sandboxes"); n != 1 {
+			t.Errorf("%d creates, want 1", n)
+		}
+	})
+	t.Run("CreateFailsBeforeEffect", func(t *testing.T) {
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusBadGateway})
+		sp := spec(402, vmworkertest.ScriptRun)
+		h, err := b.Start(ctxT(t), sp)
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+		if n := countTask(f, sp.Task.String()); n != 1 {
+			t.Errorf("%d sandboxes of the task, want 1", n)
+		}
+	})
+	t.Run("WaitRidesOut", func(t *testing.T) {
+		h, err := b.Start(ctxT(t), spec(403, vmworkertest.ScriptExit))
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+		// More failures than one request retries: Wait polls on.
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusBadGateway, Count: 3 * (opensandbox.DefaultRetries + 1)})
+		exit, err := b.Wait(ctxT(t), h)
+		if err != nil {
+			t.Fatalf("Wait through 5xx answers: %v", err)
+		}
+		if !strings.Contains(exit.Reason, "terminated") {
+			t.Errorf("exit = %+v, want the terminated sandbox", exit)
+		}
+	})
+}
+
+// countTask returns how many sandboxes of task exist on the fake.
+func countTask(f *fixture, task string) int {
+	n := 0
+	for _, sb := range f.srv.Sandboxes() {
+		if sb.Metadata[opensandbox.MetaTask] == task {
+			n++
+		}
+	}
+	return n
+}
+
+func TestRequestTimeout(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, func(c *opensandbox.Config) { c.Timeout = 50 * time.Millisecond; c.Retries = 1 })
+	f.srv.SetDelay(time.Second)
+	began := time.Now()
+	_, err := b.List(ctxT(t))
+	f.checkErr(t, err)
+	if !errors.Is(err, opensandbox.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("List error = %v, want ErrUnavailable and context.DeadlineExceeded", err)
+	}
+	if !strings.Contains(err.Error(), "no answer within 50ms") {
+		t.Errorf("error %q does not name the request timeout", err)
+	}
+	if took := time.Since(began); took > 900*time.Millisecond {
+		t.Errorf("List took %v: the request timeout did not apply", took)
+	}
+	f.srv.SetDelay(0)
+
+	// A slow answer within the timeout is fine.
+	f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Delay: 20 * time.Millisecond})
+	if _, err := b.List(ctxT(t)); err != nil {
+		t.Errorf("List with a slow answer: %v", err)
+	}
+}
+
+func TestCallerDeadline(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+	f.srv.SetNeverRunning(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := b.Start(ctx, spec(501, vmworkertest.ScriptRun))
+	f.checkErr(t, err)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Start error = %v, want context.DeadlineExceeded", err)
+	}
+	if !poll(5*time.Second, func() bool { return countTask(f, "501") == 0 }) {
+		t.Errorf("the sandbox of a cancelled Start is left: %+v", f.srv.Sandboxes())
+	}
+}
+
+func TestNeverRunning(t *testing.T) {
+	for _, tt := range []struct {
+		name   string
+		setup  func(*fixture)
+		script vmworkertest.Script
+		want   error
+	}{
+		{name: "PoolExhausted", setup: func(f *fixture) { f.srv.SetNeverRunning(true) }, script: vmworkertest.ScriptRun, want: opensandbox.ErrStartTimeout},
+		{name: "FailsWhileProvisioning", script: vmworkertest.ScriptFailStart, want: opensandbox.ErrSandboxFailed},
+		{name: "UnknownPool", script: vmworkertest.ScriptRun, want: opensandbox.ErrStartTimeout},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := newFixture(t, vmworkertest.ServerConfig{Pools: []string{"ci-vm"}})
+			if tt.setup != nil {
+				tt.setup(f)
+			}
+			b := f.backend(t, func(c *opensandbox.Config) {
+				c.StartTimeout = 200 * time.Millisecond
+				if tt.name == "UnknownPool" {
+					c.Pool = "no-such-pool"
+				}
+			})
+			began := time.Now()
+			_, err := b.Start(ctxT(t), spec(601, tt.script))
+			f.checkErr(t, err)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("Start error = %v, want %v", err, tt.want)
+			}
+			if took := time.Since(began); took > 3*time.Second {
+				t.Errorf("Start took %v with a start timeout of 200ms", took)
+			}
+			if left := f.srv.Sandboxes(); len(left) != 0 {
+				t.Errorf("the failed sandbox was not deleted: %+v", left)
+			}
+		})
+	}
+}
+
+func TestMalformed(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+
+	t.Run("List", func(t *testing.T) {
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Malformed: true})
+		_, err := b.List(ctxT(t))
+		f.checkErr(t, err)
+		if !errors.Is(err, opensandbox.ErrMalformed) {
+			t.Errorf("List error = %v, want ErrMalformed", err)
+		}
+	})
+	t.Run("Wait", func(t *testing.T) {
+		h, err := b.Start(ctxT(t), spec(701, vmworkertest.ScriptRun))
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Malformed: true})
+		_, err = b.Wait(ctxT(t), h)
+		f.checkErr(t, err)
+		if !errors.Is(err, opensandbox.ErrMalformed) {
+			t.Errorf("Wait error = %v, want ErrMalformed", err)
+		}
+	})
+	t.Run("CreateAnswer", func(t *testing.T) {
+		// The create took effect but its answer is garbage: Start finds the sandbox by its
+		// instance id.
+		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Malformed: true})
+		h, err := b.Start(ctxT(t), spec(702, vmworkertest.ScriptRun))
+		if err != nil {
+			t.Fatalf("Start: %v", err)
+		}
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+		if n := countTask(f, "702"); n != 1 {
+			t.Errorf("%d sandboxes of the task, want 1", n)
+		}
+	})
+}
+
+func TestInvalidInput(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+	for _, tt := range []struct {
+		name string
+		mod  func(*podworker.Spec)
+	}{
+		{name: "no token", mod: func(s *podworker.Spec) { s.Files = nil }},
+		{name: "empty token", mod: func(s *podworker.Spec) { s.Files[podworker.TokenFile] = nil }},
+		{name: "token in env", mod: func(s *podworker.Spec) { s.Env["LEAK"] = "x" + testToken }},
+		{name: "no epoch", mod: func(s *podworker.Spec) { s.Epoch = 0 }},
+		{name: "bad env name", mod: func(s *podworker.Spec) { s.Env["A=B"] = "x" }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sp := spec(801, vmworkertest.ScriptRun)
+			tt.mod(&sp)
+			_, err := b.Start(ctxT(t), sp)
+			f.checkErr(t, err)
+			if !errors.Is(err, opensandbox.ErrInvalidSpec) {
+				t.Errorf("Start error = %v, want ErrInvalidSpec", err)
+			}
+		})
+	}
+	if n := len(f.srv.Requests()); n != 0 {
+		t.Errorf("invalid specs sent %d requests", n)
+	}
+	for _, h := range []podworker.Handle{
+		{Backend: "docker", ID: "abc"},
+		{Backend: b.Name(), ID: "../escape"},
+		{Backend: b.Name(), ID: ""},
+	} {
+		if err := b.Destroy(ctxT(t), h); !errors.Is(err, opensandbox.ErrInvalidHandle) {
+			t.Errorf("Destroy(%+v) = %v, want ErrInvalidHandle", h, err)
+		}
+		if _, err := b.Wait(ctxT(t), h); !errors.Is(err, opensandbox.ErrInvalidHandle) {
+			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
+		}
+	}
+}
+
+func TestNonceIssueFails(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+	boom := errors.New("jetstream down")
+	f.nonces.SetError(boom)
+	_, err := b.Start(ctxT(t), spec(901, vmworkertest.ScriptRun))
+	f.checkErr(t, err)
+	if !errors.Is(err, boom) {
+		t.Errorf("Start error = %v, want the issuer's", err)
+	}
+	if n := f.count(http.MethodPost, "/sandboxes"); n != 0 {
+		t.Errorf("%d creates without a nonce", n)
+	}
+}
+
+func TestStartReplacesEndedSandbox(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+	sp := spec(1001, vmworkertest.ScriptRun)
+	h1, err := b.Start(ctxT(t), sp)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	f.srv.SetState(h1.ID, opensandbox.StateFailed, "runtime_error", "node lost")
+	h2, err := b.Start(ctxT(t), sp)
+	if err != nil {
+		t.Fatalf("second Start: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), h2) })
+	if h2.ID == h1.ID {
+		t.Errorf("second Start returned the failed sandbox %s", h1.ID)
+	}
+	if _, ok := f.srv.Sandbox(h1.ID); ok {
+		t.Errorf("the failed sandbox %s was not deleted", h1.ID)
+	}
+}
+
+func TestWaitReportsFailure(t *testing.T) {
+	f := newFixture(t, vmworkertest.ServerConfig{})
+	b := f.backend(t, nil)
+	h, err := b.Start(ctxT(t), spec(1101, vmworkertest.ScriptRun))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+	f.srv.SetState(h.ID, opensandbox.StateFailed, "runtime_error", "the microVM crashed")
+	exit, err := b.Wait(ctxT(t), h)
+	if err != nil {
+		t.Fatalf("Wait: %v", err)
+	}
+	if want := (podworker.Exit{Code: -1, Reason: "sandbox failed (runtime_error: the microVM crashed)"}); exit != want {
+		t.Errorf("exit = %+v, want %+v", exit, want)
+	}
+	f.srv.SetAuthStatus(http.StatusUnauthorized)
+	defer f.srv.SetAuthStatus(0)
+	_, err = b.Wait(ctxT(t), h)
+	f.checkErr(t, err)
+	if !errors.Is(err, opensandbox.ErrUnauthorized) {
+		t.Errorf("Wait with a refused key = %v, want ErrUnauthorized", err)
+	}
+}
