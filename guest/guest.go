@@ -51,8 +51,30 @@ func ReadSeed(dir string) (Seed, error) {
 	return s, nil
 }
 
+// Environment variables that seed a guest started by a sandbox API (OpenSandbox) instead of
+// a NoCloud seed.
+const (
+	EnvInstanceID = "DYNRUNNER_INSTANCE_ID"
+	EnvNonce      = "DYNRUNNER_NONCE"
+	EnvEndpoint   = "DYNRUNNER_NONCE_ENDPOINT"
+)
+
+// SeedFromEnv reads the seed from the environment; ok is false when none is there.
+func SeedFromEnv(getenv func(string) string) (Seed, bool, error) {
+	s := Seed{InstanceID: getenv(EnvInstanceID), Nonce: getenv(EnvNonce), Endpoint: getenv(EnvEndpoint)}
+	if s.Nonce == "" {
+		return Seed{}, false, nil
+	}
+	if u, err := url.Parse(s.Endpoint); s.InstanceID == "" || err != nil || u.Scheme != "http" || u.Host == "" {
+		return Seed{}, true, fmt.Errorf("guest: %s is set but %s or an http %s is missing", EnvNonce, EnvInstanceID, EnvEndpoint)
+	}
+	return s, true, nil
+}
+
 // Config configures one guest run.
 type Config struct {
+	// Seed, when set, is used instead of reading SeedDir.
+	Seed    *Seed
 	SeedDir string
 	WorkDir string
 	Output  io.Writer
@@ -61,9 +83,14 @@ type Config struct {
 
 // Run redeems the seed's nonce and runs the assignment's one job.
 func Run(ctx context.Context, cfg Config) error {
-	seed, err := ReadSeed(cfg.SeedDir)
-	if err != nil {
-		return err
+	var seed Seed
+	if cfg.Seed != nil {
+		seed = *cfg.Seed
+	} else {
+		var err error
+		if seed, err = ReadSeed(cfg.SeedDir); err != nil {
+			return err
+		}
 	}
 	hc := &http.Client{Timeout: 2 * time.Minute}
 	grant, err := redeem(ctx, hc, seed)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -193,7 +194,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		if devCA != nil {
 			hosts := facadeHosts(cfg.FacadeURL)
 			if cfg.Has(config.VMWorker) {
-				hosts = append(hosts, cfg.VM.BridgeCIDR.Addr().String())
+				hosts = append(hosts, facadeHosts(cfg.VM.FacadeGuestURL)...)
 			}
 			facadeSrc, err = devCA.ServerSource(cfg.FacadeID, 24*time.Hour, hosts)
 		} else {
@@ -218,14 +219,16 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		g.Go(func() error { return serve(gctx, srv, ln, true) })
 		log.Info().Str("listen", ln.Addr().String()).Str("spiffe_id", cfg.FacadeID.String()).Msg("facade serving mTLS")
 		if cfg.Has(config.VMWorker) {
-			if err := launcher.EnsureBridge(ctx, cfg.VM.LauncherRoot, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
-				return err
+			if cfg.VM.Backend == "local" {
+				if err := launcher.EnsureBridge(ctx, cfg.VM.LauncherRoot, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
+					return err
+				}
 			}
 			gln, err := net.Listen("tcp", cfg.VM.FacadeGuestListen)
 			if err != nil {
 				return fmt.Errorf("RUNNER_FACADE_GUEST_LISTEN: %w", err)
 			}
-			gsrv := &http.Server{Handler: f.GuestHandler(), TLSConfig: workload.GuestServerTLSConfig(facadeSrc), ReadHeaderTimeout: 10 * time.Second}
+			gsrv := &http.Server{Handler: onlyFrom(cfg.VM.GuestNet, f.GuestHandler()), TLSConfig: workload.GuestServerTLSConfig(facadeSrc), ReadHeaderTimeout: 10 * time.Second}
 			g.Go(func() error { return serve(gctx, gsrv, gln, true) })
 			log.Info().Str("listen", gln.Addr().String()).Msg("facade serving microVM guests (token-authenticated TLS, vm assignments only)")
 		}
@@ -307,6 +310,18 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		return nil
 	}
 	return err
+}
+
+// onlyFrom serves callers from net only: the facade's guest listener answers guests alone.
+func onlyFrom(net netip.Prefix, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ap, err := netip.ParseAddrPort(r.RemoteAddr)
+		if err != nil || !net.Contains(ap.Addr().Unmap()) {
+			http.Error(w, "dynrunner facade: the guest listener serves microVM guests only", http.StatusForbidden)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // serve runs srv on ln until ctx ends, then shuts it down within a bound.

@@ -15,15 +15,28 @@ func runGuest(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("guest", flag.ContinueOnError)
 	seed := fs.String("seed-dir", "/run/dynrunner/seed", "directory of the mounted NoCloud seed (meta-data)")
 	work := fs.String("work-dir", "/var/lib/dynrunner-guest", "work directory of the runner and the job")
-	poweroff := fs.Bool("poweroff", os.Getpid() == 1, "power the VM off when the job ends (default when running as PID 1)")
+	poweroff := fs.Bool("poweroff", os.Getpid() == 1, "power the VM off when the job ends (default when running as PID 1 with a NoCloud seed)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	// A sandbox API (OpenSandbox) seeds the guest through its environment; its entry process
+	// may be PID 1 of a Kata pod, which the sandbox's end tears down: exit instead of powering off.
+	envSeed, fromEnv, err := guest.SeedFromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
+	var seedArg *guest.Seed
+	if fromEnv {
+		seedArg = &envSeed
+		if !flagSet(fs, "poweroff") {
+			*poweroff = false
+		}
 	}
 	log, err := newLogger(os.Stderr, "json", "info", "guest")
 	if err != nil {
 		return err
 	}
-	err = guest.Run(ctx, guest.Config{SeedDir: *seed, WorkDir: *work, Output: os.Stdout, Log: log})
+	err = guest.Run(ctx, guest.Config{Seed: seedArg, SeedDir: *seed, WorkDir: *work, Output: os.Stdout, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "dynrunner guest: %v\n", err)
 	}
@@ -34,4 +47,10 @@ func runGuest(ctx context.Context, args []string) error {
 		}
 	}
 	return err
+}
+
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

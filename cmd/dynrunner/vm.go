@@ -16,10 +16,12 @@ import (
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/local"
 	"github.com/dynrunner/dynrunner/vmworker"
+	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
 )
 
 // nonceTTL bounds how long an unredeemed nonce lives in JetStream.
@@ -45,8 +47,8 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		return fmt.Errorf("vm worker: facade CA: %w", err)
 	}
 	ep, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
-		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.BridgeCIDR.Masked(),
-		FacadeURL: "https://" + cfg.VM.FacadeGuestListen, FacadeID: cfg.FacadeID.String(), FacadeCAPEM: caPEM,
+		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.GuestNet,
+		FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID.String(), FacadeCAPEM: caPEM,
 		RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
 		Labels: []string{"self-hosted:host", "vm:host"}, Renew: cfg.Lease / 3, Log: vlog,
 	}, nonces, evlog)
@@ -54,11 +56,37 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		return err
 	}
 	g.Go(func() error { return ep.Run(gctx) })
-	vlog.Info().Str("listen", cfg.VM.NonceListen).Msg("nonce endpoint serving the microVM bridge")
+	vlog.Info().Str("listen", cfg.VM.NonceListen).Str("guests", cfg.VM.GuestNet.String()).Msg("nonce endpoint serving microVM guests")
 
+	backend, err := vmBackend(cfg, vlog, nonces)
+	if err != nil {
+		return err
+	}
+	w := podworker.New(podworker.Config{
+		Actor: "vm-worker@" + actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
+		Issuer: issuer, Log: vlog,
+	}, backend, evlog, view)
+	g.Go(func() error { return w.Run(gctx) })
+	*ready = append(*ready, w.Ready())
+	return nil
+}
+
+// vmBackend builds the vm worker's backend from VM_BACKEND.
+func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonces) (podworker.Backend, error) {
+	if cfg.VM.Backend == "opensandbox" {
+		o := cfg.VM.OpenSandbox
+		key, err := secretfile.Read(o.APIKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("OPENSANDBOX_API_KEY_FILE: %w", err)
+		}
+		return opensandbox.New(opensandbox.Config{
+			BaseURL: o.URL, APIKey: key, Pool: o.Pool, Image: o.Image, Scope: o.Scope, SandboxTTL: o.SandboxTTL,
+			StartTimeout: o.StartTimeout, Timeout: o.RequestTimeout, Nonces: nonces, Endpoint: cfg.VM.NonceURL, Log: vlog,
+		})
+	}
 	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("vm worker: locate the dynrunner binary: %w", err)
+		return nil, fmt.Errorf("vm worker: locate the dynrunner binary: %w", err)
 	}
 	procs, err := local.New(local.Config{
 		Root:    filepath.Join(cfg.StateDir, "launchers"),
@@ -68,7 +96,7 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		Log:     vlog.With().Str("backend", "launcher").Logger(),
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	launch := map[string]string{
 		"DYNRUNNER_LAUNCH_IMAGE":       cfg.VM.Image,
@@ -85,12 +113,5 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		"DYNRUNNER_LAUNCH_ROOT":        cfg.VM.LauncherRoot,
 		"DYNRUNNER_LAUNCH_DEADLINE":    "6h",
 	}
-	backend := vmworker.NewBackend(procs, nonces, "http://"+cfg.VM.NonceListen, launch)
-	w := podworker.New(podworker.Config{
-		Actor: "vm-worker@" + actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
-		Issuer: issuer, Log: vlog,
-	}, backend, evlog, view)
-	g.Go(func() error { return w.Run(gctx) })
-	*ready = append(*ready, w.Ready())
-	return nil
+	return vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launch), nil
 }

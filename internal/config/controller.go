@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -65,25 +64,6 @@ type Controller struct {
 	FetchInterval            time.Duration
 }
 
-// VM configures the vm worker and its launchers.
-type VM struct {
-	Backend           string
-	Image             string
-	Kernel            string
-	Initramfs         string
-	Cmdline           string
-	Firmware          string
-	Hypervisor        string
-	CPUs              int
-	MemoryMiB         int
-	DiskGiB           int
-	Bridge            string
-	BridgeCIDR        netip.Prefix // the bridge's own address with its network's length
-	NonceListen       string
-	FacadeGuestListen string
-	LauncherRoot      string
-}
-
 // HasTier reports whether the scheduler routes jobs to tier.
 func (c Controller) HasTier(tier string) bool { return slices.Contains(c.Tiers, tier) }
 
@@ -136,7 +116,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	var c Controller
 
 	vmImage := e.str("VM_IMAGE", "")
-	c.Components = parseComponents(e, e.str("COMPONENTS", "all"), vmImage != "")
+	c.Components = parseComponents(e, e.str("COMPONENTS", "all"), vmImage != "" || e.str("VM_BACKEND", "") == "opensandbox")
 	home, _ := os.UserHomeDir()
 	c.StateDir = e.str("STATE_DIR", filepath.Join(home, ".local", "state", "dynrunner"))
 	if !filepath.IsAbs(c.StateDir) {
@@ -328,63 +308,4 @@ func parseComponents(e *env, v string, vm bool) []string {
 		e.fail("COMPONENTS is empty")
 	}
 	return out
-}
-
-func loadVM(e *env, c Controller, image string) VM {
-	v := VM{
-		Backend:      e.str("VM_BACKEND", "local"),
-		Image:        image,
-		Kernel:       e.str("VM_KERNEL", ""),
-		Initramfs:    e.str("VM_INITRAMFS", ""),
-		Cmdline:      e.str("VM_CMDLINE", ""),
-		Firmware:     e.str("VM_FIRMWARE", ""),
-		Hypervisor:   e.str("VM_HYPERVISOR", "cloud-hypervisor"),
-		CPUs:         e.integer("VM_CPUS", 2, 1),
-		MemoryMiB:    e.integer("VM_MEMORY_MIB", 2048, 256),
-		DiskGiB:      e.integer("VM_DISK_GIB", 20, 1),
-		Bridge:       e.str("VM_BRIDGE", "dynrunner0"),
-		LauncherRoot: e.str("VM_LAUNCHER_ROOT", filepath.Join(c.StateDir, "vms")),
-	}
-	cidr := e.str("VM_BRIDGE_CIDR", "10.213.0.1/24")
-	p, err := netip.ParsePrefix(cidr)
-	if err != nil || !p.Addr().Is4() || p.Bits() > 30 || p.Addr() == p.Masked().Addr() {
-		e.fail("VM_BRIDGE_CIDR=%q: want the bridge's own IPv4 address with its prefix, e.g. 10.213.0.1/24", cidr)
-	}
-	v.BridgeCIDR = p
-	bridgeIP := p.Addr().String()
-	v.NonceListen = e.str("VM_NONCE_LISTEN", net.JoinHostPort(bridgeIP, "7001"))
-	v.FacadeGuestListen = e.str("RUNNER_FACADE_GUEST_LISTEN", net.JoinHostPort(bridgeIP, "8444"))
-	if !c.Has(VMWorker) {
-		return v
-	}
-	switch {
-	case v.Backend == "opensandbox":
-		e.fail("VM_BACKEND=opensandbox is not part of this release; use local")
-	case v.Backend != "local":
-		e.fail("VM_BACKEND=%q: want local", v.Backend)
-	}
-	if v.Image == "" {
-		e.fail("VM_IMAGE is required with the vm worker: the base image microVM disks are converted from")
-	}
-	for name, path := range map[string]string{"VM_IMAGE": v.Image, "VM_KERNEL": v.Kernel, "VM_INITRAMFS": v.Initramfs, "VM_FIRMWARE": v.Firmware, "VM_LAUNCHER_ROOT": v.LauncherRoot} {
-		if path != "" && (!filepath.IsAbs(path) || filepath.Clean(path) != path) {
-			e.fail("%s=%q: want a clean absolute path", name, path)
-		}
-	}
-	if (v.Kernel == "") != (v.Initramfs == "") {
-		e.fail("VM_KERNEL and VM_INITRAMFS must be set together (direct kernel boot)")
-	}
-	if v.Hypervisor != "cloud-hypervisor" && v.Hypervisor != "qemu" {
-		e.fail("VM_HYPERVISOR=%q: want cloud-hypervisor or qemu", v.Hypervisor)
-	}
-	for name, addr := range map[string]string{"VM_NONCE_LISTEN": v.NonceListen, "RUNNER_FACADE_GUEST_LISTEN": v.FacadeGuestListen} {
-		ap, err := netip.ParseAddrPort(addr)
-		if err != nil || !v.BridgeCIDR.Masked().Contains(ap.Addr()) || ap.Addr().IsUnspecified() {
-			e.fail("%s=%q: must be an address on the microVM bridge (%s), never a wildcard", name, addr, v.BridgeCIDR.Masked())
-		}
-	}
-	if !c.Has(Facade) {
-		e.fail("the vm worker needs the facade in the same process in this release (it hands guests the facade's CA)")
-	}
-	return v
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/dynrunner/dynrunner/guest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -36,12 +37,12 @@ const (
 // managedBy is the value of MetaManagedBy.
 const managedBy = "dynrunner"
 
-// The environment variables the guest reads in the sandbox: its instance id, its single-use
-// nonce, and the nonce endpoint's URL. Nothing else it receives is secret.
+// The environment variables `dynrunner guest` reads in the sandbox: its instance id, its
+// single-use nonce, and the nonce endpoint's URL. Nothing else it receives is secret.
 const (
-	EnvInstanceID = "DYNRUNNER_INSTANCE_ID"
-	EnvNonce      = "DYNRUNNER_NONCE"
-	EnvEndpoint   = "DYNRUNNER_NONCE_ENDPOINT"
+	EnvInstanceID = guest.EnvInstanceID
+	EnvNonce      = guest.EnvNonce
+	EnvEndpoint   = guest.EnvEndpoint
 )
 
 // Keys of Handle.Data.
