@@ -127,9 +127,13 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			continue
 		}
-		if !w.handle(ctx, msg) {
-			<-w.slots // no environment holds the slot
-		}
+		// Starting an environment can take seconds (a container, a Pod); dispatches are
+		// handled concurrently, as many as there are slots.
+		w.wg.Go(func() {
+			if !w.handle(ctx, msg) {
+				<-w.slots // no environment holds the slot
+			}
+		})
 	}
 }
 
@@ -166,15 +170,24 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		_ = msg.Ack()
 		return false
 	}
-	if w.owns(d.Task) {
-		_ = msg.Ack() // a redelivery while the environment runs
+	// Reserve the task before anything is started or recorded, so neither a redelivery nor the
+	// reaper takes the environment this dispatch is starting.
+	if !w.reserve(d.Task) {
+		_ = msg.Ack() // a redelivery while the environment starts or runs
 		return false
 	}
+	started := false
+	defer func() {
+		if !started {
+			w.forget(d.Task)
+		}
+	}()
 	if len(st.Handle) > 0 {
 		// Started before a crash: adopt the environment if it still exists.
 		var h Handle
 		if err := json.Unmarshal(st.Handle, &h); err == nil {
 			w.watch(ctx, st, h, true)
+			started = true
 			_ = msg.Ack()
 			return true
 		}
@@ -195,7 +208,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		return false
 	}
 	hj, _ := json.Marshal(h)
-	started, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Started, Task: d.Task, Epoch: d.Epoch,
+	rec, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Started, Task: d.Task, Epoch: d.Epoch,
 		Actor: w.cfg.Actor, At: w.cfg.Now(), Handle: hj, TokenID: tokenID}, &st)
 	if err != nil {
 		// The assignment moved on (failed, or a stale epoch): the environment must not run.
@@ -208,9 +221,10 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		}
 		return false
 	}
-	w.view.Observe(started)
+	w.view.Observe(rec)
 	logger.Info().Str(logkey.Backend, w.backend.Name()).Str(logkey.Env, h.ID).Msg("environment started")
-	w.watch(ctx, started, h, true)
+	w.watch(ctx, rec, h, true)
+	started = true
 	_ = msg.Ack()
 	return true
 }
@@ -284,6 +298,17 @@ func (w *Worker) deadLetter(ctx context.Context, msg jetstream.Msg, reason strin
 	_ = msg.TermWithReason(reason)
 }
 
+// reserve marks task as this worker's while its environment starts; false when it already is.
+func (w *Worker) reserve(task assignment.TaskID) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.envs[task]; ok {
+		return false
+	}
+	w.envs[task] = &env{}
+	return true
+}
+
 func (w *Worker) owns(task assignment.TaskID) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -354,7 +379,9 @@ func (w *Worker) onChange(st assignment.State) {
 	w.mu.Lock()
 	e, ok := w.envs[st.Task]
 	w.mu.Unlock()
-	if ok && st.Phase != assignment.Completed {
+	// A reservation without a handle is still starting: its `started` append fails on the
+	// ended assignment and the start path destroys the environment itself.
+	if ok && e.h.ID != "" && st.Phase != assignment.Completed {
 		// A completed job's runner exits by itself; anything else is stopped now.
 		go func() { _ = w.backend.Destroy(context.Background(), e.h) }()
 	}
@@ -373,6 +400,9 @@ func (w *Worker) sweep(ctx context.Context) error {
 		st, ok := w.view.Get(h.Task)
 		owned := ok && st.Epoch() == h.Epoch && st.Live() && st.Phase != assignment.Failed && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
 		if owned {
+			if !w.reserve(h.Task) {
+				continue // a dispatch is adopting it right now
+			}
 			// An adopted environment takes a slot if one is free; with a lowered concurrency
 			// there may be more environments than slots, and they are adopted all the same.
 			slot := false

@@ -147,8 +147,14 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		cur = &h
 	}
 	fresh := cur == nil
+	// A claim is for a task without an assignment: append it expecting an empty subject
+	// instead of reading first; a conflict means the task has one, and the re-read says so.
+	skipRead := ev.Transition == assignment.Claimed && cur == nil
+	if skipRead {
+		fresh = false
+	}
 	for range maxConflicts {
-		if cur == nil {
+		if cur == nil && !skipRead {
 			s, err := l.Get(ctx, ev.Task)
 			switch {
 			case err == nil:
@@ -179,7 +185,7 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		}
 		ack, err := l.js.Publish(ctx, Subject(ev.Task), data, jetstream.WithExpectLastSequencePerSubject(last))
 		if isConflict(err) {
-			cur = nil
+			cur, skipRead, fresh = nil, false, false
 			continue
 		}
 		if err != nil {

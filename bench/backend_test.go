@@ -1,0 +1,205 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+// noopBackend is a podworker.Backend of no-op environments. An environment launches once its
+// `started` record is visible: a real one takes far longer to boot than that append, and its
+// runner's Register would be refused before it. It either runs in this process (run, in a
+// goroutine that is the environment) or elsewhere (send hands its spec to an envHost and it
+// lives until destroyed), so that in the memory benchmark the backend adds no goroutine of its
+// own to the controller.
+type noopBackend struct {
+	run  func(ctx context.Context, spec envSpec) error
+	send func(spec envSpec)
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	seq    atomic.Int64
+	wg     sync.WaitGroup
+	// doubles counts environments that more than one Wait watched: the worker adopting an
+	// environment it is itself starting.
+	doubles atomic.Int64
+
+	mu   sync.Mutex
+	envs map[assignment.TaskID]*noopEnv
+
+	errMu    sync.Mutex
+	failed   int
+	firstErr error // the first environment error, for the benchmark's failure message
+}
+
+type noopEnv struct {
+	h      podworker.Handle
+	files  map[string][]byte // until launched
+	once   sync.Once
+	launch chan struct{} // closed when the environment may launch
+	done   chan struct{} // closed when it ended
+	exit   podworker.Exit
+	cancel context.CancelFunc
+	waits  atomic.Int32
+}
+
+var _ podworker.Backend = (*noopBackend)(nil)
+
+// newLocalBackend runs each environment as run in a goroutine of this process.
+func newLocalBackend(run func(ctx context.Context, spec envSpec) error) *noopBackend {
+	return newNoopBackend(run, nil)
+}
+
+// newRemoteBackend hands each environment to send, which must not block.
+func newRemoteBackend(send func(spec envSpec)) *noopBackend {
+	return newNoopBackend(nil, send)
+}
+
+func newNoopBackend(run func(context.Context, envSpec) error, send func(envSpec)) *noopBackend {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &noopBackend{run: run, send: send, ctx: ctx, cancel: cancel, envs: make(map[assignment.TaskID]*noopEnv)}
+}
+
+func (n *noopBackend) Name() string { return "noop" }
+
+func (n *noopBackend) Start(_ context.Context, spec podworker.Spec) (podworker.Handle, error) {
+	ctx, cancel := context.WithCancel(n.ctx)
+	e := &noopEnv{
+		h:     podworker.Handle{Backend: "noop", ID: fmt.Sprintf("noop-%d", n.seq.Add(1)), Task: spec.Task, Epoch: spec.Epoch},
+		files: spec.Files, launch: make(chan struct{}), done: make(chan struct{}), cancel: cancel,
+	}
+	n.mu.Lock()
+	n.envs[spec.Task] = e
+	n.mu.Unlock()
+	if n.run == nil {
+		context.AfterFunc(ctx, func() { e.end(podworker.Exit{Code: 137, Reason: "killed"}) })
+		return e.h, nil
+	}
+	n.wg.Go(func() {
+		select {
+		case <-e.launch:
+		case <-ctx.Done():
+			e.end(podworker.Exit{Code: 137, Reason: "killed"})
+			return
+		}
+		err := n.run(ctx, envSpec{Task: e.h.Task, Epoch: e.h.Epoch, Files: e.files})
+		switch {
+		case err == nil:
+			e.end(podworker.Exit{Code: 0, Reason: "exited"})
+		case errCancelled(ctx, err):
+			e.end(podworker.Exit{Code: 137, Reason: "killed"})
+		default:
+			n.fail(err)
+			e.end(podworker.Exit{Code: 1, Reason: "exited"})
+		}
+	})
+	return e.h, nil
+}
+
+func (e *noopEnv) end(exit podworker.Exit) {
+	e.exit = exit
+	close(e.done)
+}
+
+func (n *noopBackend) fail(err error) {
+	n.errMu.Lock()
+	defer n.errMu.Unlock()
+	if n.failed++; n.firstErr == nil {
+		n.firstErr = err
+	}
+}
+
+// observe is a View.OnChange subscriber: it launches an environment once the worker's
+// `started` append (or anything later) for its assignment is visible. It never blocks.
+func (n *noopBackend) observe(st assignment.State) {
+	switch st.Phase {
+	case assignment.Claimed, assignment.Dispatched:
+		return
+	}
+	n.mu.Lock()
+	e, ok := n.envs[st.Task]
+	n.mu.Unlock()
+	if !ok || e.h.Epoch != st.Epoch() {
+		return
+	}
+	e.once.Do(func() {
+		if n.send != nil {
+			n.send(envSpec{Task: e.h.Task, Epoch: e.h.Epoch, Files: e.files})
+			e.files = nil
+		}
+		close(e.launch)
+	})
+}
+
+func (n *noopBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, error) {
+	n.mu.Lock()
+	e, ok := n.envs[h.Task]
+	n.mu.Unlock()
+	if !ok || e.h.ID != h.ID {
+		return podworker.Exit{}, podworker.ErrNotFound
+	}
+	if e.waits.Add(1) == 2 {
+		n.doubles.Add(1)
+	}
+	defer e.waits.Add(-1)
+	select {
+	case <-e.done:
+		return e.exit, nil
+	case <-ctx.Done():
+		return podworker.Exit{}, ctx.Err()
+	}
+}
+
+// Destroy ends the environment; one that is already gone is no error.
+func (n *noopBackend) Destroy(_ context.Context, h podworker.Handle) error {
+	n.mu.Lock()
+	e, ok := n.envs[h.Task]
+	if ok && e.h.ID == h.ID {
+		delete(n.envs, h.Task)
+	}
+	n.mu.Unlock()
+	if ok && e.h.ID == h.ID {
+		e.cancel()
+	}
+	return nil
+}
+
+func (n *noopBackend) List(context.Context) ([]podworker.Handle, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	hs := make([]podworker.Handle, 0, len(n.envs))
+	for _, e := range n.envs {
+		hs = append(hs, e.h)
+	}
+	return hs, nil
+}
+
+// checkDoubles fails the benchmark if the worker watched an environment twice. That is
+// the pod worker's reaper adopting an environment that handle is still starting (sweep finds
+// it `started` in the view before handle registers it as its own): each time a concurrency
+// slot leaks, and with every slot in use the worker stops taking dispatches.
+func (n *noopBackend) checkDoubles(b *testing.B) {
+	b.Helper()
+	if d := n.doubles.Load(); d > 0 {
+		b.Fatalf("the pod worker watched %d environment(s) twice, each leaking a concurrency slot: its reaper adopted "+
+			"environments it was still starting (podworker.Worker.sweep vs handle)", d)
+	}
+}
+
+// launchErr returns how many environments failed and the first failure.
+func (n *noopBackend) launchErr() (int, error) {
+	n.errMu.Lock()
+	defer n.errMu.Unlock()
+	return n.failed, n.firstErr
+}
+
+// Close ends every environment and waits for those running here. It is idempotent.
+func (n *noopBackend) Close() {
+	n.cancel()
+	n.wg.Wait()
+}

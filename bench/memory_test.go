@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"runtime/pprof"
+	"testing"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+)
+
+// inFlight is how many assignments BenchmarkMemory10k holds running at once; it is also the
+// pod worker's POD_CONCURRENCY there.
+const inFlight = 10_000
+
+// BenchmarkMemory10k measures the controller's memory with 10,000 assignments in flight: each
+// claimed, dispatched, started, registered over mTLS and fetched by its environment, which then
+// holds its connection to the facade open as a running job does. The environments run in a
+// child process (this test binary again) so only the control plane's memory is counted here:
+// JetStream (embedded), the view, the scheduler, the facade with 10,000 live TLS connections,
+// and the pod worker with 10,000 watched environments.
+//
+// The measurement is made once, whatever b.N.
+func BenchmarkMemory10k(b *testing.B) {
+	p := newPlane(b)
+	host := startEnvHost(b, p.target, p.poke)
+	backend := newRemoteBackend(host.send)
+	// A long pickup and lease: nothing may expire while 10,000 environments come up.
+	p.start(planeConfig{Concurrency: inFlight, Lease: 30 * time.Minute, Pickup: 20 * time.Minute}, backend)
+	b.Logf("load average before: %s", loadAvg())
+
+	before := memNow(b)
+	began := time.Now()
+	p.forge.release(inFlight)
+	p.waitFor(5*time.Minute, func() bool {
+		if n, first := host.failure(); n > 0 {
+			b.Fatalf("%d environments failed; first: %s", n, first)
+		}
+		backend.checkDoubles(b)
+		return host.fetch.Load() >= inFlight && p.n(assignment.Running) >= inFlight
+	}, func() string {
+		return fmt.Sprintf("%s; environments fetched %d", p, host.fetch.Load())
+	})
+	up := time.Since(began)
+	// Let the reconciler and the worker's loops run over the full set before measuring.
+	time.Sleep(3 * time.Second)
+	after := memNow(b)
+	writeHeapProfile(b)
+	child, err := rssBytes(host.pid())
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	b.Logf("load average after: %s; %d in flight after %s; controller %+v, before %+v", loadAvg(), inFlight, up.Round(time.Millisecond), after, before)
+
+	const mib = 1 << 20
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(after.heapInuse)/mib, "heap-inuse-MiB")
+	b.ReportMetric(float64(after.heapInuse-before.heapInuse)/mib, "heap-delta-MiB")
+	b.ReportMetric(float64(after.heapInuse-before.heapInuse)/inFlight/1024, "heap-KiB/assignment")
+	b.ReportMetric(float64(after.stackInuse)/mib, "stack-inuse-MiB")
+	b.ReportMetric(float64(after.rss)/mib, "rss-MiB")
+	b.ReportMetric(float64(after.rss-before.rss)/mib, "rss-delta-MiB")
+	b.ReportMetric(float64(after.goroutines-before.goroutines)/inFlight, "goroutines/assignment")
+	b.ReportMetric(float64(child)/mib, "envhost-rss-MiB")
+	b.ReportMetric(float64(inFlight)/up.Seconds(), "running/s")
+}
+
+// memSample is the process's memory at one point, after a full garbage collection.
+type memSample struct {
+	heapInuse, stackInuse, rss uint64
+	goroutines                 int
+}
+
+func memNow(b *testing.B) memSample {
+	b.Helper()
+	runtime.GC()
+	debug.FreeOSMemory() // return freed pages, so RSS reflects what is in use
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	rss, err := rssBytes("self")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return memSample{heapInuse: ms.HeapInuse, stackInuse: ms.StackInuse, rss: rss, goroutines: runtime.NumGoroutine()}
+}
+
+// writeHeapProfile writes the live heap to $BENCH_HEAPPROFILE, if set: the in-use view that
+// -memprofile cannot give, since it is written after the benchmark let everything go.
+func writeHeapProfile(b *testing.B) {
+	path := os.Getenv("BENCH_HEAPPROFILE")
+	if path == "" {
+		return
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		b.Fatal(err)
+	}
+}

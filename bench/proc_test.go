@@ -1,0 +1,48 @@
+package bench
+
+import (
+	"bytes"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// cpuTime is the user and system CPU time this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// loadAvg is /proc/loadavg's first three fields: the machine's load, which tells a quiet run
+// from one that shared the two cores with other work.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// rssBytes is VmRSS from /proc/<pid>/status ("self" for this process).
+func rssBytes(pid string) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0, err
+	}
+	for line := range bytes.Lines(b) {
+		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
+			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(string(rest)), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, os.ErrNotExist
+}
