@@ -155,7 +155,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		return false
 	}
 	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(d.Task)).Uint64(logkey.Epoch, uint64(d.Epoch)).Logger()
-	st, err := w.log.Get(ctx, d.Task)
+	st, ok := w.view.Get(d.Task)
+	if !ok || st.Epoch() != d.Epoch {
+		// The view has not seen the claim yet (or lags): read it from JetStream.
+		st, err = w.log.Get(ctx, d.Task)
+	}
 	if errors.Is(err, assignment.ErrNotFound) {
 		logger.Error().Msg("dispatch for a task without an assignment")
 		w.deadLetter(ctx, msg, "no assignment for the task")

@@ -100,12 +100,14 @@ func (f *Facade) GuestHandler() http.Handler {
 }
 
 func (f *Facade) mux() *http.ServeMux {
+	// Most messages are small; compressing them costs more than it saves. Log batches compress.
+	opt := connect.WithCompressMinBytes(1024)
 	mux := http.NewServeMux()
-	p, h := runnerv1connect.NewRunnerServiceHandler(f)
+	p, h := runnerv1connect.NewRunnerServiceHandler(f, opt)
 	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
-	p, h = pingv1connect.NewPingServiceHandler(f)
+	p, h = pingv1connect.NewPingServiceHandler(f, opt)
 	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
-	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f)
+	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f, opt)
 	mux.Handle(p, h)
 	return mux
 }
@@ -188,6 +190,9 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 			fmt.Errorf("dynrunner facade: runner credentials not issued to %s", c.id))
 	}
 	st, err := f.current(ctx, c)
+	if err == nil && st.RunnerUUID != uuid {
+		st, err = f.fresh(ctx, c) // the view may not have seen the registration yet
+	}
 	if err != nil {
 		return st, err
 	}
@@ -199,7 +204,20 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 }
 
 // current reads the assignment from JetStream and checks the caller's epoch against it.
+//
+// It answers from the view when the view knows the caller's epoch: the view is fed by the
+// stream and by this facade's own appends, and every decision that changes the assignment is
+// a compare-and-swap append anyway. Callers about to refuse on what the view says read again
+// with fresh first.
 func (f *Facade) current(ctx context.Context, c caller) (assignment.State, error) {
+	if st, ok := f.view.Get(c.task); ok && st.Epoch() == c.epoch && (!c.guest || st.Backend == assignment.BackendVM) {
+		return st, nil
+	}
+	return f.fresh(ctx, c)
+}
+
+// fresh is current read from JetStream.
+func (f *Facade) fresh(ctx context.Context, c caller) (assignment.State, error) {
 	st, err := f.log.Get(ctx, c.task)
 	if errors.Is(err, assignment.ErrNotFound) {
 		return st, f.refuse("unknown_assignment", connect.CodeNotFound, fmt.Errorf("dynrunner facade: task %d has no assignment", c.task))
@@ -324,6 +342,11 @@ func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 	}
 	empty := connect.NewResponse(&runnerv1.FetchTaskResponse{TasksVersion: req.Msg.GetTasksVersion()})
 	if st.Phase != assignment.Registered {
+		if st, err = f.fresh(ctx, c); err != nil {
+			return nil, err
+		}
+	}
+	if st.Phase != assignment.Registered {
 		return empty, nil // handed over already, or ended: nothing (more) to run
 	}
 	sealed, err := f.log.GetTask(ctx, c.task)
@@ -358,6 +381,11 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: report for task %d from the environment of task %d", id, c.task))
 	}
 	final := req.Msg.GetState().GetResult() != runnerv1.Result_RESULT_UNSPECIFIED
+	if st.Phase != assignment.Running {
+		if st, err = f.fresh(ctx, c); err != nil {
+			return nil, err
+		}
+	}
 	switch {
 	case st.Phase == assignment.Completed && final:
 		// A retried final report after a lost response: forward again, Gitea is idempotent.
@@ -390,6 +418,11 @@ func (f *Facade) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.Up
 	}
 	if req.Msg.GetTaskId() != int64(c.task) {
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: log for task %d from the environment of task %d", req.Msg.GetTaskId(), c.task))
+	}
+	if st.Phase != assignment.Running && st.Phase != assignment.Completed {
+		if st, err = f.fresh(ctx, c); err != nil {
+			return nil, err
+		}
 	}
 	if st.Phase != assignment.Running && st.Phase != assignment.Completed {
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))

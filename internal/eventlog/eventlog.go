@@ -65,6 +65,10 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 		Replicas:    cfg.Replicas,
 		MaxAge:      cfg.Retention,
 		Duplicates:  2 * time.Minute,
+		// Reads of an assignment's last record are direct gets, far cheaper than API requests.
+		// Only on a single replica: a follower's direct get may lag the leader, and the facade
+		// checks epochs on reads. Appends are compare-and-swap either way.
+		AllowDirect: cfg.Replicas == 1,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamAssignments, err)
