@@ -18,7 +18,7 @@ import (
 const dockerSocket = "/var/run/docker.sock"
 
 // needDocker skips the test when the Docker engine does not answer, and fails it in CI.
-func needDocker(t *testing.T) {
+func needDocker(t testing.TB) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
@@ -43,7 +43,7 @@ func needDocker(t *testing.T) {
 }
 
 // executorImage builds the executor image with scripts/executor-image.sh and returns its ID.
-func executorImage(t *testing.T) string {
+func executorImage(t testing.TB) string {
 	t.Helper()
 	began := time.Now()
 	cmd := exec.CommandContext(t.Context(), "bash", filepath.Join("..", "scripts", "executor-image.sh"))
@@ -62,7 +62,7 @@ func executorImage(t *testing.T) string {
 
 // managedContainers lists the containers of the docker backend's default scope, as an operator
 // would.
-func managedContainers(t *testing.T) []string {
+func managedContainers(t testing.TB) []string {
 	t.Helper()
 	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-a", "--format", "{{.Names}} {{.Status}}",
 		"--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").CombinedOutput()

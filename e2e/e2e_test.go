@@ -73,7 +73,7 @@ type jobResult struct {
 
 // runWorkflow pushes workflow to a new repo and returns every job's conclusion and
 // normalised log by job name.
-func runWorkflow(t *testing.T, f *devforge.Forge, repo devforge.Repo, content string, limit time.Duration) map[string]jobResult {
+func runWorkflow(t testing.TB, f *devforge.Forge, repo devforge.Repo, content string, limit time.Duration) map[string]jobResult {
 	t.Helper()
 	sha, err := f.PushWorkflow(t.Context(), repo, ".gitea/workflows/e2e.yml", content)
 	if err != nil {
@@ -194,7 +194,7 @@ func keys(m map[string]jobResult) []string {
 }
 
 // assertNoEnvironmentsLeft checks the local backend removed every environment directory.
-func assertNoEnvironmentsLeft(t *testing.T, c *controller) {
+func assertNoEnvironmentsLeft(t testing.TB, c *controller) {
 	t.Helper()
 	var state string
 	for _, kv := range c.env {
@@ -303,7 +303,7 @@ jobs:
 }
 
 // runningLog returns the log so far of the first job of the run for sha, or "".
-func runningLog(t *testing.T, f *devforge.Forge, repo devforge.Repo, sha string) string {
+func runningLog(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha string) string {
 	runs, err := f.Runs(t.Context(), repo, sha)
 	if err != nil || len(runs) == 0 {
 		return ""

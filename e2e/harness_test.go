@@ -26,7 +26,7 @@ var (
 	buildErr  error
 )
 
-func dynrunnerBin(t *testing.T) string {
+func dynrunnerBin(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "dynrunner-e2e-bin-")
@@ -50,7 +50,7 @@ func dynrunnerBin(t *testing.T) string {
 }
 
 // needTools returns the cached Gitea and runner, skipping (failing in CI) when missing.
-func needTools(t *testing.T) devforge.Tools {
+func needTools(t testing.TB) devforge.Tools {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end test with a real Gitea and Gitea runner; run without -short")
@@ -65,7 +65,7 @@ func needTools(t *testing.T) devforge.Tools {
 	return tools
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -77,7 +77,7 @@ func freePort(t *testing.T) int {
 
 // controller is a dynrunner controller process.
 type controller struct {
-	t       *testing.T
+	t       testing.TB
 	env     []string
 	httpURL string
 	logPath string
@@ -87,7 +87,7 @@ type controller struct {
 
 // newController prepares a controller on embedded defaults against forge, registering with a
 // registration token of scope.
-func newController(t *testing.T, tools devforge.Tools, forge *devforge.Forge, scope string, extra ...string) *controller {
+func newController(t testing.TB, tools devforge.Tools, forge *devforge.Forge, scope string, extra ...string) *controller {
 	t.Helper()
 	dir := t.TempDir()
 	tok, err := forge.RunnerRegistrationToken(t.Context(), scope)
@@ -199,7 +199,7 @@ func (c *controller) stop() {
 }
 
 // startForge starts a development Gitea for one test.
-func startForge(t *testing.T, tools devforge.Tools) *devforge.Forge {
+func startForge(t testing.TB, tools devforge.Tools) *devforge.Forge {
 	t.Helper()
 	f, err := devforge.Start(t.Context(), tools, devforge.Options{Dir: t.TempDir()})
 	if err != nil {
@@ -209,7 +209,7 @@ func startForge(t *testing.T, tools devforge.Tools) *devforge.Forge {
 	return f
 }
 
-func waitRun(t *testing.T, f *devforge.Forge, repo devforge.Repo, sha string, limit time.Duration) devforge.Run {
+func waitRun(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha string, limit time.Duration) devforge.Run {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	defer cancel()

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,7 +13,7 @@ import (
 
 // vmImage builds (cached) the test tier's guest image with this package's dynrunner binary
 // as the guest program, skipping (failing in CI) when the VM tools are missing.
-func vmImage(t *testing.T) (dir string) {
+func vmImage(t testing.TB) (dir string) {
 	t.Helper()
 	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "genisoimage", "busybox", "cpio", "mkfs.ext4"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -120,4 +121,72 @@ func vmLeftovers(root string) string {
 		}
 	}
 	return strings.Join(left, "; ")
+}
+
+// BenchmarkVMBootToRegistered measures, for a [self-hosted, vm] job, the time from the
+// environment's start (the launcher process exists) to the guest's registration at the facade
+// (booted under QEMU TCG, nonce redeemed, runner fetched and checked), from the assignment's
+// own records, and the whole push-to-success time.
+func BenchmarkVMBootToRegistered(b *testing.B) {
+	tools := needTools(b)
+	img := vmImage(b)
+	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := startForge(b, tools)
+	repo, err := f.CreateRepo(b.Context(), "vmbench")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const bridge = "drbench0"
+	c := newController(b, tools, f, repo.String(), leaseEnv, pickupEnv,
+		"VM_IMAGE="+filepath.Join(img, "base.qcow2"), "VM_KERNEL="+filepath.Join(img, "vmlinuz"),
+		"VM_INITRAMFS="+filepath.Join(img, "initramfs.cpio.gz"), "VM_CMDLINE="+strings.TrimSpace(string(cmdline)),
+		"VM_HYPERVISOR=qemu", "VM_MEMORY_MIB=1024", "VM_CPUS=1", "VM_DISK_GIB=1",
+		"VM_BRIDGE="+bridge, "VM_BRIDGE_CIDR=10.213.78.1/24", "VM_LAUNCHER_ROOT="+filepath.Join(b.TempDir(), "vms"))
+	b.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	c.start()
+	var boot, total time.Duration
+	for i := range b.N {
+		start := time.Now()
+		res := runWorkflow(b, f, repo, fmt.Sprintf("name: vm%d\non: [push]\njobs:\n  inside:\n    runs-on: [self-hosted, vm]\n    steps:\n      - shell: sh\n        run: echo run %d\n", i, i), 10*time.Minute)
+		total += time.Since(start)
+		if res["inside"].conclusion != "success" {
+			b.Fatalf("vm job: %s\n%s", res["inside"].conclusion, res["inside"].log)
+		}
+	}
+	// Read started → registered of every assignment from the audit stream.
+	cmd := exec.Command(dynrunnerBin(b), "events", "--json", "--follow=false")
+	cmd.Env = c.env
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("dynrunner events: %v", err)
+	}
+	startedAt := map[int64]time.Time{}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var r struct {
+			Task       int64     `json:"task_id"`
+			Transition string    `json:"transition"`
+			At         time.Time `json:"at"`
+		}
+		if json.Unmarshal([]byte(line), &r) != nil {
+			continue
+		}
+		switch r.Transition {
+		case "started":
+			startedAt[r.Task] = r.At
+		case "registered":
+			if s, ok := startedAt[r.Task]; ok {
+				boot += r.At.Sub(s)
+				n++
+			}
+		}
+	}
+	if n != b.N {
+		b.Fatalf("found %d started→registered pairs, want %d", n, b.N)
+	}
+	b.ReportMetric(boot.Seconds()/float64(n), "boot-to-registered-s")
+	b.ReportMetric(total.Seconds()/float64(b.N), "push-to-success-s")
 }
