@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/dynrunner/dynrunner/internal/envlock"
 )
 
 // childEnv is the whole environment of every program the launcher runs: nothing of the
@@ -93,24 +95,7 @@ func run(ctx context.Context, name string, args ...string) ([]byte, error) {
 }
 
 // flock applies flock(2) to f.
-func flock(f *os.File, how int) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) {
-		for {
-			ferr = syscall.Flock(int(fd), how)
-			if !errors.Is(ferr, syscall.EINTR) {
-				return
-			}
-		}
-	}); err != nil {
-		return err
-	}
-	return ferr
-}
+func flock(f *os.File, how int) error { return envlock.Flock(f, how) }
 
 // procsWithArgPrefix lists the processes (zombies left out) one of whose arguments contains
 // prefix: the hypervisor of an instance names files inside the instance directory.

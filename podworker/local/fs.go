@@ -7,72 +7,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
+
+	"github.com/dynrunner/dynrunner/internal/envlock"
 )
 
-// lockEnv takes the exclusive flock(2) of environment id, polling until ctx is done. flock locks
-// belong to an open file description, so the lock excludes other goroutines of this process as
-// well as other processes. The returned unlock releases it; with remove set it first deletes the
-// lock file. Because a lock file may be deleted by its holder, a lock taken on a file that is no
-// longer at its path is dropped and taken again.
+// lockEnv takes the exclusive lock of environment id (see envlock.Lock).
 func (b *Backend) lockEnv(ctx context.Context, id string) (unlock func(remove bool), err error) {
-	p := filepath.Join(b.root, locksDir, id)
-	backoff := time.Millisecond
-	for {
-		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
-		if errors.Is(err, fs.ErrNotExist) {
-			// Someone removed the locks directory; recreate it.
-			if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-				return nil, err
-			}
-			f, err = os.OpenFile(p, os.O_RDWR|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
-		}
-		if err != nil {
-			return nil, err
-		}
-		for {
-			err = flock(f, syscall.LOCK_EX|syscall.LOCK_NB)
-			if !errors.Is(err, syscall.EWOULDBLOCK) {
-				break
-			}
-			if werr := sleepCtx(ctx, backoff); werr != nil {
-				_ = f.Close()
-				return nil, werr
-			}
-			backoff = min(2*backoff, 100*time.Millisecond)
-		}
-		if err != nil {
-			_ = f.Close()
-			return nil, err
-		}
-		held, err1 := f.Stat()
-		now, err2 := os.Lstat(p)
-		if err1 == nil && err2 == nil && os.SameFile(held, now) {
-			return func(remove bool) {
-				if remove {
-					_ = os.Remove(p)
-				}
-				_ = f.Close() // releases the lock
-			}, nil
-		}
-		_ = f.Close()
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-	}
-}
-
-func flock(f *os.File, how int) error {
-	rc, err := f.SyscallConn()
-	if err != nil {
-		return err
-	}
-	var ferr error
-	if err := rc.Control(func(fd uintptr) { ferr = syscall.Flock(int(fd), how) }); err != nil {
-		return err
-	}
-	return ferr
+	return envlock.Lock(ctx, filepath.Join(b.root, locksDir), id)
 }
 
 // removeEnvDir removes entry id of the directory rootDir and everything below it. It never
