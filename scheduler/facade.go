@@ -308,7 +308,7 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 		return nil, err
 	}
 	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
-		Str("caller", c.id).Str("token_id", tok.ID()).Msg("environment registered")
+		Str("identity", c.id).Str("token_id", tok.ID()).Msg("environment registered")
 	return connect.NewResponse(&runnerv1.RegisterResponse{Runner: &runnerv1.Runner{
 		Id: int64(c.task), Uuid: uuid, Token: f.runnerToken(c, uuid), Name: req.Msg.GetName(),
 		Labels: req.Msg.GetLabels(), Ephemeral: req.Msg.GetEphemeral(),
