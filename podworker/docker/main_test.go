@@ -70,7 +70,7 @@ func fakeExecutor(mode string) int {
 		}
 		return 0
 	case "write-files":
-		if err := writeFiles(); err != nil {
+		if err := podworkertest.WriteJobFiles(); err != nil {
 			return fail("%v", err)
 		}
 		return 0
@@ -88,29 +88,6 @@ func fakeExecutor(mode string) int {
 		return 1
 	}
 	return fail("unknown mode")
-}
-
-// writeFiles writes into the work dir, HOME and TMPDIR, with a read-only tree like Go's module
-// cache.
-func writeFiles() error {
-	for _, d := range []string{os.Getenv("DYNRUNNER_WORK_DIR"), os.Getenv("HOME"), os.Getenv("TMPDIR")} {
-		if err := os.WriteFile(filepath.Join(d, "file"), []byte("x"), 0o644); err != nil {
-			return err
-		}
-	}
-	mod := filepath.Join(os.Getenv("HOME"), "go", "pkg", "mod", "example.com", "m@v1.0.0")
-	if err := os.MkdirAll(mod, 0o755); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(mod, "go.mod"), []byte("module example.com/m\n"), 0o444); err != nil {
-		return err
-	}
-	for d := mod; d != os.Getenv("HOME"); d = filepath.Dir(d) {
-		if err := os.Chmod(d, 0o555); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // checkHardened checks, from inside, what the hardening test configures: no capabilities,
