@@ -15,12 +15,15 @@ declare -A PROBE=(
   [cpio]=/usr/bin/cpio
   [iproute2]=/usr/sbin/ip
   [e2fsprogs]=/usr/sbin/mkfs.ext4
+  # Not a VM tool: the docker tier's executor image is a debootstrap root filesystem. Installed
+  # here, before the tests, so no test runs apt-get while another does.
+  [debootstrap]=/usr/sbin/debootstrap
 )
 
 log() { printf 'vm-deps: %s\n' "$*" >&2; }
 
 missing=()
-for pkg in qemu-system-x86 qemu-utils genisoimage busybox-static cpio iproute2 e2fsprogs; do
+for pkg in qemu-system-x86 qemu-utils genisoimage busybox-static cpio iproute2 e2fsprogs debootstrap; do
   # busybox (dynamic) also installs /bin/busybox, so check the package itself as well.
   if [ -e "${PROBE[$pkg]}" ] && dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
     continue
