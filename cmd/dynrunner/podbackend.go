@@ -7,16 +7,23 @@ import (
 	"path/filepath"
 
 	"github.com/rs/zerolog"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/docker"
+	"github.com/dynrunner/dynrunner/podworker/kube"
 	"github.com/dynrunner/dynrunner/podworker/local"
 )
 
 // podBackend builds the pod worker's backend from POD_BACKEND, and returns the path of the
 // Gitea runner as the environments see it (GITEA_RUNNER_BIN of the executor).
 func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger) (podworker.Backend, string, error) {
+	if cfg.PodBackend == "kubernetes" {
+		return kubeBackend(ctx, cfg, log)
+	}
 	if cfg.PodBackend != "docker" {
 		b, err := local.New(local.Config{
 			Root:    filepath.Join(cfg.StateDir, "envs"),
@@ -56,4 +63,42 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 	log.Info().Str("image", d.Image).Str("network", d.Network).Int("memory_mib", d.MemoryMiB).
 		Float64("cpus", d.CPUs).Int("pids", d.Pids).Msg("docker pod backend ready")
 	return b, docker.RunnerBin, nil
+}
+
+// kubeBackend builds the kubernetes pod backend from KUBECONFIG (or the in-cluster
+// configuration) and checks its permissions at boot.
+func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger) (podworker.Backend, string, error) {
+	k := cfg.Kube
+	var rc *rest.Config
+	var err error
+	if k.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("POD_BACKEND=kubernetes: cluster configuration (KUBECONFIG, or in-cluster): %w", err)
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, "", fmt.Errorf("POD_BACKEND=kubernetes: %w", err)
+	}
+	privileged := k.Privileged
+	b, err := kube.New(kube.Config{
+		Client: client, Namespace: k.Namespace, Image: k.Image,
+		Resources:      kube.Resources{CPURequest: k.CPURequest, CPULimit: k.CPULimit, MemoryRequest: k.MemoryRequest, MemoryLimit: k.MemoryLimit},
+		ActiveDeadline: k.ActiveDeadline, Grace: k.Grace, ServiceAccount: k.ServiceAccount, ImagePullSecrets: k.PullSecrets,
+		SpiffeCSI: k.SpiffeCSI, Privileged: &privileged, Log: log,
+	})
+	if err != nil {
+		return nil, "", err
+	}
+	if err := b.Check(ctx); err != nil {
+		return nil, "", fmt.Errorf("POD_BACKEND=kubernetes: %w", err)
+	}
+	if privileged {
+		log.Warn().Msg("POD_PRIVILEGED=true (the default): job Pods are privileged so workflows can set up Docker, BuildKit or kind; run them in a dedicated namespace on dedicated nodes")
+	}
+	log.Info().Str("namespace", k.Namespace).Str("image", k.Image).Bool("spiffe_csi", k.SpiffeCSI).Msg("kubernetes pod backend ready")
+	return b, kube.RunnerBin, nil
 }

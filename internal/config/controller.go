@@ -56,6 +56,7 @@ type Controller struct {
 	DevCA                    bool
 	PodBackend               string
 	Docker                   DockerPod
+	Kube                     KubePod
 	PodConcurrency           int
 	VMConcurrency            int
 	Lease, Pickup, Keepalive time.Duration
@@ -183,7 +184,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	}
 	// Docker environments run the runner inside the executor image; GITEA_RUNNER_BIN is the
 	// host's copy, for local environments and microVMs.
-	hostRunner := (c.Has(PodWorker) && c.PodBackend != "docker") || c.Has(VMWorker)
+	hostRunner := (c.Has(PodWorker) && c.PodBackend == "local") || c.Has(VMWorker)
 	if c.Has(PodWorker) || c.Has(VMWorker) {
 		switch {
 		case hostRunner && c.GiteaRunnerBin == "":
@@ -222,13 +223,14 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	}
 
 	switch c.PodBackend {
-	case "local", "docker":
+	case "local", "docker", "kubernetes":
 	default:
-		e.fail("POD_BACKEND=%q: want local or docker (kubernetes is not part of this release)", c.PodBackend)
+		e.fail("POD_BACKEND=%q: want local, docker or kubernetes", c.PodBackend)
 	}
 	c.Docker = loadDocker(e, c)
 	c.SpiffeEndpointSocket = e.str("SPIFFE_ENDPOINT_SOCKET", "")
 	c.DevCA = c.SpiffeEndpointSocket == ""
+	c.Kube = loadKube(e, c)
 	if !c.DevCA && c.PodBackend == "docker" && c.Has(PodWorker) {
 		e.fail("SPIFFE_ENDPOINT_SOCKET with POD_BACKEND=docker: the docker backend does not mount the Workload API socket into containers yet; leave it unset (the development CA gives each container its SVID files)")
 	}
