@@ -205,6 +205,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		w.view.Observe(next)
 		st = next
 	}
+	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
+		// A redelivery without a `started` record: an earlier attempt may have started an
+		// environment holding a token that is not the one about to be recorded. Remove it.
+		w.destroyUnrecorded(ctx, st)
+	}
 	h, tokenID, err := w.start(ctx, msg, st)
 	if err != nil {
 		logger.Warn().Err(err).Msg("start environment")
@@ -276,6 +281,23 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 		return Handle{}, "", err
 	}
 	return h, tok.ID(), nil
+}
+
+// destroyUnrecorded destroys environments of st's task and epoch that no `started` record
+// names.
+func (w *Worker) destroyUnrecorded(ctx context.Context, st assignment.State) {
+	hs, err := w.backend.List(ctx)
+	if err != nil {
+		w.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(st.Task)).Msg("list environments before a retried start")
+		return
+	}
+	for _, h := range hs {
+		if h.Task == st.Task && h.Epoch == st.Epoch() {
+			if err := w.backend.Destroy(ctx, h); err != nil {
+				w.cfg.Log.Warn().Err(err).Str(logkey.Env, h.ID).Msg("destroy an unrecorded environment")
+			}
+		}
+	}
 }
 
 // retry naks a message for redelivery, or on its last delivery fails the assignment and

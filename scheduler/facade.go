@@ -293,8 +293,15 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 			fmt.Errorf("dynrunner facade: token %s is not bound to %s", tok, c.id))
 	}
 	st, err := f.current(ctx, c)
+	if err == nil && (st.Phase == assignment.Claimed || st.Phase == assignment.Dispatched) {
+		st, err = f.fresh(ctx, c)
+	}
 	if err != nil {
 		return nil, err
+	}
+	if st.Phase == assignment.Claimed || st.Phase == assignment.Dispatched {
+		// The environment is faster than its worker's `started` record: ask it to retry.
+		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("dynrunner facade: task %d: the environment's start is not recorded yet; retry", c.task))
 	}
 	uuid, err := newUUID()
 	if err != nil {
@@ -346,16 +353,23 @@ func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 			return nil, err
 		}
 	}
+	if st.Phase == assignment.Running {
+		// Handed over already, to this very runner (runner checked its credentials): its
+		// first answer was lost (a timeout, a controller restart). Hand it the same task again;
+		// no other runner holds these credentials.
+		task, err := f.openTask(ctx, c, st)
+		if err != nil {
+			return nil, err
+		}
+		f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Msg("task handed again to its runner")
+		return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task, TasksVersion: req.Msg.GetTasksVersion()}), nil
+	}
 	if st.Phase != assignment.Registered {
-		return empty, nil // handed over already, or ended: nothing (more) to run
+		return empty, nil // ended: nothing to run
 	}
-	sealed, err := f.log.GetTask(ctx, c.task)
+	task, err := f.openTask(ctx, c, st)
 	if err != nil {
-		return nil, connect.NewError(connect.CodeUnavailable, err)
-	}
-	task, err := OpenTask(f.cfg.Box, c.task, sealed, st.TaskDigest)
-	if err != nil {
-		return nil, connect.NewError(connect.CodeInternal, err)
+		return nil, err
 	}
 	if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Running, Task: c.task, Epoch: c.epoch, RunnerUUID: st.RunnerUUID}, &st); err != nil {
 		if errors.Is(err, assignment.ErrNoChange) || connect.CodeOf(err) == connect.CodeFailedPrecondition {
@@ -365,6 +379,19 @@ func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 	}
 	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Msg("task handed to the environment")
 	return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task, TasksVersion: req.Msg.GetTasksVersion()}), nil
+}
+
+// openTask reads and unseals the assignment's task.
+func (f *Facade) openTask(ctx context.Context, c caller, st assignment.State) (*runnerv1.Task, error) {
+	sealed, err := f.log.GetTask(ctx, c.task)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeUnavailable, err)
+	}
+	task, err := OpenTask(f.cfg.Box, c.task, sealed, st.TaskDigest)
+	if err != nil {
+		return nil, connect.NewError(connect.CodeInternal, err)
+	}
+	return task, nil
 }
 
 // UpdateTask forwards the runner's state upstream and records the end of the job.

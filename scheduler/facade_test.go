@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -100,9 +101,14 @@ func TestFacadeLifecycle(t *testing.T) {
 	if got.Msg.GetTask().GetId() != 42 || got.Msg.GetTask().GetSecrets()["API_KEY"] != "s3cr3t" {
 		t.Fatalf("fetched task = %v", got.Msg.GetTask())
 	}
+	// A retried fetch (its first answer lost) gets the same task again, and only this runner
+	// can ask: the handover is recorded once.
 	again, err := rc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
-	if err != nil || again.Msg.GetTask() != nil {
-		t.Fatalf("second fetch = %v, %v; want no task", again.Msg.GetTask(), err)
+	if err != nil || again.Msg.GetTask().GetId() != 42 {
+		t.Fatalf("second fetch = %v, %v; want the same task", again.Msg.GetTask(), err)
+	}
+	if cur, _ := e.log.Get(ctx, 42); cur.Phase != assignment.Running {
+		t.Fatalf("after a second fetch the assignment is %s, want running", cur.Phase)
 	}
 
 	if _, err := rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Rows: []*runnerv1.LogRow{{Content: "hello"}}})); err != nil {
@@ -217,5 +223,22 @@ func TestFacadeGuestListener(t *testing.T) {
 	}
 	if _, err := rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 61, Result: runnerv1.Result_RESULT_SUCCESS}})); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestFacadeRegisterBeforeStartedIsRetryable: an environment faster than its worker's
+// `started` record is told to retry, not refused for good.
+func TestFacadeRegisterBeforeStartedIsRetryable(t *testing.T) {
+	e := newEnv(t)
+	srv := e.facadeServer()
+	st := e.claim(sampleTask(70))
+	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := e.client(workload.AssignmentID(e.td, 70, st.Epoch()))
+	_, err = runnerClient(hc, srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret()}))
+	if codeOf(err) != connect.CodeUnavailable {
+		t.Fatalf("register before started: %v, want unavailable (retry)", err)
 	}
 }

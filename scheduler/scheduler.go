@@ -144,21 +144,25 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 	}
 }
 
-// full reports whether every enabled tier has as many live assignments as it has capacity.
+// full reports whether an enabled tier has as many live assignments as it has capacity.
 func (s *Scheduler) full() bool {
 	if len(s.cfg.Capacity) == 0 {
 		return false
 	}
 	live := map[assignment.Backend]int{}
 	for _, st := range s.view.Live() {
-		live[st.Backend]++
-	}
-	for _, b := range s.cfg.Backends {
-		if c, ok := s.cfg.Capacity[b]; !ok || live[b] < c {
-			return false
+		if st.Phase != assignment.Failed { // a failed assignment's environment is gone
+			live[st.Backend]++
 		}
 	}
-	return true
+	// Pause while any tier is full: a task the forge hands over cannot be given back, and one
+	// claimed for a full tier would wait for a slot and could miss its pickup deadline.
+	for _, b := range s.cfg.Backends {
+		if c, ok := s.cfg.Capacity[b]; ok && live[b] >= c {
+			return true
+		}
+	}
+	return false
 }
 
 func backoff(cur, base, max time.Duration) time.Duration {
@@ -327,13 +331,17 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	}
 }
 
+// giveUpReporting is how long a failure report is retried before the assignment is closed
+// without it.
+const giveUpReporting = 15 * time.Minute
+
 // forgetAfter is how long an ended assignment stays in the in-memory view.
 const forgetAfter = time.Hour
 
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
-	// After a restart, environments get one renewal interval to reach the facade again
+	// After a restart, environments get two renewal intervals to reach the facade again
 	// before deadlines that passed while the controller was down are enforced.
-	grace := now.Sub(s.started) < s.cfg.Lease/3
+	grace := now.Sub(s.started) < 2*s.cfg.Lease/3
 	if ev, due := assignment.Overdue(st, now); due && !grace {
 		ev.Actor = s.cfg.Actor
 		next, err := s.log.Apply(ctx, ev, &st)
@@ -396,7 +404,13 @@ func (s *Scheduler) keepalive(ctx context.Context, st assignment.State, now time
 // closeFailed reports a failed assignment upstream, then records that it was reported.
 func (s *Scheduler) closeFailed(ctx context.Context, st assignment.State) error {
 	if err := s.failUpstream(ctx, st.Task, []string{"dynrunner: the job failed: " + st.Reason}); err != nil {
-		return err
+		// The forge may never accept the report (the task was deleted, the runner
+		// re-registered). Give up after a while rather than keep the assignment and its
+		// secret material forever.
+		if s.cfg.Now().Sub(st.At) < giveUpReporting {
+			return err
+		}
+		s.cfg.Log.Error().Err(err).Int64(logkey.TaskID, int64(st.Task)).Msg("the forge did not take the failure report; closing the assignment anyway")
 	}
 	next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
 		Actor: s.cfg.Actor, At: s.cfg.Now()}, &st)

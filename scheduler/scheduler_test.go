@@ -136,7 +136,8 @@ func TestSchedulerFailsClaimsNotPickedUp(t *testing.T) {
 	e.runScheduler(clk)
 	e.forge.push(taskWithRunsOn(31, "[self-hosted, pod]"))
 	eventually(t, "the claim", func() bool { _, err := e.log.Get(t.Context(), 31); return err == nil })
-	clk.Advance(2*time.Minute + time.Second)
+	// Past the pickup deadline (2 min) and the restart grace (2/3 of the 5 min lease).
+	clk.Advance(3*time.Minute + 30*time.Second)
 	eventually(t, "the upstream failure", func() bool { return e.forge.result(31) == runnerv1.Result_RESULT_FAILURE })
 	eventually(t, "the closed record", func() bool {
 		st, err := e.log.Get(t.Context(), 31)

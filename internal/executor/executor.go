@@ -143,8 +143,10 @@ func Run(ctx context.Context, cfg Config) error {
 				return next(ctx, req)
 			}
 		})))
-	ticker := time.NewTicker(cfg.Renew)
-	defer ticker.Stop()
+	// Renew at once (the lease has run since the claim), then every cfg.Renew; after a failed
+	// renewal retry sooner, so a controller back from a restart hears from us within seconds.
+	renew := time.NewTimer(0)
+	defer renew.Stop()
 	stop := func(why string) {
 		log.Warn().Str("why", why).Msg("stopping the runner")
 		_ = syscall.Kill(-daemon.Process.Pid, syscall.SIGTERM)
@@ -161,16 +163,20 @@ func Run(ctx context.Context, cfg Config) error {
 		case <-ctx.Done():
 			stopOnce.Do(func() { stop("executor stopped") })
 			ctx = context.WithoutCancel(ctx)
-		case <-ticker.C:
-			resp, err := lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: int64(cfg.Task), Epoch: uint64(cfg.Epoch)}))
+		case <-renew.C:
+			rctx, cancel := context.WithTimeout(ctx, renewRetry)
+			resp, err := lease.Renew(rctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: int64(cfg.Task), Epoch: uint64(cfg.Epoch)}))
+			cancel()
 			if err != nil {
 				// The controller may be restarting; the lease outlasts a few missed renewals.
-				log.Warn().Err(err).Msg("lease renewal failed; retrying at the next tick")
+				log.Warn().Err(err).Dur("retry_in", renewRetry).Msg("lease renewal failed")
 				if connect.CodeOf(err) == connect.CodeFailedPrecondition {
 					stopOnce.Do(func() { stop("the facade refused the lease: " + err.Error()) })
 				}
+				renew.Reset(min(renewRetry, cfg.Renew))
 				continue
 			}
+			renew.Reset(cfg.Renew)
 			if resp.Msg.GetEnded() {
 				stopOnce.Do(func() { stop("the assignment ended") })
 				continue
@@ -179,6 +185,9 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 	}
 }
+
+// renewRetry bounds one renewal call and is the pause before retrying a failed one.
+const renewRetry = 5 * time.Second
 
 // registration is the Gitea runner's `.runner` file.
 type registration struct {
