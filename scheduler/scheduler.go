@@ -322,13 +322,14 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 		}
 	}
 	s.cfg.Metrics.Live.Set(float64(live))
-	s.dropEnded(ctx)
-	// Ended assignments stay in the view for an hour so late reports get a clear answer.
+	// Ended assignments stay in the view for an hour so late reports get a clear answer; older
+	// ones were dropped before (or expire with the bucket's max age), so forget them first.
 	for _, id := range s.view.Forget(now.Add(-forgetAfter)) {
 		s.mu.Lock()
 		delete(s.dropped, id)
 		s.mu.Unlock()
 	}
+	s.dropEnded(ctx)
 }
 
 // giveUpReporting is how long a failure report is retried before the assignment is closed

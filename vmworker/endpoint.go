@@ -27,9 +27,11 @@ type EndpointConfig struct {
 	// Allowed is the bridge network; requests from anywhere else are refused.
 	Allowed netip.Prefix
 	// What a guest receives with its token.
-	FacadeURL     string
-	FacadeID      string
-	FacadeCAPEM   []byte
+	FacadeURL string
+	FacadeID  string
+	// FacadeCA returns the facade's CA bundle (PEM) at the time of each redemption, so a
+	// rotated CA reaches new guests.
+	FacadeCA      func() ([]byte, error)
 	RunnerBin     string
 	RunnerSHA256  string
 	RunnerVersion string
@@ -108,7 +110,25 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "dynrunner nonce endpoint: want {\"instance_id\": <uuid>, \"nonce\": <url-safe nonce>}", http.StatusBadRequest)
 		return
 	}
-	task, epoch, token, err := e.nonces.Redeem(r.Context(), req.InstanceID, req.Nonce)
+	// Check the assignment before the nonce is spent, so a failed read costs the guest a retry,
+	// not its job.
+	task, epoch, err := e.nonces.Peek(r.Context(), req.InstanceID, req.Nonce)
+	if err == nil {
+		st, gerr := e.log.Get(r.Context(), task)
+		switch {
+		case gerr != nil && !errors.Is(gerr, assignment.ErrNotFound):
+			e.cfg.Log.Error().Err(gerr).Msg("read the assignment of a nonce")
+			http.Error(w, "dynrunner nonce endpoint: try again", http.StatusServiceUnavailable)
+			return
+		case gerr != nil || st.Epoch() != epoch || !st.Live() || st.Phase == assignment.Failed:
+			http.Error(w, "dynrunner nonce endpoint: the assignment is no longer current", http.StatusGone)
+			return
+		}
+	}
+	var token string
+	if err == nil {
+		task, epoch, token, err = e.nonces.Redeem(r.Context(), req.InstanceID, req.Nonce)
+	}
 	switch {
 	case errors.Is(err, ErrUnknownNonce):
 		http.Error(w, "dynrunner nonce endpoint: unknown nonce", http.StatusNotFound)
@@ -122,8 +142,10 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "dynrunner nonce endpoint: try again", http.StatusServiceUnavailable)
 		return
 	}
-	if st, err := e.log.Get(r.Context(), task); err != nil || st.Epoch() != epoch || !st.Live() || st.Phase == assignment.Failed {
-		http.Error(w, "dynrunner nonce endpoint: the assignment is no longer current", http.StatusGone)
+	ca, err := e.cfg.FacadeCA()
+	if err != nil {
+		e.cfg.Log.Error().Err(err).Msg("facade CA for a guest")
+		http.Error(w, "dynrunner nonce endpoint: try again", http.StatusServiceUnavailable)
 		return
 	}
 	e.cfg.Log.Info().Int64(logkey.TaskID, int64(task)).Uint64(logkey.Epoch, uint64(epoch)).Str("instance_id", req.InstanceID).Msg("nonce redeemed")
@@ -131,7 +153,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(Grant{
 		TaskID: int64(task), Epoch: uint64(epoch), Token: token,
-		FacadeURL: e.cfg.FacadeURL, FacadeSpiffeID: e.cfg.FacadeID, FacadeCAPEM: string(e.cfg.FacadeCAPEM),
+		FacadeURL: e.cfg.FacadeURL, FacadeSpiffeID: e.cfg.FacadeID, FacadeCAPEM: string(ca),
 		RunnerPath: "/v1/runner", RunnerSHA256: e.cfg.RunnerSHA256, RunnerVersion: e.cfg.RunnerVersion,
 		Labels: e.cfg.Labels, RenewSecs: int(e.cfg.Renew.Seconds()),
 	})

@@ -87,15 +87,20 @@ func (n *Nonces) Issue(ctx context.Context, nonce, instanceID string, task assig
 	return nil
 }
 
-// Redeem trades a nonce for its token, once.
-func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignment.TaskID, assignment.Epoch, string, error) {
+// Peek returns the assignment a nonce was issued for, without redeeming it.
+func (n *Nonces) Peek(ctx context.Context, instanceID, nonce string) (assignment.TaskID, assignment.Epoch, error) {
+	rec, _, err := n.read(ctx, instanceID, nonce)
+	return rec.Task, rec.Epoch, err
+}
+
+func (n *Nonces) read(ctx context.Context, instanceID, nonce string) (nonceRecord, uint64, error) {
 	key := nonceKey(nonce)
 	e, err := n.kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return 0, 0, "", ErrUnknownNonce
+		return nonceRecord{}, 0, ErrUnknownNonce
 	}
 	if err != nil {
-		return 0, 0, "", fmt.Errorf("vmworker: redeem: %w", err)
+		return nonceRecord{}, 0, fmt.Errorf("vmworker: redeem: %w", err)
 	}
 	var rec nonceRecord
 	plain, err := n.box.Open(e.Value(), nonceAAD(key))
@@ -103,13 +108,23 @@ func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignme
 		err = json.Unmarshal(plain, &rec)
 	}
 	if err != nil {
-		return 0, 0, "", fmt.Errorf("vmworker: redeem: %w", err)
+		return nonceRecord{}, 0, fmt.Errorf("vmworker: redeem: %w", err)
 	}
 	if rec.InstanceID != instanceID {
-		return 0, 0, "", ErrUnknownNonce
+		return nonceRecord{}, 0, ErrUnknownNonce
 	}
 	if rec.Redeemed {
-		return 0, 0, "", ErrNonceRedeemed
+		return nonceRecord{}, 0, ErrNonceRedeemed
+	}
+	return rec, e.Revision(), nil
+}
+
+// Redeem trades a nonce for its token, once.
+func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignment.TaskID, assignment.Epoch, string, error) {
+	key := nonceKey(nonce)
+	rec, rev, err := n.read(ctx, instanceID, nonce)
+	if err != nil {
+		return 0, 0, "", err
 	}
 	token := rec.Token
 	rec.Token, rec.Redeemed = "", true
@@ -117,7 +132,7 @@ func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignme
 	if err != nil {
 		return 0, 0, "", err
 	}
-	if _, err := n.kv.Update(ctx, key, sealed, e.Revision()); err != nil {
+	if _, err := n.kv.Update(ctx, key, sealed, rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return 0, 0, "", ErrNonceRedeemed // another redemption won the race
 		}

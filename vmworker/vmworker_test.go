@@ -110,7 +110,7 @@ func endpoint(t *testing.T, r rig) *vmworker.Endpoint {
 	}
 	e, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
 		Listen: "10.213.0.1:7001", Allowed: netip.MustParsePrefix("10.213.0.0/24"),
-		FacadeURL: "https://10.213.0.1:8444", FacadeID: "spiffe://dynrunner.local/dynrunner/facade", FacadeCAPEM: []byte("CA"),
+		FacadeURL: "https://10.213.0.1:8444", FacadeID: "spiffe://dynrunner.local/dynrunner/facade", FacadeCA: func() ([]byte, error) { return []byte("CA"), nil },
 		RunnerBin: bin, RunnerSHA256: "abc", RunnerVersion: "v1.0.8", Labels: []string{"vm:host"}, Renew: 30 * time.Second,
 		Log: zerolog.New(zerolog.NewTestWriter(t)),
 	}, r.nonces, r.log)

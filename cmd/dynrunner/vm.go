@@ -38,17 +38,19 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 	if err != nil {
 		return err
 	}
-	bundle, err := facadeSrc.GetX509BundleForTrustDomain(cfg.TrustDomain)
-	if err != nil {
-		return fmt.Errorf("vm worker: facade CA: %w", err)
+	facadeCA := func() ([]byte, error) {
+		bundle, err := facadeSrc.GetX509BundleForTrustDomain(cfg.TrustDomain)
+		if err != nil {
+			return nil, fmt.Errorf("vm worker: facade CA: %w", err)
+		}
+		return bundle.Marshal()
 	}
-	caPEM, err := bundle.Marshal()
-	if err != nil {
-		return fmt.Errorf("vm worker: facade CA: %w", err)
+	if _, err := facadeCA(); err != nil {
+		return err
 	}
 	ep, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
 		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.GuestNet,
-		FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID.String(), FacadeCAPEM: caPEM,
+		FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID.String(), FacadeCA: facadeCA,
 		RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
 		Labels: []string{"self-hosted:host", "vm:host"}, Renew: cfg.Lease / 3, Log: vlog,
 	}, nonces, evlog)

@@ -99,8 +99,10 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 		Bucket:      BucketTasks,
 		Description: "dynrunner sealed forge tasks (AES-GCM), purged when the assignment ends",
 		History:     1,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
+		// Purge markers (and anything a crash left) expire with the audit history.
+		TTL:      cfg.Retention,
+		Storage:  jetstream.FileStorage,
+		Replicas: cfg.Replicas,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketTasks, err)
