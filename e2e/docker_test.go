@@ -159,3 +159,63 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestDockerContainerRemovedMidJob removes a job's container while the job runs: the job fails
+// in Gitea with a message saying the environment ended, and nothing is left behind.
+func TestDockerContainerRemovedMidJob(t *testing.T) {
+	tools := needTools(t)
+	needDocker(t)
+	image := executorImage(t)
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "docker-removed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
+	c.start()
+	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/removed.yml", `name: removed
+on: [push]
+jobs:
+  victim:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: for i in $(seq 1 600); do echo "tick $i"; sleep 0.1; done
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for !strings.Contains(runningLog(t, f, repo, sha), "tick 10\n") {
+		if time.Now().After(deadline) {
+			t.Fatal("the job did not log its 10th tick within 2 minutes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").Output()
+	ids := strings.Fields(string(out))
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("want exactly one job container, have %q (%v)", ids, err)
+	}
+	if out, err := exec.Command("docker", "rm", "-f", ids[0]).CombinedOutput(); err != nil {
+		t.Fatalf("docker rm: %v: %s", err, out)
+	}
+	run := waitRun(t, f, repo, sha, 5*time.Minute)
+	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "failure" {
+		t.Fatalf("run after the container was removed: %+v", run.Jobs)
+	}
+	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
+		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for len(managedContainers(t)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
