@@ -219,3 +219,20 @@ jobs:
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestDockerControllerSIGKILLMidJob: with the docker backend, a controller killed mid-job and
+// started again adopts the running container; the job finishes with its complete log,
+// reported once, and the container is removed.
+func TestDockerControllerSIGKILLMidJob(t *testing.T) {
+	tools := needTools(t)
+	needDocker(t)
+	image := executorImage(t)
+	sigkillMidJob(t, tools, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
+	deadline := time.Now().Add(30 * time.Second)
+	for len(managedContainers(t)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
