@@ -39,6 +39,13 @@ var (
 // is unavailable (NeedDocker). Call RemoveTestBinaryImage from TestMain after the tests.
 func TestBinaryImage(t *testing.T) string {
 	t.Helper()
+	return ImageRepository + "@" + TestBinaryImageID(t)
+}
+
+// TestBinaryImageID is TestBinaryImage's image as the Docker engine names it (sha256:<hex>),
+// for tests that run the test binary in containers directly (podworker/docker's).
+func TestBinaryImageID(t *testing.T) string {
+	t.Helper()
 	NeedDocker(t)
 	imageOnce.Do(func() {
 		began := time.Now()
@@ -48,7 +55,7 @@ func TestBinaryImage(t *testing.T) string {
 	if imageErr != nil {
 		t.Fatalf("kubetest: build the test image: %v", imageErr)
 	}
-	return ImageRepository + "@" + imageID
+	return imageID
 }
 
 // RemoveTestBinaryImage removes the image TestBinaryImage built, if any.

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dynrunner/dynrunner/internal/kubetest"
 	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
 
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 		os.Exit(fakeExecutor(mode))
 	}
 	code := m.Run()
-	removeTestImage()
+	kubetest.RemoveTestBinaryImage()
 	os.Exit(code)
 }
 
