@@ -11,4 +11,5 @@ const (
 	Env       = "env"
 	Phase     = "phase"
 	SpiffeID  = "spiffe_id"
+	PodUID    = "pod_uid"
 )

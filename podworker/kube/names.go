@@ -51,8 +51,11 @@ func labels(task assignment.TaskID, epoch assignment.Epoch) map[string]string {
 	}
 }
 
-// selector selects every object of the backend.
-var selector = LabelManagedBy + "=" + ManagedBy + "," + LabelComponent + "=" + Component
+// Selector is the label selector of every object (Pod, Secret) the backend creates.
+const Selector = LabelManagedBy + "=" + ManagedBy + "," + LabelComponent + "=" + Component
+
+// selector is Selector, for the package's own lists.
+const selector = Selector
 
 // managed reports whether an object carries the backend's labels.
 func managed(m metav1.Object) bool {
@@ -69,6 +72,16 @@ func taskOf(m metav1.Object) (assignment.TaskID, assignment.Epoch) {
 		return 0, 0
 	}
 	return task, epoch
+}
+
+// Assignment returns the task and epoch of an object the backend created, read from its name
+// and checked against its labels; ok is false for any other object.
+func Assignment(m metav1.Object) (task assignment.TaskID, epoch assignment.Epoch, ok bool) {
+	if !managed(m) {
+		return 0, 0, false
+	}
+	task, epoch = taskOf(m)
+	return task, epoch, task > 0
 }
 
 // handle is the Handle of pod.
