@@ -25,6 +25,7 @@ Usage:
   dynrunner executor        run one job inside an environment (started by a pod worker)
   dynrunner launcher        boot one microVM for a job and clean everything up (used by the vm worker)
   dynrunner guest           run one job inside a microVM (reads the NoCloud seed), then power off
+  dynrunner identity        register job Pods with SPIRE: one entry per Pod UID, deleted when the Pod ends
   dynrunner events [--json] follow the audit stream of assignment transitions
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
   dynrunner version         print the version
@@ -50,6 +51,8 @@ func main() {
 		err = runLauncher(ctx, args)
 	case "guest":
 		err = runGuest(ctx, args)
+	case "identity":
+		err = runIdentity(ctx, args)
 	case "events":
 		err = runEvents(ctx, args, os.Stdout)
 	case "demo":

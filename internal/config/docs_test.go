@@ -62,6 +62,7 @@ func TestDocsListEveryVariable(t *testing.T) {
 	}{
 		{"Controller variables", ControllerVars},
 		{"Executor variables", ExecutorVars},
+		{"Identity registrar variables", IdentityVars},
 	} {
 		t.Run(tc.section, func(t *testing.T) {
 			rows, ok := tables[tc.section]

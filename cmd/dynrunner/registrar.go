@@ -1,0 +1,107 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dynrunner/dynrunner/identity"
+	"github.com/dynrunner/dynrunner/internal/config"
+)
+
+// runIdentity runs the SPIRE registrar of job Pods (`dynrunner identity`).
+func runIdentity(ctx context.Context, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("takes no arguments (configuration comes from the environment; see docs/configuration.md)")
+	}
+	cfg, err := config.LoadIdentity(os.Getenv)
+	if err != nil {
+		return fmt.Errorf("configuration:\n%w", err)
+	}
+	log, err := newLogger(os.Stderr, cfg.LogFormat, cfg.LogLevel, "identity")
+	if err != nil {
+		return err
+	}
+	var rc *rest.Config
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	kc, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	// The SPIRE server's admin socket is local: a unix socket whose peers the server trusts as
+	// admins (no TLS on it).
+	conn, err := grpc.NewClient("unix://"+cfg.ServerSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return fmt.Errorf("spire server admin socket %s: %w", cfg.ServerSocket, err)
+	}
+	defer func() { _ = conn.Close() }()
+	rcfg := identity.Config{
+		Kube: kc, Namespace: cfg.Namespace, Entries: entryv1.NewEntryClient(conn),
+		TrustDomain: cfg.TrustDomain, ParentID: cfg.ParentID, Selectors: identity.Selectors(cfg.Selectors),
+		SVIDTTL: cfg.SVIDTTL, Resync: cfg.Resync, Log: log,
+	}
+	if len(cfg.NodeAliasSelectors) > 0 {
+		sel, err := identity.ParseSelectors(strings.Join(cfg.NodeAliasSelectors, ","))
+		if err != nil {
+			return fmt.Errorf("IDENTITY_NODE_ALIAS_SELECTORS: %w", err)
+		}
+		rcfg.NodeAlias = &identity.NodeAlias{Selectors: sel}
+	}
+	if len(cfg.FacadeSelectors) > 0 {
+		sel, err := identity.ParseSelectors(strings.Join(cfg.FacadeSelectors, ","))
+		if err != nil {
+			return fmt.Errorf("IDENTITY_FACADE_SELECTORS: %w", err)
+		}
+		rcfg.FacadeSelectors, rcfg.FacadeID = sel, cfg.FacadeID
+	}
+	reg, err := identity.New(rcfg)
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !reg.Ready() {
+			http.Error(w, "not ready: no reconciliation has succeeded yet\n", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	hln, err := net.Listen("tcp", cfg.HTTPListen)
+	if err != nil {
+		return fmt.Errorf("HTTP_LISTEN: %w", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return reg.Run(gctx) })
+	g.Go(func() error {
+		return serve(gctx, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, hln, false)
+	})
+	log.Info().Str("listen", hln.Addr().String()).Str("spire_server_socket", cfg.ServerSocket).Msg("identity registrar started")
+	err = g.Wait()
+	created, deleted := reg.Stats()
+	log.Info().Int64("entries_created", created).Int64("entries_deleted", deleted).Msg("identity registrar stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
