@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/identity"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
 
@@ -225,20 +226,29 @@ func TestManifestsDryRun(t *testing.T) {
 	}
 }
 
-// TestRoleIsRBACRules keeps the controller's Role equal to podworker/kube.RBACRules().
+// TestRoleIsRBACRules keeps the controller's Role equal to podworker/kube.RBACRules() and the
+// identity registrar's to identity.RBACRules().
 func TestRoleIsRBACRules(t *testing.T) {
-	for _, m := range load(t) {
-		if m.obj.GetKind() != "Role" || m.obj.GetNamespace() != "dynrunner-jobs" || m.obj.GetName() != "dynrunner-controller" {
-			continue
+	for name, want := range map[string][]rbacv1.PolicyRule{
+		"dynrunner-controller": kube.RBACRules(),
+		"dynrunner-identity":   identity.RBACRules(),
+	} {
+		found := false
+		for _, m := range load(t) {
+			if m.obj.GetKind() != "Role" || m.obj.GetNamespace() != "dynrunner-jobs" || m.obj.GetName() != name {
+				continue
+			}
+			found = true
+			var role rbacv1.Role
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, &role); err != nil {
+				t.Fatalf("%s: %v", m, err)
+			}
+			if !equality.Semantic.DeepEqual(role.Rules, want) {
+				t.Errorf("%s: rules %+v, want %+v", m, role.Rules, want)
+			}
 		}
-		var role rbacv1.Role
-		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, &role); err != nil {
-			t.Fatalf("%s: %v", m, err)
+		if !found {
+			t.Errorf("no Role dynrunner-jobs/%s", name)
 		}
-		if want := kube.RBACRules(); !equality.Semantic.DeepEqual(role.Rules, want) {
-			t.Fatalf("%s: rules %+v, want podworker/kube.RBACRules() %+v", m, role.Rules, want)
-		}
-		return
 	}
-	t.Fatal("no Role dynrunner-jobs/dynrunner-controller")
 }
