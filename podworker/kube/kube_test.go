@@ -102,7 +102,14 @@ func (e *env) restrictedClient(t *testing.T, ns string) kubernetes.Interface {
 	if _, err := e.c.Client.RbacV1().RoleBindings(ns).Create(ctxT(t), rb, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	return kubernetes.NewForConfigOrDie(e.c.UserConfig())
+	client := kubernetes.NewForConfigOrDie(e.c.UserConfig())
+	// The apiserver's RBAC authorizer learns of the new binding through its informers, a
+	// moment after the create returned.
+	pollT(t, "the role binding is in effect", func() bool {
+		_, err := client.CoreV1().Pods(ns).List(ctxT(t), metav1.ListOptions{Limit: 1})
+		return err == nil
+	})
+	return client
 }
 
 // modes maps the conformance behaviors to fake executor modes.
