@@ -27,8 +27,8 @@ import (
 	"k8s.io/client-go/restmapper"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dynrunner/dynrunner/internal/kubetest"
 	"github.com/dynrunner/dynrunner/identity"
+	"github.com/dynrunner/dynrunner/internal/kubetest"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
 

@@ -102,7 +102,7 @@ type Config struct {
 	// identity (FacadeID, parent ParentID), kept like the Pod entries.
 	FacadeSelectors []*types.Selector
 	// FacadeID is the facade's SPIFFE ID; zero: workload.FacadeID of the trust domain.
-	FacadeID spiffeid.ID
+	FacadeID  spiffeid.ID
 	Selectors Selectors
 	// SVIDTTL is the X509-SVID lifetime of Pod entries; agents rotate before it ends.
 	SVIDTTL time.Duration
