@@ -227,7 +227,7 @@ func TestDockerControllerSIGKILLMidJob(t *testing.T) {
 	tools := needTools(t)
 	needDocker(t)
 	image := executorImage(t)
-	sigkillMidJob(t, tools, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
+	sigkillMidJob(t, tools, nil, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
 	deadline := time.Now().Add(30 * time.Second)
 	for len(managedContainers(t)) > 0 {
 		if time.Now().After(deadline) {

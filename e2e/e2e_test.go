@@ -227,11 +227,13 @@ var lineRe = regexp.MustCompile(`(?m)^count (\d+)$`)
 // job finishes with its complete log, reported once.
 func TestControllerSIGKILLMidJob(t *testing.T) {
 	tools := needTools(t)
-	sigkillMidJob(t, tools)
+	sigkillMidJob(t, tools, nil)
 }
 
-// sigkillMidJob runs the SIGKILL scenario with a controller configured by extra.
-func sigkillMidJob(t *testing.T, tools devforge.Tools, extra ...string) {
+// sigkillMidJob runs a job, SIGKILLs the controller while it runs and starts it again; the job
+// must finish complete and be reported once. running, when not nil, is called once the job
+// runs, before the kill.
+func sigkillMidJob(t *testing.T, tools devforge.Tools, running func(), extra ...string) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "crash")
@@ -263,6 +265,9 @@ jobs:
 			t.Fatal("the job did not log its 20th line within 2 minutes")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if running != nil {
+		running()
 	}
 	c.kill()
 	t.Log("controller SIGKILLed while the job runs")

@@ -1,0 +1,475 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
+	"connectrpc.com/connect"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/kube"
+)
+
+// kubeTrustDomain is the trust domain of the Kubernetes tier's SPIRE.
+const kubeTrustDomain = "dynrunner.e2e"
+
+// kubeEnv is the Kubernetes tier of one test: a real etcd and kube-apiserver, a test kubelet
+// running Pods on the Docker engine and a scheduler binding them to its node, a real SPIRE
+// server and agent, and `dynrunner identity` registering the job Pods with SPIRE.
+type kubeEnv struct {
+	cluster *kubetest.Cluster
+	spire   *spiretest.SPIRE
+	ns      string
+	// facadeURL is the facade's address on a non-loopback host address (Pods cannot reach a
+	// loopback facade; the test kubelet's containers share the host's network).
+	facadeURL string
+	facadeID  spiffeid.ID
+	// controllerEnv configures a controller for this tier (POD_BACKEND=kubernetes).
+	controllerEnv []string
+}
+
+func startKube(t *testing.T) *kubeEnv {
+	t.Helper()
+	needDocker(t)
+	image := executorImage(t)
+	cluster := kubetest.Start(t)
+	sp := spiretest.Start(t, kubeTrustDomain)
+	kl := kubetest.StartKubelet(t, cluster, kubetest.KubeletConfig{
+		CSIDrivers: map[string]string{kube.SpiffeCSIDriver: sp.AgentSocketDir},
+	})
+	kubetest.StartScheduler(t, cluster, kl.NodeName())
+	e := &kubeEnv{cluster: cluster, spire: sp, ns: cluster.Namespace(t)}
+	e.facadeID = workload.FacadeID(sp.TrustDomain)
+
+	startRegistrar(t, e)
+
+	ip := hostAddress(t)
+	addr := net.JoinHostPort(ip, fmt.Sprint(freePortOn(t, ip)))
+	e.facadeURL = "https://" + addr
+	e.controllerEnv = []string{
+		"POD_BACKEND=kubernetes",
+		"POD_NAMESPACE=" + e.ns,
+		"KUBECONFIG=" + cluster.Kubeconfig,
+		// A locally built image has no registry digest; the test kubelet resolves
+		// name@sha256:<image id> to the local image (it never pulls).
+		"POD_EXECUTOR_IMAGE=dynrunner.e2e/executor@" + image,
+		"POD_SPIFFE_CSI=true",
+		"SPIFFE_ENDPOINT_SOCKET=" + sp.EndpointSocket(),
+		"SPIFFE_TRUST_DOMAIN=" + kubeTrustDomain,
+		"RUNNER_FACADE_LISTEN=" + addr,
+		"RUNNER_FACADE_URL=" + e.facadeURL,
+	}
+	return e
+}
+
+// startRegistrar runs `dynrunner identity` for the test's job namespace until the test ends.
+//
+// Production registers Pods with IDENTITY_SELECTORS=k8s (k8s:pod-uid:<uid>): SPIRE's k8s
+// workload attestor finds a workload's Pod UID in its kubepods cgroup path and confirms it
+// with the node's kubelet API. The test kubelet is no kubelet SPIRE can ask, and its Docker
+// containers live in the engine's cgroups, so the test uses IDENTITY_SELECTORS=docker: the
+// docker workload attestor selects the io.kubernetes.pod.uid and io.kubernetes.pod.namespace
+// labels the test kubelet sets on each Pod's container, as dockershim and cri-dockerd do. The
+// entries are otherwise the production ones: one per Pod UID, the assignment's SPIFFE ID, a
+// short SVID TTL.
+func startRegistrar(t *testing.T, e *kubeEnv) {
+	t.Helper()
+	dir := t.TempDir()
+	logPath := filepath.Join(dir, "identity.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	port := freePort(t)
+	cmd := exec.Command(dynrunnerBin(t), "identity")
+	cmd.Env = []string{
+		"PATH=" + os.Getenv("PATH"),
+		"POD_NAMESPACE=" + e.ns,
+		"KUBECONFIG=" + e.cluster.Kubeconfig,
+		"SPIRE_SERVER_SOCKET=" + e.spire.ServerSocket,
+		"SPIFFE_TRUST_DOMAIN=" + kubeTrustDomain,
+		"IDENTITY_PARENT_ID=" + e.spire.AgentID.String(),
+		"IDENTITY_SELECTORS=docker",
+		// The controller's own SVID (the facade's identity) comes from the same agent, through
+		// the registrar's facade entry. The selectors name the controller binary run by root;
+		// a job container's processes, root too when privileged, run another path
+		// (/usr/local/bin/dynrunner in the image), and their own entries select their Pod's UID.
+		"IDENTITY_FACADE_SELECTORS=unix:uid:0,unix:path:" + dynrunnerBin(t),
+		"IDENTITY_SVID_TTL=5m",
+		"IDENTITY_RESYNC=5s",
+		fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", port),
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Errorf("dynrunner identity did not stop within 30s of SIGTERM")
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("dynrunner identity log:\n%s", tail(string(b), 60))
+		}
+	})
+	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		select {
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("dynrunner identity exited during start:\n%s", tail(string(b), 40))
+		default:
+		}
+		if resp, err := http.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("dynrunner identity not ready within 60s")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// hostAddress returns an IPv4 address of this host that is not loopback.
+func hostAddress(t *testing.T) string {
+	t.Helper()
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !n.IP.IsLinkLocalUnicast() {
+				return n.IP.String()
+			}
+		}
+	}
+	t.Skip("this host has no non-loopback IPv4 address for the facade")
+	return ""
+}
+
+func freePortOn(t *testing.T, ip string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// pods lists the job Pods of the namespace.
+func (e *kubeEnv) pods(t *testing.T) []corev1.Pod {
+	t.Helper()
+	list, err := e.cluster.Client.CoreV1().Pods(e.ns).List(t.Context(), metav1.ListOptions{LabelSelector: kube.Selector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return list.Items
+}
+
+// podEntries returns the SPIRE entries selecting the Pod with uid.
+func (e *kubeEnv) podEntries(t *testing.T, uid string) []spiretest.Entry {
+	t.Helper()
+	var out []spiretest.Entry
+	for _, en := range e.spire.Entries(t) {
+		if slices.Contains(en.Selectors, "docker:label:io.kubernetes.pod.uid:"+uid) {
+			out = append(out, en)
+		}
+	}
+	return out
+}
+
+// podContainers lists the Docker containers (running or not) of the Pod with uid.
+func podContainers(t *testing.T, uid string) []string {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-aq", "--filter", "label=io.kubernetes.pod.uid="+uid).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker ps: %v\n%s", err, out)
+	}
+	return strings.Fields(string(out))
+}
+
+// runningPod waits until the namespace holds exactly one job Pod, running, and returns it.
+func (e *kubeEnv) runningPod(t *testing.T) corev1.Pod {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if pods := e.pods(t); len(pods) == 1 && pods[0].Status.Phase == corev1.PodRunning {
+			return pods[0]
+		} else if len(pods) > 1 {
+			t.Fatalf("%d job pods, want one", len(pods))
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no running job pod within 2 minutes: %v", e.pods(t))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// assertGone waits until the Pod with uid, its container and its SPIRE entry are gone.
+func (e *kubeEnv) assertGone(t *testing.T, uid string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		pods, containers, entries := len(e.pods(t)), podContainers(t, uid), e.podEntries(t, uid)
+		if pods == 0 && len(containers) == 0 && len(entries) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after the job: %d job pods, containers %v, SPIRE entries %v; want none", pods, containers, entries)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// podAssignment returns the assignment a job Pod runs, from its labels.
+func podAssignment(t *testing.T, p corev1.Pod) (assignment.TaskID, assignment.Epoch) {
+	t.Helper()
+	task, epoch, ok := kube.Assignment(&p)
+	if !ok {
+		t.Fatalf("pod %s has no assignment labels: %v", p.Name, p.Labels)
+	}
+	return task, epoch
+}
+
+const kubeWorkflow = `name: kube
+on: [push]
+jobs:
+  pod:
+    runs-on: [self-hosted, pod]
+    steps:
+      - name: workload api
+        run: ls -l /run/spire/sockets/ && echo "SPIFFE_ENDPOINT_SOCKET=$SPIFFE_ENDPOINT_SOCKET"
+      - name: work
+        run: for i in $(seq 1 30); do echo "line $i"; sleep 0.1; done
+      - name: secret
+        run: echo "the secret is ${{ secrets.E2E_SECRET }}"
+`
+
+// TestKubeJobWithSPIRE runs a real Gitea job on [self-hosted, pod] through the kubernetes
+// backend: the controller creates a Pod, `dynrunner identity` creates a SPIRE entry for its UID,
+// the test kubelet runs its container on the Docker engine, the executor inside takes its SVID
+// from the real SPIRE agent through the CSI-mounted Workload API and runs the job green; then
+// the Pod, its container and its entry are gone.
+func TestKubeJobWithSPIRE(t *testing.T) {
+	tools := needTools(t)
+	e := startKube(t)
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "kube")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, e.controllerEnv...)...)
+	c.start()
+
+	began := time.Now()
+	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/kube.yml", kubeWorkflow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := e.runningPod(t)
+	uid := string(pod.UID)
+	task, epoch := podAssignment(t, pod)
+	wantID := workload.AssignmentID(e.spire.TrustDomain, task, epoch).String()
+	t.Logf("pod %s (uid %s) running %s after %s", pod.Name, uid, wantID, time.Since(began).Round(100*time.Millisecond))
+	if ents := e.podEntries(t, uid); len(ents) != 1 || ents[0].SPIFFEID.String() != wantID ||
+		!slices.Contains(ents[0].Selectors, "docker:label:io.kubernetes.pod.namespace:"+e.ns) {
+		t.Errorf("SPIRE entries for the pod's uid: %+v, want one for %s", ents, wantID)
+	}
+	if len(podContainers(t, uid)) != 1 {
+		t.Errorf("containers of the pod: %v, want one", podContainers(t, uid))
+	}
+	// The executor logs the SVID it took from the Workload API.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		logs, _ := e.cluster.Client.CoreV1().Pods(e.ns).GetLogs(pod.Name, &corev1.PodLogOptions{Container: kube.ContainerName}).DoRaw(ctx)
+		if strings.Contains(string(logs), "SVID received") && strings.Contains(string(logs), wantID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the executor did not log its SVID %s within a minute:\n%s", wantID, tail(string(logs), 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	run := waitRun(t, f, repo, sha, 5*time.Minute)
+	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
+	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
+		t.Fatalf("run: %+v", run.Jobs)
+	}
+	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"agent.sock", "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/agent.sock", "line 30", "the secret is ***"} {
+		if !strings.Contains(log, want) {
+			t.Errorf("job log lacks %q", want)
+		}
+	}
+	if strings.Contains(log, secretValue) {
+		t.Error("the job log shows the secret in clear")
+	}
+	if t.Failed() {
+		t.Logf("job log:\n%s", tail(devforge.NormalizeLog(log), 60))
+	}
+	e.assertGone(t, uid)
+}
+
+// TestKubePodDeletedMidJob deletes a running job's Pod: the job fails in Gitea with a message
+// saying the environment ended, and the Pod's container and SPIRE entry are gone. Before
+// that, while the job runs, it shows the facade refusing a real SPIRE SVID of another
+// assignment presenting the Pod's capability token, and the Pod's own identity used for
+// another task.
+func TestKubePodDeletedMidJob(t *testing.T) {
+	tools := needTools(t)
+	e := startKube(t)
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "kube-deleted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, e.controllerEnv...)...)
+	c.start()
+	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/deleted.yml", `name: deleted
+on: [push]
+jobs:
+  victim:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: for i in $(seq 1 900); do echo "tick $i"; sleep 0.1; done
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for !strings.Contains(runningLog(t, f, repo, sha), "tick 10\n") {
+		if time.Now().After(deadline) {
+			t.Fatal("the job did not log its 10th tick within 3 minutes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	pod := e.runningPod(t)
+	uid := string(pod.UID)
+
+	e.refusesForeignSVID(t, pod)
+
+	if err := e.cluster.Client.CoreV1().Pods(e.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
+		t.Fatal(err)
+	}
+	run := waitRun(t, f, repo, sha, 5*time.Minute)
+	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "failure" {
+		t.Fatalf("run after the pod was deleted: %+v", run.Jobs)
+	}
+	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
+		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
+	}
+	e.assertGone(t, uid)
+}
+
+// refusesForeignSVID takes the running Pod's capability token from its Secret and presents it
+// to the facade with an SVID the real SPIRE issued for another assignment (as another job's
+// Pod would hold): the facade refuses it.
+func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
+	t.Helper()
+	ctx := t.Context()
+	task, _ := podAssignment(t, pod)
+	sec, err := e.cluster.Client.CoreV1().Secrets(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := string(sec.Data[podworker.TokenFile])
+	if token == "" {
+		t.Fatalf("the pod's secret holds no %s", podworker.TokenFile)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := workload.AssignmentID(e.spire.TrustDomain, task+1000, 1)
+	en := e.spire.CreateEntry(t, other.String(), e.spire.AgentID.String(), fmt.Sprintf("unix:uid:%d", os.Getuid()), "unix:path:"+self)
+	defer e.spire.DeleteEntry(t, en.ID)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	src, err := workloadapi.NewX509Source(wctx, workloadapi.WithClientOptions(workloadapi.WithAddr(e.spire.EndpointSocket())))
+	if err != nil {
+		t.Fatalf("SVID for %s from the SPIRE agent: %v", other, err)
+	}
+	defer src.Close()
+	svid, err := src.GetX509SVID()
+	if err != nil || svid.ID != other {
+		t.Fatalf("the agent issued %v (%v), want %s", svid, err, other)
+	}
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(src, e.facadeID), ForceAttemptHTTP2: true}}
+	defer hc.CloseIdleConnections()
+	rc := runnerv1connect.NewRunnerServiceClient(hc, e.facadeURL+"/api/actions")
+	_, err = rc.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "thief", Token: token}))
+	var cerr *connect.Error
+	if !errors.As(err, &cerr) || cerr.Code() != connect.CodePermissionDenied {
+		t.Fatalf("register with pod %s's token and the SVID of %s: %v, want permission denied", pod.Name, other, err)
+	}
+	t.Logf("facade refused the SVID of %s presenting pod %s's token: %v", other, pod.Name, err)
+}
+
+// TestKubeControllerSIGKILLMidJob: with the kubernetes backend, a controller killed mid-job and
+// started again adopts the running Pod; the job finishes with its complete log, reported once,
+// and the Pod, its container and its SPIRE entry are gone.
+func TestKubeControllerSIGKILLMidJob(t *testing.T) {
+	tools := needTools(t)
+	e := startKube(t)
+	var uid string
+	sigkillMidJob(t, tools, func() { uid = string(e.runningPod(t).UID) }, e.controllerEnv...)
+	if uid == "" {
+		t.Fatal("no pod was seen running")
+	}
+	e.assertGone(t, uid)
+}
