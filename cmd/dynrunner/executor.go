@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/executor"
@@ -92,12 +93,9 @@ func runExecutor(ctx context.Context, args []string) error {
 		return fmt.Errorf("wait for the SVID: %w", err)
 	}
 	defer src.Close()
-	svid, err := src.GetX509SVID()
+	svid, err := waitOwnSVID(wctx, src, facadeID.TrustDomain(), task, epoch)
 	if err != nil {
-		return fmt.Errorf("SVID: %w", err)
-	}
-	if t, e, err := workload.ParseAssignmentID(svid.ID, facadeID.TrustDomain()); err != nil || t != task || e != epoch {
-		return fmt.Errorf("the SVID %s is not the identity of task %d epoch %d", svid.ID, task, epoch)
+		return err
 	}
 	log.Info().Str("spiffe_id", svid.ID.String()).Msg("SVID received")
 
@@ -106,4 +104,27 @@ func runExecutor(ctx context.Context, args []string) error {
 		RunnerBin: bin, RunnerSHA256: sha, RunnerVersion: os.Getenv("GITEA_RUNNER_VERSION"),
 		Labels: labels, WorkDir: work, Renew: renew, Output: os.Stdout, Log: log,
 	})
+}
+
+// waitOwnSVID waits until src holds the SVID of the assignment (task, epoch) and returns it. A
+// Workload API may first serve another identity (an entry of the environment's node or Pod
+// that its registrar is still replacing); the executor keeps waiting for its own until ctx
+// ends, and then names the identity it had.
+func waitOwnSVID(ctx context.Context, src workload.Source, td spiffeid.TrustDomain, task assignment.TaskID, epoch assignment.Epoch) (*x509svid.SVID, error) {
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		svid, err := src.GetX509SVID()
+		if err == nil {
+			if t, e, perr := workload.ParseAssignmentID(svid.ID, td); perr == nil && t == task && e == epoch {
+				return svid, nil
+			}
+			err = fmt.Errorf("the SVID %s is not the identity of task %d epoch %d", svid.ID, task, epoch)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the SVID of task %d epoch %d: %w", task, epoch, err)
+		case <-tick.C:
+		}
+	}
 }
