@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -49,6 +50,8 @@ type kubeEnv struct {
 	facadeID  spiffeid.ID
 	// controllerEnv configures a controller for this tier (POD_BACKEND=kubernetes).
 	controllerEnv []string
+	// registrarURL is the base URL of the registrar's /healthz, /readyz and /metrics.
+	registrarURL string
 }
 
 func startKube(t *testing.T) *kubeEnv {
@@ -144,7 +147,8 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 			t.Logf("dynrunner identity log:\n%s", tail(string(b), 60))
 		}
 	})
-	url := fmt.Sprintf("http://127.0.0.1:%d/readyz", port)
+	e.registrarURL = fmt.Sprintf("http://127.0.0.1:%d", port)
+	url := e.registrarURL + "/readyz"
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
@@ -358,6 +362,19 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 		t.Logf("job log:\n%s", tail(devforge.NormalizeLog(log), 60))
 	}
 	e.assertGone(t, uid)
+	// The registrar counts the Pod's entry as created and deleted (the facade's entry is the
+	// other creation).
+	resp, err := http.Get(e.registrarURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	metrics, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{"dynrunner_identity_entries_created_total 2", "dynrunner_identity_entries_deleted_total 1", "dynrunner_identity_ready 1"} {
+		if !strings.Contains(string(metrics), want+"\n") {
+			t.Errorf("registrar metrics lack %q:\n%s", want, metrics)
+		}
+	}
 }
 
 // TestKubePodDeletedMidJob deletes a running job's Pod: the job fails in Gitea with a message

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
@@ -78,7 +80,22 @@ func runIdentity(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "dynrunner_identity_entries_created_total", Help: "SPIRE entries the registrar created."},
+			func() float64 { c, _ := reg.Stats(); return float64(c) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "dynrunner_identity_entries_deleted_total", Help: "SPIRE entries the registrar deleted (Pods ended, stale entries swept)."},
+			func() float64 { _, d := reg.Stats(); return float64(d) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dynrunner_identity_ready", Help: "1 once a reconciliation has succeeded."},
+			func() float64 {
+				if reg.Ready() {
+					return 1
+				}
+				return 0
+			}),
+	)
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if !reg.Ready() {

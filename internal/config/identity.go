@@ -22,7 +22,7 @@ var IdentityVars = []Var{
 	{"IDENTITY_SELECTORS", "k8s", "How entries select their Pod: k8s (k8s:pod-uid:<uid>, k8s:ns:<ns>; SPIRE's k8s workload attestor) or docker (the docker workload attestor on the Pod UID and namespace labels of dockershim/cri-dockerd containers)."},
 	{"IDENTITY_SVID_TTL", "10m", "X509-SVID lifetime of Pod entries (at least 1m); agents rotate SVIDs before they end."},
 	{"IDENTITY_RESYNC", "30s", "Interval of full reconciliations besides those Pod events trigger (at least 1s)."},
-	{"HTTP_LISTEN", "127.0.0.1:9465", "Address of /healthz and /readyz (ready after the first successful reconciliation, which sweeps stale entries)."},
+	{"HTTP_LISTEN", "127.0.0.1:9465", "Address of /healthz, /readyz (ready after the first successful reconciliation, which sweeps stale entries) and /metrics."},
 	{"LOG_FORMAT", "json", "json, or console for humans."},
 	{"LOG_LEVEL", "info", "trace, debug, info, warn or error."},
 }
