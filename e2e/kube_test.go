@@ -286,7 +286,7 @@ jobs:
       - name: workload api
         run: ls -l /run/spire/sockets/ && echo "SPIFFE_ENDPOINT_SOCKET=$SPIFFE_ENDPOINT_SOCKET"
       - name: work
-        run: for i in $(seq 1 30); do echo "line $i"; sleep 0.1; done
+        run: for i in $(seq 1 60); do echo "line $i"; sleep 0.1; done
       - name: secret
         run: echo "the secret is ${{ secrets.E2E_SECRET }}"
 `
@@ -350,7 +350,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"agent.sock", "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/agent.sock", "line 30", "the secret is ***"} {
+	for _, want := range []string{"agent.sock", "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/agent.sock", "line 60", "the secret is ***"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("job log lacks %q", want)
 		}
