@@ -23,6 +23,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/dynrunner/dynrunner/internal/testproc"
 )
 
 // Versions of the control plane, kept in step with scripts/k8s-tools.sh.
@@ -64,8 +66,8 @@ type Cluster struct {
 
 	ca        *ca
 	userToken string
-	etcd      *process
-	apiserver *process
+	etcd      *testproc.Process
+	apiserver *testproc.Process
 }
 
 // Binaries returns the paths of kube-apiserver and etcd: $KUBE_APISERVER_BIN and $ETCD_BIN when
@@ -130,7 +132,7 @@ func Start(t *testing.T) *Cluster {
 			break
 		}
 		c.stop()
-		if !errors.Is(err, errPortTaken) || attempt == startAttempts {
+		if !errors.Is(err, testproc.ErrPortTaken) || attempt == startAttempts {
 			t.Fatalf("kubetest: %v", err)
 		}
 	}
@@ -180,10 +182,6 @@ func (c *Cluster) prepare() error {
 	return nil
 }
 
-// errPortTaken reports a component that could not bind its port: another process took it
-// between the choice and the bind, and the start is retried.
-var errPortTaken = errors.New("port taken")
-
 // launch starts etcd and kube-apiserver on new ports and waits until both are ready.
 func (c *Cluster) launch(ctx context.Context, apiserverBin, etcdBin string) error {
 	ports, err := freePorts(3)
@@ -192,7 +190,7 @@ func (c *Cluster) launch(ctx context.Context, apiserverBin, etcdBin string) erro
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	c.etcd, err = startProcess("etcd", filepath.Join(c.Dir, "etcd.log"), etcdBin,
+	c.etcd, err = testproc.Start("etcd", filepath.Join(c.Dir, "etcd.log"), etcdBin,
 		"--name=default",
 		"--data-dir="+filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls="+etcdURL,
@@ -206,14 +204,14 @@ func (c *Cluster) launch(ctx context.Context, apiserverBin, etcdBin string) erro
 	if err != nil {
 		return err
 	}
-	if err := c.etcd.waitReady(ctx, etcdReadyTimeout, func(ctx context.Context) error {
+	if err := c.etcd.WaitReady(ctx, etcdReadyTimeout, func(ctx context.Context) error {
 		return httpOK(ctx, http.DefaultClient, etcdURL+"/health", "")
 	}); err != nil {
 		return err
 	}
 	host := "https://127.0.0.1:" + strconv.Itoa(ports[2])
 	f := func(name string) string { return filepath.Join(c.Dir, name) }
-	c.apiserver, err = startProcess("kube-apiserver", f("kube-apiserver.log"), apiserverBin,
+	c.apiserver, err = testproc.Start("kube-apiserver", f("kube-apiserver.log"), apiserverBin,
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1",
 		"--secure-port="+strconv.Itoa(ports[2]),
@@ -243,7 +241,7 @@ func (c *Cluster) launch(ctx context.Context, apiserverBin, etcdBin string) erro
 		return err
 	}
 	defer hc.CloseIdleConnections()
-	return c.apiserver.waitReady(ctx, apiserverReadyTimeout, func(ctx context.Context) error {
+	return c.apiserver.WaitReady(ctx, apiserverReadyTimeout, func(ctx context.Context) error {
 		return httpOK(ctx, hc, host+"/readyz", "ok")
 	})
 }
@@ -272,10 +270,10 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 // stop stops the apiserver, then etcd. It is idempotent.
 func (c *Cluster) stop() {
 	if c.apiserver != nil {
-		c.apiserver.stop()
+		c.apiserver.Stop()
 	}
 	if c.etcd != nil {
-		c.etcd.stop()
+		c.etcd.Stop()
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/dynrunner/dynrunner/internal/testproc"
 )
 
 // Version of SPIRE, kept in step with scripts/spire-tools.sh.
@@ -71,8 +73,8 @@ type SPIRE struct {
 	serverBin  string
 	agentBin   string
 	serverPort int
-	server     *process
-	agent      *process
+	server     *testproc.Process
+	agent      *testproc.Process
 }
 
 // Binaries returns the paths of spire-server and spire-agent: $SPIRE_SERVER_BIN and
@@ -150,9 +152,9 @@ func Start(t *testing.T, trustDomain string) *SPIRE {
 	t.Cleanup(func() {
 		s.stop()
 		if t.Failed() {
-			for _, p := range []*process{s.server, s.agent} {
+			for _, p := range []*testproc.Process{s.server, s.agent} {
 				if p != nil {
-					t.Logf("spiretest: end of %s:\n%s", p.logPath, p.tail())
+					t.Logf("spiretest: end of %s:\n%s", p.LogPath, p.Tail())
 				}
 			}
 		}
@@ -167,7 +169,7 @@ func Start(t *testing.T, trustDomain string) *SPIRE {
 			break
 		}
 		s.stop()
-		if !errors.Is(err, errPortTaken) || attempt == startAttempts {
+		if !errors.Is(err, testproc.ErrPortTaken) || attempt == startAttempts {
 			t.Fatalf("spiretest: %v", err)
 		}
 	}
@@ -206,10 +208,6 @@ func (s *SPIRE) prepare() error {
 	}
 	return nil
 }
-
-// errPortTaken reports a server that could not bind its port: another process took it
-// between the choice and the bind, and the start is retried.
-var errPortTaken = errors.New("port taken")
 
 // launchServer writes the server's configuration for a new port, starts it and waits until
 // its health check passes.
@@ -254,11 +252,11 @@ plugins {
 		return err
 	}
 	s.serverPort = port
-	s.server, err = startProcess("spire-server", filepath.Join(s.Dir, "server.log"), s.serverBin, "run", "-config", confPath)
+	s.server, err = testproc.Start("spire-server", filepath.Join(s.Dir, "server.log"), s.serverBin, "run", "-config", confPath)
 	if err != nil {
 		return err
 	}
-	return s.server.waitReady(ctx, serverReadyTimeout, func(ctx context.Context) error {
+	return s.server.WaitReady(ctx, serverReadyTimeout, func(ctx context.Context) error {
 		_, err := s.run(ctx, probeTimeout, s.serverBin, "healthcheck", "-socketPath", s.ServerSocket)
 		return err
 	})
@@ -323,11 +321,11 @@ plugins {
 	if err := os.WriteFile(confPath, []byte(conf), 0o600); err != nil {
 		return err
 	}
-	s.agent, err = startProcess("spire-agent", filepath.Join(s.Dir, "agent.log"), s.agentBin, "run", "-config", confPath)
+	s.agent, err = testproc.Start("spire-agent", filepath.Join(s.Dir, "agent.log"), s.agentBin, "run", "-config", confPath)
 	if err != nil {
 		return err
 	}
-	return s.agent.waitReady(ctx, agentReadyTimeout, func(ctx context.Context) error {
+	return s.agent.WaitReady(ctx, agentReadyTimeout, func(ctx context.Context) error {
 		_, err := s.run(ctx, probeTimeout, s.agentBin, "healthcheck", "-socketPath", s.AgentSocket)
 		return err
 	})
@@ -336,10 +334,10 @@ plugins {
 // stop stops the agent, then the server. It is idempotent.
 func (s *SPIRE) stop() {
 	if s.agent != nil {
-		s.agent.stop()
+		s.agent.Stop()
 	}
 	if s.server != nil {
-		s.server.stop()
+		s.server.Stop()
 	}
 }
 

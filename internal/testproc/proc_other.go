@@ -1,6 +1,6 @@
 //go:build !linux
 
-package spiretest
+package testproc
 
 import (
 	"os"

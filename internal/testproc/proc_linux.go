@@ -1,11 +1,11 @@
-package spiretest
+package testproc
 
 import (
 	"os"
 	"syscall"
 )
 
-// sysProcAttr puts the process in a group of its own, which stop signals as a whole, and kills
+// sysProcAttr puts the process in a group of its own, which Stop signals as a whole, and kills
 // it when the test binary dies without stopping it.
 func sysProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
