@@ -16,21 +16,23 @@ import (
 
 // Names of the streams, subjects and buckets.
 const (
-	StreamAssignments = "DYNRUNNER_ASSIGNMENTS"
-	StreamDispatch    = "DYNRUNNER_DISPATCH"
-	StreamDead        = "DYNRUNNER_DEAD"
-	BucketTasks       = "dynrunner_tasks"
+	StreamAssignments  = "DYNRUNNER_ASSIGNMENTS"
+	StreamDispatch     = "DYNRUNNER_DISPATCH"
+	StreamDead         = "DYNRUNNER_DEAD"
+	StreamEnvironments = "DYNRUNNER_ENVIRONMENTS"
+	BucketTasks        = "dynrunner_tasks"
 
-	SubjectAssignment = "dynrunner.assignment."
-	SubjectDispatch   = "dynrunner.dispatch."
-	SubjectDead       = "dynrunner.dead."
+	SubjectAssignment  = "dynrunner.assignment."
+	SubjectDispatch    = "dynrunner.dispatch."
+	SubjectDead        = "dynrunner.dead."
+	SubjectEnvironment = "dynrunner.environment."
 )
 
 // Config sizes the topology.
 type Config struct {
 	// Replicas of every stream and bucket: 1 for the embedded server, 3 on a cluster.
 	Replicas int
-	// Retention keeps the assignment history (the audit trail) this long.
+	// Retention keeps the assignment and environment history (the audit trail) this long.
 	Retention time.Duration
 	// DispatchMaxDeliver is how often a dispatch message is delivered before it is dead-lettered.
 	DispatchMaxDeliver int
@@ -94,6 +96,18 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 		MaxAge:      30 * 24 * time.Hour,
 	}); err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamDead, err)
+	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamEnvironments,
+		Description: "dynrunner environment observations (Pod phases), one subject per forge task",
+		Subjects:    []string{SubjectEnvironment + "*"},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+		MaxAge:      cfg.Retention,
+		Duplicates:  2 * time.Minute,
+	}); err != nil {
+		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamEnvironments, err)
 	}
 	tasks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketTasks,
