@@ -44,9 +44,11 @@
 // container's terminated state, the reason from the container and Pod status ("exited",
 // "oom", "deadline", "evicted", "deleted"). A Pod that is deleted while Wait watches ends Wait
 // with reason "deleted"; once it is gone Wait returns an error wrapping podworker.ErrNotFound.
-// Handles recovered after a restart behave the same. A Pod that cannot start (image pull
-// failures, a missing CSI driver) stays Pending: Wait returns only at the deadline, and the
-// worker's pickup timeout destroys it before.
+// Handles recovered after a restart behave the same. Wait reports every phase change it sees
+// (Pending, Running, Succeeded, Failed, and Deleted for a Pod deleted under it) to
+// Config.OnPhase, which the controller appends to the event log. A Pod that cannot start
+// (image pull failures, a missing CSI driver) stays Pending: Wait returns only at the
+// deadline, and the worker's pickup timeout destroys it before.
 //
 // Destroy deletes the Pod with the grace period (the kubelet sends SIGTERM, then SIGKILL) and
 // its Secret, and waits until the Pod is gone, at most the grace period plus a minute. It is

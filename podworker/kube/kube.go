@@ -2,6 +2,7 @@ package kube
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"regexp"
@@ -126,6 +127,10 @@ type Config struct {
 	// the container runs as 1000:1000 with every capability dropped, no privilege escalation,
 	// a read-only root file system and the RuntimeDefault seccomp profile.
 	Privileged *bool
+	// OnPhase, when set, is called by Wait with every phase change of the Pod it watches (see
+	// PhaseChange), synchronously and in order, with Wait's ctx. It must return quickly (bound
+	// its I/O with a timeout) and handle its errors itself: Wait waits for it.
+	OnPhase func(ctx context.Context, h podworker.Handle, c PhaseChange)
 	// Log receives the backend's events.
 	Log zerolog.Logger
 }
@@ -146,6 +151,7 @@ type Backend struct {
 	imagePullSecrets []string
 	spiffeCSI        bool
 	privileged       bool
+	onPhase          func(context.Context, podworker.Handle, PhaseChange)
 	log              zerolog.Logger
 }
 
@@ -194,6 +200,7 @@ func New(cfg Config) (*Backend, error) {
 		imagePullSecrets: cfg.ImagePullSecrets,
 		spiffeCSI:        cfg.SpiffeCSI,
 		privileged:       cfg.Privileged == nil || *cfg.Privileged,
+		onPhase:          cfg.OnPhase,
 	}
 	if b.cpuReq.Cmp(b.cpuLim) > 0 {
 		bad("CPU request %s above the limit %s", b.cpuReq.String(), b.cpuLim.String())

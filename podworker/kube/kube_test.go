@@ -54,6 +54,7 @@ func TestKube(t *testing.T) {
 	t.Run("Conformance", e.testConformance)
 	t.Run("PodSpec", e.testPodSpec)
 	t.Run("DeletedMidJob", e.testDeletedMidJob)
+	t.Run("Phases", e.testPhases)
 	t.Run("SpiffeCSI", e.testSpiffeCSI)
 	t.Run("Unprivileged", e.testUnprivileged)
 	t.Run("Deadline", e.testDeadline)

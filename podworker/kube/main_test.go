@@ -42,6 +42,10 @@ func fakeExecutor(mode string) int {
 		}
 	case "exit0":
 		return 0
+	case "brief":
+		// Runs long enough for a watcher to see the Pod Running before it succeeds.
+		time.Sleep(time.Second)
+		return 0
 	case "exit3":
 		return podworkertest.NonZeroExitCode
 	case "secrets":

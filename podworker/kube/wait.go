@@ -29,13 +29,15 @@ const (
 // the same name, Wait returns Exit{Reason: "deleted"} (with the last exit code it saw, or -1)
 // and an error wrapping podworker.ErrNotFound. While the apiserver cannot be reached Wait
 // retries until ctx ends rather than report the environment lost; watches that end (timeouts,
-// expired resource versions, apiserver restarts) are resumed.
+// expired resource versions, apiserver restarts) are resumed. Wait reports the Pod's phases to
+// Config.OnPhase, when set (see PhaseChange).
 func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, error) {
 	uid, err := checkHandle(h)
 	if err != nil {
 		return podworker.Exit{}, err
 	}
 	pods := b.client.CoreV1().Pods(b.ns)
+	ph := &phases{fn: b.onPhase, h: h, uid: uid}
 	pause := 100 * time.Millisecond
 	for {
 		pod, err := pods.Get(ctx, h.ID, metav1.GetOptions{})
@@ -43,6 +45,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		case ctx.Err() != nil:
 			return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, ctx.Err())
 		case apierrors.IsNotFound(err):
+			ph.gone(ctx, "")
 			return deleted(h, nil)
 		case err != nil && !transient(err):
 			return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
@@ -54,12 +57,15 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 			pause = min(2*pause, maxWaitRetry)
 			continue
 		case uid != "" && string(pod.UID) != uid:
+			ph.gone(ctx, reasonReplaced)
 			return deleted(h, nil)
 		}
+		ph.saw(ctx, pod)
 		if exit, done := exitOf(pod); done {
+			ph.ended(ctx, pod)
 			return exit, nil
 		}
-		exit, done, err := b.watchPod(ctx, h, uid, pod.ResourceVersion)
+		exit, done, err := b.watchPod(ctx, h, uid, pod.ResourceVersion, ph)
 		if done {
 			return exit, err
 		}
@@ -80,7 +86,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 
 // watchPod watches Pod h.ID from resource version rv until it ends (done) or the watch does
 // (not done; err says why when it was not a normal end).
-func (b *Backend) watchPod(ctx context.Context, h podworker.Handle, uid, rv string) (podworker.Exit, bool, error) {
+func (b *Backend) watchPod(ctx context.Context, h podworker.Handle, uid, rv string, ph *phases) (podworker.Exit, bool, error) {
 	w, err := b.client.CoreV1().Pods(b.ns).Watch(ctx, metav1.ListOptions{
 		FieldSelector:       "metadata.name=" + h.ID,
 		ResourceVersion:     rv,
@@ -112,13 +118,18 @@ func (b *Backend) watchPod(ctx context.Context, h podworker.Handle, uid, rv stri
 		switch {
 		case uid != "" && string(pod.UID) != uid:
 			// A newer Pod of the same name: this handle's is gone.
+			ph.gone(ctx, reasonReplaced)
 			exit, err := deleted(h, nil)
 			return exit, true, err
 		case ev.Type == watch.Deleted:
+			ph.saw(ctx, pod)
+			ph.gone(ctx, "")
 			exit, err := deleted(h, pod)
 			return exit, true, err
 		}
+		ph.saw(ctx, pod)
 		if exit, done := exitOf(pod); done {
+			ph.ended(ctx, pod)
 			return exit, true, nil
 		}
 	}
