@@ -245,7 +245,8 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		if err != nil {
 			return fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
 		}
-		backend, runnerBin, err := podBackend(ctx, cfg, exe, log.With().Str("component", "pod-worker").Str("backend", cfg.PodBackend).Logger())
+		plog := log.With().Str("component", "pod-worker").Str("backend", cfg.PodBackend).Logger()
+		backend, runnerBin, err := podBackend(ctx, cfg, exe, plog, phaseRecorder(evlog, "pod-worker@"+actor, time.Now, plog))
 		if err != nil {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,13 +21,15 @@ import (
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
 
-// runEvents follows the audit stream: every assignment transition, human-readable or as JSON.
+// runEvents follows the audit streams: every assignment transition and, unless
+// --environments=false, every recorded environment phase, human-readable or as JSON.
 // Records hold no secrets (the sealed task lives in a separate bucket), so nothing is masked.
 func runEvents(ctx context.Context, args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("events", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print each transition as one JSON object per line")
 	task := fs.Int64("task", 0, "only this task id")
 	follow := fs.Bool("follow", true, "keep following new transitions (false: print the history and exit)")
+	envs := fs.Bool("environments", true, "also print the environments' records (Pod phases) from "+eventlog.StreamEnvironments)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,9 +67,9 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	filter := eventlog.SubjectAssignment + "*"
+	filter, envFilter := eventlog.SubjectAssignment+"*", eventlog.SubjectEnvironment+"*"
 	if *task > 0 {
-		filter = eventlog.Subject(assignment.TaskID(*task))
+		filter, envFilter = eventlog.Subject(assignment.TaskID(*task)), eventlog.EnvironmentSubject(assignment.TaskID(*task))
 	}
 	c, err := js.OrderedConsumer(ctx, eventlog.StreamAssignments, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -75,25 +78,28 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	for {
-		mctx, cancel := context.WithTimeout(ctx, time.Second)
-		if *follow {
-			cancel()
-			mctx, cancel = context.WithCancel(ctx)
+	var ec jetstream.Consumer
+	if *envs {
+		ec, err = js.OrderedConsumer(ctx, eventlog.StreamEnvironments, jetstream.OrderedConsumerConfig{FilterSubjects: []string{envFilter}})
+		switch {
+		case errors.Is(err, jetstream.ErrStreamNotFound):
+			ec = nil // a controller of a release without environment records
+		case err != nil:
+			return err
 		}
-		msg, err := c.Next(jetstream.FetchContext(mctx))
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil || !*follow {
-				return nil
-			}
-			continue
-		}
+	}
+	var mu sync.Mutex // the two streams' lines, when following both
+	emit := func(line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintln(out, line)
+	}
+	printAssignment := func(msg jetstream.Msg) {
 		md, _ := msg.Metadata()
 		var rec assignment.Record
 		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
-			fmt.Fprintf(out, "undecodable record on %s: %v\n", msg.Subject(), err)
-			continue
+			emit(fmt.Sprintf("undecodable record on %s: %v", msg.Subject(), err))
+			return
 		}
 		st := assignment.State{Record: rec, Seq: md.Sequence.Stream}
 		if *asJSON {
@@ -102,10 +108,64 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 				Epoch assignment.Epoch `json:"epoch"`
 				assignment.Record
 			}{st.Seq, st.Epoch(), rec})
-			fmt.Fprintln(out, string(line))
+			emit(string(line))
+			return
+		}
+		emit(formatEvent(st))
+	}
+	printEnvironment := func(msg jetstream.Msg) {
+		md, _ := msg.Metadata()
+		var rec eventlog.EnvironmentRecord
+		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
+			emit(fmt.Sprintf("undecodable record on %s: %v", msg.Subject(), err))
+			return
+		}
+		if *asJSON {
+			line, _ := json.Marshal(struct {
+				Kind string `json:"kind"`
+				Seq  uint64 `json:"seq"`
+				eventlog.EnvironmentRecord
+			}{"environment", md.Sequence.Stream, rec})
+			emit(string(line))
+			return
+		}
+		emit(formatEnvironment(rec))
+	}
+	if !*follow {
+		// The history: the assignments' records, then the environments'.
+		tail(ctx, c, false, printAssignment)
+		if ec != nil {
+			tail(ctx, ec, false, printEnvironment)
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	if ec != nil {
+		wg.Go(func() { tail(ctx, ec, true, printEnvironment) })
+	}
+	tail(ctx, c, true, printAssignment)
+	wg.Wait()
+	return nil
+}
+
+// tail hands every message of c to handle until ctx ends or, without follow, until no message
+// came for a second.
+func tail(ctx context.Context, c jetstream.Consumer, follow bool, handle func(jetstream.Msg)) {
+	for {
+		mctx, cancel := context.WithTimeout(ctx, time.Second)
+		if follow {
+			cancel()
+			mctx, cancel = context.WithCancel(ctx)
+		}
+		msg, err := c.Next(jetstream.FetchContext(mctx))
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil || !follow {
+				return
+			}
 			continue
 		}
-		fmt.Fprintln(out, formatEvent(st))
+		handle(msg)
 	}
 }
 
@@ -124,6 +184,27 @@ func formatEvent(s assignment.State) string {
 	}
 	if s.Reason != "" {
 		fmt.Fprintf(&b, " reason=%q", s.Reason)
+	}
+	return b.String()
+}
+
+// formatEnvironment is the text line of an environment record; its second column, where an
+// assignment's line has its sequence, says "env".
+func formatEnvironment(r eventlog.EnvironmentRecord) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s  %-10s task=%-6d epoch=%-6d %-10s env=%s backend=%s actor=%s",
+		r.At.UTC().Format(time.RFC3339), "env", r.Task, r.Epoch, r.Phase, r.Env, r.Backend, r.Actor)
+	if r.PodUID != "" {
+		fmt.Fprintf(&b, " pod_uid=%s", r.PodUID)
+	}
+	if r.Node != "" {
+		fmt.Fprintf(&b, " node=%s", r.Node)
+	}
+	if r.Reason != "" {
+		fmt.Fprintf(&b, " reason=%q", r.Reason)
+	}
+	if r.Message != "" {
+		fmt.Fprintf(&b, " message=%q", r.Message)
 	}
 	return b.String()
 }

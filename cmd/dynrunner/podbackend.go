@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/kubernetes"
@@ -12,6 +13,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
@@ -19,10 +22,12 @@ import (
 )
 
 // podBackend builds the pod worker's backend from POD_BACKEND, and returns the path of the
-// Gitea runner as the environments see it (GITEA_RUNNER_BIN of the executor).
-func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger) (podworker.Backend, string, error) {
+// Gitea runner as the environments see it (GITEA_RUNNER_BIN of the executor). onPhase
+// receives the Pod phases of the kubernetes backend.
+func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger,
+	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podworker.Backend, string, error) {
 	if cfg.PodBackend == "kubernetes" {
-		return kubeBackend(ctx, cfg, log)
+		return kubeBackend(ctx, cfg, log, onPhase)
 	}
 	if cfg.PodBackend != "docker" {
 		b, err := local.New(local.Config{
@@ -67,7 +72,8 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 
 // kubeBackend builds the kubernetes pod backend from KUBECONFIG (or the in-cluster
 // configuration) and checks its permissions at boot.
-func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger) (podworker.Backend, string, error) {
+func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger,
+	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podworker.Backend, string, error) {
 	k := cfg.Kube
 	var rc *rest.Config
 	var err error
@@ -88,7 +94,7 @@ func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger)
 		Client: client, Namespace: k.Namespace, Image: k.Image,
 		Resources:      kube.Resources{CPURequest: k.CPURequest, CPULimit: k.CPULimit, MemoryRequest: k.MemoryRequest, MemoryLimit: k.MemoryLimit},
 		ActiveDeadline: k.ActiveDeadline, Grace: k.Grace, ServiceAccount: k.ServiceAccount, ImagePullSecrets: k.PullSecrets,
-		SpiffeCSI: k.SpiffeCSI, Privileged: &privileged, Log: log,
+		SpiffeCSI: k.SpiffeCSI, Privileged: &privileged, OnPhase: onPhase, Log: log,
 	})
 	if err != nil {
 		return nil, "", err
@@ -101,4 +107,27 @@ func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger)
 	}
 	log.Info().Str("namespace", k.Namespace).Str("image", k.Image).Bool("spiffe_csi", k.SpiffeCSI).Msg("kubernetes pod backend ready")
 	return b, kube.RunnerBin, nil
+}
+
+// phaseRecordTimeout bounds the append of one Pod phase: Wait waits for it.
+const phaseRecordTimeout = 2 * time.Second
+
+// phaseRecorder returns a kube.Config.OnPhase that appends each Pod phase to the event log's
+// environment stream. A failed append is logged and otherwise ignored: the records are an
+// audit trail, never an input to the assignment's state machine.
+func phaseRecorder(evlog *eventlog.Log, actor string, now func() time.Time, log zerolog.Logger) func(context.Context, podworker.Handle, kube.PhaseChange) {
+	return func(ctx context.Context, h podworker.Handle, c kube.PhaseChange) {
+		l := log.With().Str(logkey.Env, h.ID).Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).
+			Str(logkey.PodUID, c.UID).Str(logkey.Phase, c.Phase).Logger()
+		l.Debug().Str("reason", c.Reason).Str("node", c.Node).Msg("pod phase")
+		rctx, cancel := context.WithTimeout(ctx, phaseRecordTimeout)
+		defer cancel()
+		err := evlog.RecordEnvironment(rctx, eventlog.EnvironmentRecord{
+			Task: h.Task, Epoch: h.Epoch, Backend: h.Backend, Env: h.ID, PodUID: c.UID, Phase: c.Phase,
+			Reason: c.Reason, Message: c.Message, Node: c.Node, At: now(), Actor: actor,
+		})
+		if err != nil && ctx.Err() == nil {
+			l.Warn().Err(err).Msg("could not record the pod phase in the event log")
+		}
+	}
 }
