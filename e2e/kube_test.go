@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -362,6 +363,27 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 		t.Logf("job log:\n%s", tail(devforge.NormalizeLog(log), 60))
 	}
 	e.assertGone(t, uid)
+
+	// The pod worker recorded the Pod's UID and phases in the event log, as an operator reads
+	// them.
+	cmd := exec.Command(dynrunnerBin(t), "events", "--json", "--follow=false")
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("dynrunner events: %v\n%s", err, out)
+	}
+	var phases []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, `"kind":"environment"`) && strings.Contains(line, `"pod_uid":"`+uid+`"`) {
+			if m := regexp.MustCompile(`"phase":"([A-Za-z]+)"`).FindStringSubmatch(line); m != nil {
+				phases = append(phases, m[1])
+			}
+		}
+	}
+	if i := slices.Index(phases, "Running"); i < 0 || !slices.Contains(phases[i:], "Succeeded") {
+		t.Errorf("phases recorded for pod %s: %v, want Running then Succeeded\n%s", uid, phases, tail(string(out), 20))
+	}
+
 	// The registrar counts the Pod's entry as created and deleted (the facade's entry is the
 	// other creation).
 	resp, err := http.Get(e.registrarURL + "/metrics")
