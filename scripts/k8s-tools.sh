@@ -14,27 +14,13 @@ mkdir -p "$TOOLS"
 
 log() { printf 'k8s-tools: %s\n' "$*" >&2; }
 
-# lock serialises concurrent builds of the same tool (parallel test packages, a CI step beside a test).
-with_lock() {
-  local name=$1; shift
-  exec {fd}>"$TOOLS/.$name.lock"
-  flock "$fd"
-  "$@"
-  exec {fd}>&-
-}
+# shellcheck source=scripts/build-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-lib.sh"
 
-# run_quiet runs a build step with its output in a log file, shown only when the step fails.
-run_quiet() {
-  local logf=$1; shift
-  if ! "$@" >"$logf" 2>&1; then
-    tail -n 40 "$logf" >&2
-    return 1
-  fi
-}
 
 build_etcd() {
   local dir=$TOOLS/etcd-$ETCD_VERSION
-  if [ -x "$dir/etcd" ] && "$dir/etcd" --version 2>/dev/null | grep -qF "etcd Version: ${ETCD_VERSION#v}"; then
+  if reports "$dir/etcd" "etcd Version: ${ETCD_VERSION#v}"; then
     return 0
   fi
   log "building etcd $ETCD_VERSION (about 40 seconds on 2 cores, once)"
@@ -52,7 +38,7 @@ build_etcd() {
 
 build_apiserver() {
   local dir=$TOOLS/kube-apiserver-$KUBE_VERSION
-  if [ -x "$dir/kube-apiserver" ] && "$dir/kube-apiserver" --version 2>/dev/null | grep -qF "$KUBE_VERSION"; then
+  if reports "$dir/kube-apiserver" "$KUBE_VERSION"; then
     return 0
   fi
   log "building kube-apiserver $KUBE_VERSION (about 5 minutes on 2 cores, once)"

@@ -13,18 +13,12 @@ mkdir -p "$TOOLS"
 
 log() { printf 'spire-tools: %s\n' "$*" >&2; }
 
-run_quiet() {
-  local logf=$1; shift
-  if ! "$@" >"$logf" 2>&1; then
-    tail -n 40 "$logf" >&2
-    return 1
-  fi
-}
+# shellcheck source=scripts/build-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-lib.sh"
 
 build_spire() {
   local dir=$TOOLS/spire-$SPIRE_VERSION
-  if [ -x "$dir/spire-server" ] && [ -x "$dir/spire-agent" ] &&
-    "$dir/spire-server" --version 2>&1 | grep -qF "${SPIRE_VERSION#v}"; then
+  if [ -x "$dir/spire-agent" ] && reports "$dir/spire-server" "${SPIRE_VERSION#v}"; then
     return 0
   fi
   log "building spire-server and spire-agent $SPIRE_VERSION (about 8 minutes on 2 cores, once)"
@@ -44,6 +38,4 @@ build_spire() {
   log "spire $SPIRE_VERSION ready in $dir"
 }
 
-exec {fd}>"$TOOLS/.spire.lock"
-flock "$fd"
-build_spire
+with_lock spire build_spire

@@ -13,14 +13,8 @@ mkdir -p "$TOOLS"
 
 log() { printf 'tools: %s\n' "$*" >&2; }
 
-# lock serialises concurrent builds of the same tool (parallel test packages, a demo beside a test).
-with_lock() {
-  local name=$1; shift
-  exec {fd}>"$TOOLS/.$name.lock"
-  flock "$fd"
-  "$@"
-  exec {fd}>&-
-}
+# shellcheck source=scripts/build-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-lib.sh"
 
 build_gitea() {
   local dir=$TOOLS/gitea-$GITEA_VERSION
@@ -44,7 +38,7 @@ build_gitea() {
 build_runner() {
   local dir=$TOOLS/gitea-runner-$GITEA_RUNNER_VERSION
   # The binary must report its version: executors check it besides the SHA-256.
-  if [ -x "$dir/gitea-runner" ] && "$dir/gitea-runner" --version 2>/dev/null | grep -qF "$GITEA_RUNNER_VERSION"; then
+  if reports "$dir/gitea-runner" "$GITEA_RUNNER_VERSION"; then
     return 0
   fi
   log "building the Gitea runner $GITEA_RUNNER_VERSION (about 1 minute, once)"
