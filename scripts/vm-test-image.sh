@@ -31,7 +31,8 @@ OUT=$1
 for tool in busybox cpio gzip qemu-img mkfs.ext4 dpkg apt-get apt-cache; do
   command -v "$tool" >/dev/null || die "$tool is missing; run scripts/vm-deps.sh"
 done
-[ -x /bin/busybox ] && /bin/busybox --list | grep -qx insmod || die "busybox-static is missing; run scripts/vm-deps.sh"
+# (the applet list is read whole: `| grep -q` would SIGPIPE busybox and fail under pipefail)
+[ -x /bin/busybox ] && [[ $'\n'$(/bin/busybox --list)$'\n' == *$'\ninsmod\n'* ]] || die "busybox-static is missing; run scripts/vm-deps.sh"
 if [ -n "${DYNRUNNER_BIN:-}" ]; then
   [ -f "$DYNRUNNER_BIN" ] || die "DYNRUNNER_BIN=$DYNRUNNER_BIN is not a file"
   if command -v file >/dev/null && ! file -b "$DYNRUNNER_BIN" | grep -q 'statically linked'; then
