@@ -114,6 +114,7 @@ func Decide(cur *State, ev Event) (Record, error) {
 		}
 		next.Handle = ev.Handle
 		next.TokenID = ev.TokenID
+		next.StartedBy = ev.Actor
 	case Registered:
 		switch cur.Phase {
 		case Started:

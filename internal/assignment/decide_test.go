@@ -87,6 +87,16 @@ func TestRenewExtendsLeaseKeepsPhaseAndEpoch(t *testing.T) {
 	}
 }
 
+func TestStartedByOutlivesLaterActors(t *testing.T) {
+	started := evStarted
+	started.Actor = "pod-worker@a/1"
+	s := advance(t, claimed(10), started, Event{Transition: Registered, TokenID: "tok", RunnerUUID: "r", Actor: "facade@b/2"},
+		Event{Transition: Renewed, At: t0, Lease: time.Minute, Actor: "facade@b/2"})
+	if got, want := s.StartedBy, "pod-worker@a/1"; got != want || s.Actor != "facade@b/2" {
+		t.Fatalf("started by %q (actor %q), want %q", got, s.Actor, want)
+	}
+}
+
 func TestOverdue(t *testing.T) {
 	s := claimed(3)
 	if _, due := Overdue(*s, t0.Add(time.Minute)); due {

@@ -75,6 +75,9 @@ type Record struct {
 
 	// Handle is the backend's environment handle, recorded when it started.
 	Handle json.RawMessage `json:"handle,omitempty"`
+	// StartedBy is the actor that recorded `started`: the worker that watches the environment
+	// for as long as it is alive.
+	StartedBy string `json:"started_by,omitempty"`
 	// TokenID identifies (never reveals) the capability token issued to the environment.
 	TokenID    string `json:"token_id,omitempty"`
 	RunnerUUID string `json:"runner_uuid,omitempty"`
