@@ -30,6 +30,9 @@ const TokenFile = "capability-token"
 
 // Config configures a Worker.
 type Config struct {
+	// Actor names the worker in the records it appends ("pod-worker@host/pid"). It must be
+	// unique among the running workers: it is also the worker's key in BucketWorkers, and the
+	// environments it starts are adopted by other workers only once that key is gone.
 	Actor string
 	// Backend is the isolation tier this worker consumes: pod (or vm, for the vm worker's reuse).
 	Tier assignment.Backend
@@ -41,6 +44,9 @@ type Config struct {
 	ExecutorEnv map[string]string
 	// Reap is how often environments no live assignment owns are looked for.
 	Reap time.Duration
+	// Heartbeat is how often the worker refreshes its key in BucketWorkers (DefaultHeartbeat);
+	// the key expires after three.
+	Heartbeat time.Duration
 	// RetryDelay is the redelivery delay after a failed start, times the delivery count.
 	RetryDelay time.Duration
 	Log        zerolog.Logger
@@ -53,6 +59,7 @@ type Worker struct {
 	backend Backend
 	log     *eventlog.Log
 	view    *eventlog.View
+	workers jetstream.KeyValue
 
 	slots chan struct{}
 	mu    sync.Mutex
@@ -80,6 +87,9 @@ func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *W
 	if cfg.RetryDelay <= 0 {
 		cfg.RetryDelay = 2 * time.Second
 	}
+	if cfg.Heartbeat <= 0 {
+		cfg.Heartbeat = DefaultHeartbeat
+	}
 	w := &Worker{cfg: cfg, backend: backend, log: log, view: view,
 		slots: make(chan struct{}, cfg.Concurrency), envs: make(map[assignment.TaskID]*env), ready: make(chan struct{})}
 	view.OnChange(w.onChange)
@@ -89,16 +99,35 @@ func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *W
 // Ready is closed once the worker recovered its environments and consumes dispatches.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
-// Run recovers environments, then consumes dispatches until ctx ends. Environments keep
-// running when it returns; the next Run adopts them. It returns nil on cancellation.
+// Run announces the worker in BucketWorkers, recovers environments, then consumes dispatches
+// until ctx ends. Environments keep running when it returns; it deletes the worker's key, and
+// the next Run, or another worker, adopts them. It returns nil on cancellation.
 func (w *Worker) Run(ctx context.Context) error {
 	select {
 	case <-w.view.Ready():
 	case <-ctx.Done():
 		return nil
 	}
+	kv, err := openWorkers(ctx, w.log.JetStream(), w.log.Config().Replicas, w.ttl())
+	if err != nil {
+		return err
+	}
+	w.workers = kv
+	if err := w.beat(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	// The key goes only once every goroutine stopped, on an early error return too: nothing
+	// watches the environments then.
+	defer w.leave(ctx)
 	defer w.wg.Wait()
-	if err := w.sweep(ctx); err != nil {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	w.wg.Go(func() { w.heartbeatLoop(ctx) })
+	recheck, err := w.sweep(ctx)
+	if err != nil {
 		return fmt.Errorf("podworker: recover environments: %w", err)
 	}
 	cons, err := w.log.Consumer(ctx, w.cfg.Tier)
@@ -106,7 +135,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return err
 	}
 	close(w.ready)
-	w.wg.Go(func() { w.reapLoop(ctx) })
+	w.wg.Go(func() { w.reapLoop(ctx, recheck) })
 	for {
 		select {
 		case w.slots <- struct{}{}:
@@ -187,7 +216,14 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		}
 	}()
 	if len(st.Handle) > 0 {
-		// Started before a crash: adopt the environment if it still exists.
+		// Started before a crash: adopt the environment if it still exists, unless the worker
+		// that started it is alive and watches it (its acknowledgement was lost). When that
+		// cannot be told, the sweep decides later.
+		if other, _, err := w.watchedElsewhere(ctx, st.StartedBy); other || err != nil {
+			logger.Debug().Err(err).Str("started_by", st.StartedBy).Msg("redelivered dispatch of an environment another worker started; left to it")
+			_ = msg.Ack()
+			return false
+		}
 		var h Handle
 		if err := json.Unmarshal(st.Handle, &h); err == nil {
 			w.watch(ctx, st, h, true)
@@ -413,12 +449,22 @@ func (w *Worker) onChange(st assignment.State) {
 	}
 }
 
-// sweep adopts the environments live assignments own and destroys the rest.
-func (w *Worker) sweep(ctx context.Context) error {
+// sweep adopts the environments live assignments own and whose starting worker is gone, and
+// destroys the environments no live assignment owns. It returns when the first key of a live
+// worker it left environments to expires unless refreshed (zero when it left none): the next
+// sweep is due then.
+func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 	hs, err := w.backend.List(ctx)
 	if err != nil {
-		return err
+		return time.Time{}, err
 	}
+	var recheck time.Time
+	type starter struct {
+		alive   bool
+		expires time.Time
+		err     error
+	}
+	starters := map[string]starter{} // one lookup per starter and sweep
 	for _, h := range hs {
 		if w.owns(h.Task) {
 			continue
@@ -426,6 +472,23 @@ func (w *Worker) sweep(ctx context.Context) error {
 		st, ok := w.view.Get(h.Task)
 		owned := ok && st.Epoch() == h.Epoch && st.Live() && st.Phase != assignment.Failed && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
 		if owned {
+			l, seen := starters[st.StartedBy]
+			if !seen {
+				l.alive, l.expires, l.err = w.watchedElsewhere(ctx, st.StartedBy)
+				starters[st.StartedBy] = l
+			}
+			if l.err != nil {
+				w.cfg.Log.Warn().Err(l.err).Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("environment not adopted: its worker's liveness is unknown")
+				continue
+			}
+			if l.alive {
+				// Its worker is alive in another process and watches it.
+				w.cfg.Log.Debug().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Str("started_by", st.StartedBy).Msg("environment watched by another worker")
+				if recheck.IsZero() || l.expires.Before(recheck) {
+					recheck = l.expires
+				}
+				continue
+			}
 			if !w.reserve(h.Task) {
 				continue // a dispatch is adopting it right now
 			}
@@ -437,7 +500,7 @@ func (w *Worker) sweep(ctx context.Context) error {
 				slot = true
 			default:
 			}
-			w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("environment adopted")
+			w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Str("started_by", st.StartedBy).Msg("environment adopted")
 			w.watch(ctx, st, h, slot)
 			continue
 		}
@@ -450,7 +513,7 @@ func (w *Worker) sweep(ctx context.Context) error {
 			w.cfg.Log.Warn().Err(err).Str(logkey.Env, h.ID).Msg("reap")
 		}
 	}
-	return nil
+	return recheck, nil
 }
 
 func handleID(raw json.RawMessage) string {
@@ -459,17 +522,26 @@ func handleID(raw json.RawMessage) string {
 	return h.ID
 }
 
-func (w *Worker) reapLoop(ctx context.Context) {
-	t := time.NewTicker(w.cfg.Reap)
-	defer t.Stop()
+// sweepMargin is how long after a worker's key would expire the sweep that adopts its
+// environments runs, so the server has removed the key by then.
+const sweepMargin = time.Second
+
+// reapLoop sweeps every Reap, and sooner when the key of a worker the last sweep left
+// environments to expires sooner: after a crash (a SIGKILLed controller, whose restart has a
+// new actor) its environments are adopted as soon as its key is gone.
+func (w *Worker) reapLoop(ctx context.Context, recheck time.Time) {
 	for {
-		select {
-		case <-ctx.Done():
+		d := w.cfg.Reap
+		if !recheck.IsZero() {
+			d = min(d, max(time.Until(recheck)+sweepMargin, sweepMargin))
+		}
+		wait(ctx, d)
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
-			if err := w.sweep(ctx); err != nil && ctx.Err() == nil {
-				w.cfg.Log.Warn().Err(err).Msg("reap")
-			}
+		}
+		var err error
+		if recheck, err = w.sweep(ctx); err != nil && ctx.Err() == nil {
+			w.cfg.Log.Warn().Err(err).Msg("reap")
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
@@ -27,6 +28,8 @@ type memBackend struct {
 	failStart error
 	starts    int
 	destroyed []string
+	lists     int
+	waiting   map[string]int // Wait calls blocked on each environment: the workers watching it
 }
 
 type memEnv struct {
@@ -35,7 +38,7 @@ type memEnv struct {
 	code int
 }
 
-func newMem() *memBackend { return &memBackend{envs: map[string]*memEnv{}} }
+func newMem() *memBackend { return &memBackend{envs: map[string]*memEnv{}, waiting: map[string]int{}} }
 
 func (m *memBackend) Name() string { return "mem" }
 
@@ -78,6 +81,14 @@ func (m *memBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Ex
 	if !ok {
 		return podworker.Exit{}, podworker.ErrNotFound
 	}
+	m.mu.Lock()
+	m.waiting[h.ID]++
+	m.mu.Unlock()
+	defer func() {
+		m.mu.Lock()
+		m.waiting[h.ID]--
+		m.mu.Unlock()
+	}()
 	select {
 	case <-e.done:
 		return podworker.Exit{Code: e.code, Reason: "exited"}, nil
@@ -100,6 +111,7 @@ func (m *memBackend) Destroy(_ context.Context, h podworker.Handle) error {
 func (m *memBackend) List(context.Context) ([]podworker.Handle, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.lists++
 	var out []podworker.Handle
 	for _, e := range m.envs {
 		out = append(out, e.h)
@@ -114,10 +126,25 @@ func (m *memBackend) has(id string) bool {
 	return ok
 }
 
+// watchers counts the workers whose Wait blocks on an environment.
+func (m *memBackend) watchers(id string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.waiting[id]
+}
+
+// listed counts the List calls: every sweep makes one.
+func (m *memBackend) listed() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lists
+}
+
 var _ podworker.Backend = (*memBackend)(nil)
 
 type rig struct {
 	t    *testing.T
+	conn *natsconn.Conn
 	log  *eventlog.Log
 	view *eventlog.View
 	js   jetstream.JetStream
@@ -140,22 +167,52 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &rig{t: t, log: l, js: js}
+	return &rig{t: t, conn: c, log: l, js: js}
+}
+
+// replica opens another connection to the rig's server and the event log over it, as
+// another controller replica has; closing the connection cuts that replica off, as a crash
+// would.
+func (r *rig) replica() (*nats.Conn, *eventlog.Log) {
+	r.t.Helper()
+	nc, err := nats.Connect("", nats.InProcessServer(r.conn.Server))
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	r.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	l, err := eventlog.Open(r.t.Context(), js, r.log.Config())
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	return nc, l
 }
 
 // run starts a view and a worker over backend; the returned function stops both.
 func (r *rig) run(backend podworker.Backend) (stop func()) {
+	r.t.Helper()
+	return r.runWorker(r.log, backend, podworker.Config{Actor: "worker-test", Reap: time.Hour})
+}
+
+// runWorker starts a view and a worker over backend on l, configured by cfg (its actor, reap
+// interval and heartbeat); the returned function stops both.
+func (r *rig) runWorker(l *eventlog.Log, backend podworker.Backend, cfg podworker.Config) (stop func()) {
 	r.t.Helper()
 	r.view = eventlog.NewView()
 	issuer, err := captoken.NewIssuer([]byte("0123456789abcdef0123456789abcdef"))
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	w := podworker.New(podworker.Config{Actor: "worker-test", Tier: assignment.BackendPod, Concurrency: 4, Issuer: issuer,
-		RetryDelay: 10 * time.Millisecond, Reap: time.Hour, Log: zerolog.New(zerolog.NewTestWriter(r.t))}, backend, r.log, r.view)
+	cfg.Tier, cfg.Concurrency, cfg.Issuer, cfg.RetryDelay = assignment.BackendPod, 4, issuer, 10*time.Millisecond
+	cfg.Log = zerolog.New(zerolog.NewTestWriter(r.t)).With().Str("actor", cfg.Actor).Logger()
+	view := r.view
+	w := podworker.New(cfg, backend, l, view)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Go(func() { _ = r.log.Watch(ctx, r.view) })
+	wg.Go(func() { _ = l.Watch(ctx, view) })
 	errc := make(chan error, 1)
 	wg.Go(func() { errc <- w.Run(ctx) })
 	select {
@@ -284,4 +341,94 @@ func TestWorkerAdoptsOwnedAndReapsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the adopted environment destroyed", func() bool { return !mem.has(owned) })
+}
+
+// TestWorkerLeavesEnvironmentsOfLiveWorkers: two workers on one backend (controller replicas
+// sharing a namespace). The second does not adopt the first's environment while the first is
+// alive, and adopts it once the first stopped cleanly (deleting its key).
+func TestWorkerLeavesEnvironmentsOfLiveWorkers(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	const a, b = "pod-worker@a/1", "pod-worker@b/2"
+	stopA := r.runWorker(r.log, mem, podworker.Config{Actor: a, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	st := r.claim(5)
+	id := fmt.Sprintf("5-%d", st.Epoch())
+	eventually(t, "worker a watches its environment", func() bool { return mem.watchers(id) == 1 })
+	if got := r.phase(5).StartedBy; got != a {
+		t.Fatalf("started by %q, want %q", got, a)
+	}
+
+	r.runWorker(r.log, mem, podworker.Config{Actor: b, Reap: 20 * time.Millisecond, Heartbeat: 500 * time.Millisecond})
+	swept := mem.listed()
+	eventually(t, "worker b sweeps", func() bool { return mem.listed() >= swept+5 })
+	if n := mem.watchers(id); n != 1 {
+		t.Fatalf("%d workers watch the environment while the worker that started it is alive, want 1", n)
+	}
+
+	stopA() // a clean shutdown: a's watch ends, the environment keeps running
+	if n := mem.watchers(id); n != 0 || !mem.has(id) {
+		t.Fatalf("after a stopped: %d watchers, environment exists %v; want 0, true", n, mem.has(id))
+	}
+	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
+	// b watches it: ending the assignment elsewhere destroys the environment.
+	cur := r.phase(5)
+	if _, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 5, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the adopted environment destroyed", func() bool { return !mem.has(id) })
+}
+
+// TestWorkerAdoptsEnvironmentsOfCrashedWorker: a worker cut off from NATS (a SIGKILLed
+// controller) cannot delete its key; another worker adopts its environment once the key has
+// expired, without waiting for its reap interval.
+func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	const a, b = "pod-worker@a/1", "pod-worker@b/2"
+	nc, la := r.replica()
+	stopA := r.runWorker(la, mem, podworker.Config{Actor: a, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	st := r.claim(6)
+	id := fmt.Sprintf("6-%d", st.Epoch())
+	eventually(t, "worker a watches its environment", func() bool { return mem.watchers(id) == 1 })
+
+	r.runWorker(r.log, mem, podworker.Config{Actor: b, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	// b is ready: its first sweep is done and left the environment to a.
+	if n := mem.watchers(id); n != 1 {
+		t.Fatalf("%d workers watch the environment while the worker that started it is alive, want 1", n)
+	}
+	kv, err := r.js.KeyValue(t.Context(), podworker.BucketWorkers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if actors := liveActors(t, kv); !actors[a] || !actors[b] {
+		t.Fatalf("live workers %v, want %s and %s", actors, a, b)
+	}
+
+	nc.Close() // a crashes: no more heartbeats, and its key is not deleted
+	stopA()
+	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
+	if actors := liveActors(t, kv); actors[a] || !actors[b] {
+		t.Fatalf("live workers %v, want only %s", actors, b)
+	}
+}
+
+// liveActors returns the actors BucketWorkers holds a key of.
+func liveActors(t *testing.T, kv jetstream.KeyValue) map[string]bool {
+	t.Helper()
+	keys, err := kv.ListKeys(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for k := range keys.Keys() {
+		e, err := kv.Get(t.Context(), k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[string(e.Value())] = true
+	}
+	return out
 }
