@@ -23,9 +23,12 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
+	"github.com/dynrunner/dynrunner/identity"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/kubetest"
@@ -67,6 +70,12 @@ func startKube(t *testing.T) *kubeEnv {
 	kubetest.StartScheduler(t, cluster, kl.NodeName())
 	e := &kubeEnv{cluster: cluster, spire: sp, ns: cluster.Namespace(t)}
 	e.facadeID = workload.FacadeID(sp.TrustDomain)
+	// The controller and the registrar run as a user with only the Roles deploy/kubernetes
+	// grants them in the job namespace.
+	bindRoles(t, cluster, e.ns, map[string][]rbacv1.PolicyRule{
+		"dynrunner-controller": kube.RBACRules(),
+		"dynrunner-identity":   identity.RBACRules(),
+	})
 
 	startRegistrar(t, e)
 
@@ -76,7 +85,7 @@ func startKube(t *testing.T) *kubeEnv {
 	e.controllerEnv = []string{
 		"POD_BACKEND=kubernetes",
 		"POD_NAMESPACE=" + e.ns,
-		"KUBECONFIG=" + cluster.Kubeconfig,
+		"KUBECONFIG=" + cluster.UserKubeconfig,
 		// A locally built image has no registry digest; the test kubelet resolves
 		// name@sha256:<image id> to the local image (it never pulls).
 		"POD_EXECUTOR_IMAGE=dynrunner.e2e/executor@" + image,
@@ -113,7 +122,7 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 	cmd.Env = []string{
 		"PATH=" + os.Getenv("PATH"),
 		"POD_NAMESPACE=" + e.ns,
-		"KUBECONFIG=" + e.cluster.Kubeconfig,
+		"KUBECONFIG=" + e.cluster.UserKubeconfig,
 		"SPIRE_SERVER_SOCKET=" + e.spire.ServerSocket,
 		"SPIFFE_TRUST_DOMAIN=" + kubeTrustDomain,
 		"IDENTITY_PARENT_ID=" + e.spire.AgentID.String(),
@@ -168,6 +177,34 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 			t.Fatal("dynrunner identity not ready within 60s")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// bindRoles creates each Role in ns and binds it to kubetest.User, then waits until the
+// apiserver's authorizer applies the bindings.
+func bindRoles(t *testing.T, c *kubetest.Cluster, ns string, roles map[string][]rbacv1.PolicyRule) {
+	t.Helper()
+	for name, rules := range roles {
+		if _, err := c.Client.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Client.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kubetest.User}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	user := kubernetes.NewForConfigOrDie(c.UserConfig())
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := user.CoreV1().Secrets(ns).List(t.Context(), metav1.ListOptions{Limit: 1}); err == nil {
+			return
+		} else if time.Now().After(deadline) {
+			t.Fatalf("the role bindings are not in effect after 30s: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 

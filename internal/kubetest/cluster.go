@@ -61,6 +61,9 @@ type Cluster struct {
 	// Kubeconfig is the path of a kubeconfig file for the admin (for kubectl, or a controller
 	// under test that reads KUBECONFIG).
 	Kubeconfig string
+	// UserKubeconfig is the path of a kubeconfig file for User (UserConfig), for a process
+	// under test that must run with only the permissions the test binds.
+	UserKubeconfig string
 	// Dir holds the cluster's files: etcd's data, certificates, logs.
 	Dir string
 
@@ -262,6 +265,12 @@ func (c *Cluster) bootstrap(ctx context.Context) error {
 	kc.Contexts["kubetest"] = &clientcmdapi.Context{Cluster: "kubetest", AuthInfo: "admin", Namespace: metav1.NamespaceDefault}
 	kc.CurrentContext = "kubetest"
 	if err := clientcmd.WriteToFile(*kc, c.Kubeconfig); err != nil {
+		return err
+	}
+	c.UserKubeconfig = filepath.Join(c.Dir, "kubeconfig-user")
+	kc.AuthInfos = map[string]*clientcmdapi.AuthInfo{"user": {Token: c.userToken}}
+	kc.Contexts["kubetest"].AuthInfo = "user"
+	if err := clientcmd.WriteToFile(*kc, c.UserKubeconfig); err != nil {
 		return err
 	}
 	return createDefaultServiceAccount(ctx, client, metav1.NamespaceDefault)
