@@ -190,7 +190,11 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		case hostRunner && c.GiteaRunnerBin == "":
 			e.fail("GITEA_RUNNER_BIN is required with the pod and vm workers: the pinned Gitea runner environments run (scripts/tools.sh builds it)")
 		case len(c.GiteaRunnerSHA256) != 64 || strings.Trim(c.GiteaRunnerSHA256, "0123456789abcdef") != "":
-			e.fail("GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITEA_RUNNER_BIN (sha256sum %s)", c.GiteaRunnerBin)
+			if c.GiteaRunnerBin == "" {
+				e.fail("GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of the Gitea runner in the executor image (its label dynrunner.gitea-runner.sha256)")
+			} else {
+				e.fail("GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITEA_RUNNER_BIN (sha256sum %s)", c.GiteaRunnerBin)
+			}
 		}
 	}
 

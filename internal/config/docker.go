@@ -1,8 +1,11 @@
 package config
 
 import (
+	"net"
+	"net/url"
 	"regexp"
 	"strconv"
+	"strings"
 )
 
 // DockerPod configures the docker pod backend (POD_BACKEND=docker).
@@ -29,7 +32,7 @@ var (
 // the pod worker runs the docker backend.
 func loadDocker(e *env, c Controller) DockerPod {
 	d := DockerPod{
-		Socket:    e.str("POD_DOCKER_SOCKET", "/var/run/docker.sock"),
+		Socket:    strings.TrimPrefix(e.str("POD_DOCKER_SOCKET", "/var/run/docker.sock"), "unix://"),
 		Image:     e.str("POD_EXECUTOR_IMAGE", ""),
 		Network:   e.str("POD_DOCKER_NETWORK", "host"),
 		MemoryMiB: e.integer("POD_DOCKER_MEMORY_MIB", 4096, 64),
@@ -67,6 +70,15 @@ func loadDocker(e *env, c Controller) DockerPod {
 	}
 	if !dockerScopeRe.MatchString(d.Scope) {
 		e.fail("POD_DOCKER_SCOPE=%q: want 1 to 32 lowercase letters and digits", d.Scope)
+	}
+	// Outside the host network, a container's loopback is its own: a loopback facade URL would
+	// boot fine and then fail every job at pickup.
+	if d.Network != "host" {
+		if u, err := url.Parse(c.FacadeURL); err == nil {
+			if ip := net.ParseIP(u.Hostname()); (ip != nil && ip.IsLoopback()) || u.Hostname() == "localhost" {
+				e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade; give an address they reach (and RUNNER_FACADE_LISTEN on it)", c.FacadeURL, d.Network)
+			}
+		}
 	}
 	return d
 }

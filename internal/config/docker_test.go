@@ -24,13 +24,14 @@ func TestLoadDockerPodBackend(t *testing.T) {
 	if c.PodBackend != "docker" || c.Docker != want || !c.DevCA {
 		t.Errorf("docker defaults: backend %q, %+v, dev CA %v; want %+v", c.PodBackend, c.Docker, c.DevCA, want)
 	}
-	c, err = LoadController(envOf(with("POD_DOCKER_NETWORK", "ci-net", "POD_DOCKER_PRIVILEGED", "true",
+	c, err = LoadController(envOf(with("POD_DOCKER_NETWORK", "ci-net", "RUNNER_FACADE_URL", "https://10.0.0.5:8443", "POD_DOCKER_PRIVILEGED", "true",
+		"POD_DOCKER_SOCKET", "unix:///run/docker.sock",
 		"POD_DOCKER_MEMORY_MIB", "2048", "POD_DOCKER_CPUS", "1.5", "POD_DOCKER_PIDS", "512", "POD_DOCKER_USER", "0:0",
 		"POD_EXECUTOR_IMAGE", "registry.example/dynrunner/executor@sha256:"+strings.Repeat("1", 64))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d := c.Docker; d.Network != "ci-net" || !d.Privileged || d.MemoryMiB != 2048 || d.CPUs != 1.5 || d.Pids != 512 || d.User != "0:0" {
+	if d := c.Docker; d.Socket != "/run/docker.sock" || d.Network != "ci-net" || !d.Privileged || d.MemoryMiB != 2048 || d.CPUs != 1.5 || d.Pids != 512 || d.User != "0:0" {
 		t.Errorf("docker settings: %+v", d)
 	}
 	for _, tt := range []struct {
@@ -46,7 +47,9 @@ func TestLoadDockerPodBackend(t *testing.T) {
 		{"memory", with("POD_DOCKER_MEMORY_MIB", "8"), "POD_DOCKER_MEMORY_MIB"},
 		{"user", with("POD_DOCKER_USER", "runner"), "POD_DOCKER_USER"},
 		{"workload api", with("SPIFFE_ENDPOINT_SOCKET", "unix:///run/spire/agent.sock"), "SPIFFE_ENDPOINT_SOCKET"},
-		{"no runner sha", with("GITEA_RUNNER_SHA256", ""), "GITEA_RUNNER_SHA256"},
+		{"no runner sha", with("GITEA_RUNNER_SHA256", ""), "GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of the Gitea runner in the executor image"},
+		{"loopback facade off the host network", with("POD_DOCKER_NETWORK", "ci-net"), "cannot reach a loopback facade"},
+		{"relative socket", with("POD_DOCKER_SOCKET", "docker.sock"), "POD_DOCKER_SOCKET"},
 		{"unknown backend", with("POD_BACKEND", "kubernetes"), "POD_BACKEND"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
