@@ -15,9 +15,9 @@ ROOT=$PWD
 
 # Bump RECIPE when the base's package list or preparation changes: the tag names the recipe, so
 # a changed recipe builds a new base instead of reusing a stale one.
-RECIPE=1
+RECIPE=2
 SUITE=bookworm
-PACKAGES=bash,ca-certificates,curl,git,gzip,openssh-client,procps,tar,unzip,xz-utils,zstd
+PACKAGES=bash,ca-certificates,curl,git,gzip,nodejs,openssh-client,procps,tar,unzip,xz-utils,zstd
 BASE_TAG=dynrunner-executor-base:$SUITE-r$RECIPE
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TAG=${EXECUTOR_IMAGE_TAG:-dynrunner-executor:dev}
