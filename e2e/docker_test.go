@@ -160,6 +160,110 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	}
 }
 
+// jsAction is a JavaScript action as most published ones are, without dependencies: it
+// prints the Node.js that runs it, reads its inputs from INPUT_<NAME> (a default from
+// action.yml included) and writes an output through the file $GITHUB_OUTPUT names.
+var jsAction = map[string]string{
+	"action.yml": `name: greet
+description: prints the Node.js version and greets an input
+inputs:
+  who:
+    description: whom to greet
+    required: true
+  punctuation:
+    description: what ends the greeting
+    default: "!"
+outputs:
+  greeting:
+    description: the greeting
+runs:
+  using: node20
+  main: index.js
+`,
+	"index.js": `const fs = require("fs");
+const os = require("os");
+console.log("node " + process.version + " at " + process.execPath);
+const who = process.env.INPUT_WHO;
+if (!who) {
+  console.error("INPUT_WHO is not set");
+  process.exit(1);
+}
+console.log("input who=" + who);
+fs.appendFileSync(process.env.GITHUB_OUTPUT, "greeting=hello " + who + process.env.INPUT_PUNCTUATION + os.EOL);
+`,
+}
+
+// TestDockerBackendJavaScriptAction runs a job that uses a JavaScript action (`using: node20`)
+// in a container of the executor image: the runner in host mode runs it with the image's
+// Node.js, passes its inputs and reads its output.
+func TestDockerBackendJavaScriptAction(t *testing.T) {
+	tools := needTools(t)
+	needDocker(t)
+	image := executorImage(t)
+	out, err := exec.CommandContext(t.Context(), "docker", "run", "--rm", "--entrypoint", "node", image, "--version").CombinedOutput()
+	if err != nil {
+		t.Fatalf("node --version in the executor image: %v\n%s", err, out)
+	}
+	nodeVersion := strings.TrimSpace(string(out))
+	f := startForge(t, tools)
+	ctx := t.Context()
+	action, err := f.CreateRepo(ctx, "greet-action")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.PushFiles(ctx, action, jsAction); err != nil {
+		t.Fatal(err)
+	}
+	repo, err := f.CreateRepo(ctx, "js-action")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
+	c.start()
+
+	// By absolute URL: the runner clones the action from the test Gitea, not from
+	// DEFAULT_ACTIONS_URL (github.com, out of reach here).
+	wf := `name: js-action
+on: [push]
+jobs:
+  node:
+    runs-on: [self-hosted, pod]
+    steps:
+      - id: greet
+        uses: ` + f.URL() + "/" + action.String() + `@main
+        with:
+          who: dynrunner
+      - run: echo "the action said ${{ steps.greet.outputs.greeting }}"
+`
+	res := runWorkflow(t, f, repo, wf, 5*time.Minute)
+	job, ok := res["node"]
+	if !ok {
+		t.Fatalf("no job %q in the run: %v", "node", keys(res))
+	}
+	if job.conclusion != "success" {
+		t.Errorf("job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^node ` + regexp.QuoteMeta(nodeVersion) + ` at /usr/bin/node(js)?$`),
+		regexp.MustCompile(`(?m)^input who=dynrunner$`),
+		regexp.MustCompile(`(?m)^the action said hello dynrunner!$`),
+	} {
+		if !want.MatchString(job.log) {
+			t.Errorf("job log lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("job log:\n%s", tail(job.log, 80))
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for len(managedContainers(t)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // TestDockerContainerRemovedMidJob removes a job's container while the job runs: the job fails
 // in Gitea with a message saying the environment ended, and nothing is left behind.
 func TestDockerContainerRemovedMidJob(t *testing.T) {

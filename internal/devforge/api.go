@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 )
 
@@ -110,13 +112,28 @@ func (f *Forge) SetSecret(ctx context.Context, repo Repo, name, value string) er
 // PushFile creates or updates one file on repo's default branch with a new commit and returns
 // the commit's SHA. Like a git push, the commit triggers `on: push` workflows.
 func (f *Forge) PushFile(ctx context.Context, repo Repo, path, content string) (string, error) {
-	in := map[string]any{
-		"message": "devforge: update " + path,
-		"files": []map[string]string{{
+	return f.PushFiles(ctx, repo, map[string]string{path: content})
+}
+
+// PushFiles creates or updates files (content by path) on repo's default branch in one commit
+// and returns the commit's SHA, e.g. to publish an action (action.yml and its script) that
+// workflows then use. Like a git push, the commit triggers `on: push` workflows.
+func (f *Forge) PushFiles(ctx context.Context, repo Repo, files map[string]string) (string, error) {
+	if len(files) == 0 {
+		return "", fmt.Errorf("devforge: push to %s: no files", repo)
+	}
+	paths := slices.Sorted(maps.Keys(files))
+	ops := make([]map[string]string, 0, len(paths))
+	for _, p := range paths {
+		ops = append(ops, map[string]string{
 			"operation": "upload", // create or update
-			"path":      path,
-			"content":   base64.StdEncoding.EncodeToString([]byte(content)),
-		}},
+			"path":      p,
+			"content":   base64.StdEncoding.EncodeToString([]byte(files[p])),
+		})
+	}
+	in := map[string]any{
+		"message": "devforge: update " + strings.Join(paths, ", "),
+		"files":   ops,
 	}
 	var out struct {
 		Commit struct {
@@ -127,7 +144,7 @@ func (f *Forge) PushFile(ctx context.Context, repo Repo, path, content string) (
 		return "", err
 	}
 	if out.Commit.SHA == "" {
-		return "", fmt.Errorf("devforge: push %s to %s: no commit in the answer", path, repo)
+		return "", fmt.Errorf("devforge: push %s to %s: no commit in the answer", strings.Join(paths, ", "), repo)
 	}
 	return out.Commit.SHA, nil
 }
