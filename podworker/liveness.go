@@ -8,14 +8,23 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/logkey"
 )
 
-// BucketWorkers holds one key per running worker: put when it starts and at every heartbeat,
-// deleted when it shuts down cleanly, expired three heartbeats after the last one otherwise.
-// A worker adopts another worker's environment only once that worker's key is gone.
+// BucketWorkers holds two kinds of keys, each put again at every heartbeat and expired three
+// heartbeats after the last one:
+//
+//   - env.<task>.<epoch>: the actor of the worker that watches that environment. Created
+//     (atomically: only if absent) by the worker that starts or adopts the environment,
+//     deleted when it stops watching it. A worker adopts an environment only by creating its
+//     key, so however many workers find it unwatched, one adopts it.
+//   - the base64url of a worker's actor, its value the actor: which workers run, for operators
+//     (nats kv ls). Deleted when the worker shuts down cleanly; nothing decides on it.
 const BucketWorkers = "dynrunner_workers"
 
-// DefaultHeartbeat is how often a worker refreshes its key unless Config.Heartbeat says
+// DefaultHeartbeat is how often a worker renews its keys unless Config.Heartbeat says
 // otherwise.
 const DefaultHeartbeat = 10 * time.Second
 
@@ -27,7 +36,7 @@ const heartbeatsPerTTL = 3
 func openWorkers(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (jetstream.KeyValue, error) {
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket:      BucketWorkers,
-		Description: "dynrunner pod and vm workers that are alive, keyed by their actor (base64url)",
+		Description: "dynrunner workers that are alive (base64url of the actor) and the environments they watch (env.<task>.<epoch>)",
 		History:     1,
 		TTL:         ttl,
 		Storage:     jetstream.FileStorage,
@@ -40,19 +49,141 @@ func openWorkers(ctx context.Context, js jetstream.JetStream, replicas int, ttl 
 }
 
 // workerKey is an actor's key in BucketWorkers. Actors hold characters keys may not
-// ("pod-worker@host/pid"); base64url yields only ones they may.
+// ("pod-worker@host/pid"); base64url yields only ones they may, and never a dot, so a worker
+// key is never an environment's.
 func workerKey(actor string) string { return base64.RawURLEncoding.EncodeToString([]byte(actor)) }
 
-// ttl is how long a worker's key outlives its last heartbeat.
+// envKey is the key in BucketWorkers naming the worker that watches an environment. A task
+// has one assignment, so one backend: its key is the same in every tier.
+func envKey(task assignment.TaskID, epoch assignment.Epoch) string {
+	return fmt.Sprintf("env.%d.%d", task, epoch)
+}
+
+// ttl is how long a key outlives its last heartbeat.
 func (w *Worker) ttl() time.Duration { return heartbeatsPerTTL * w.cfg.Heartbeat }
 
-// beat puts the worker's key; its value is the actor, for operators.
-func (w *Worker) beat(ctx context.Context) error {
-	if _, err := w.workers.Put(ctx, workerKey(w.cfg.Actor), []byte(w.cfg.Actor)); err != nil {
-		return fmt.Errorf("podworker: heartbeat: %w", err)
-	}
-	return nil
+// holder is what an environment's key says about who watches it.
+type holder struct {
+	// rev is the key's revision when this worker holds it, 0 when another worker does.
+	rev uint64
+	// actor is the worker that holds the key ("" when another worker created it just now).
+	actor string
+	// expires is when another worker's key expires unless that worker renews it.
+	expires time.Time
 }
+
+// watcher reads an environment's key: who holds it (actor "" when none does) and when it
+// expires unless renewed. It claims nothing.
+func (w *Worker) watcher(ctx context.Context, key string) (holder, error) {
+	e, err := w.workers.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return holder{}, nil
+	}
+	if err != nil {
+		return holder{}, fmt.Errorf("podworker: watcher of %s: %w", key, err)
+	}
+	return holder{actor: string(e.Value()), expires: e.Created().Add(w.ttl())}, nil
+}
+
+// claim makes this worker the watcher of the environment key names, unless another worker is:
+// it creates the key when it is absent (the environment is new, its watcher stopped cleanly,
+// or crashed and the key expired; environments of releases before these keys have none) and
+// renews it when it already holds this worker's actor. Create is atomic, so of the workers
+// that find the key absent at once exactly one gets rev > 0.
+func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
+	e, err := w.workers.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		rev, err := w.workers.Create(ctx, key, []byte(w.cfg.Actor))
+		if errors.Is(err, jetstream.ErrKeyExists) {
+			return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
+		}
+		if err != nil {
+			return holder{}, fmt.Errorf("podworker: claim %s: %w", key, err)
+		}
+		return holder{rev: rev, actor: w.cfg.Actor}, nil
+	}
+	if err != nil {
+		return holder{}, fmt.Errorf("podworker: watcher of %s: %w", key, err)
+	}
+	if actor := string(e.Value()); actor != w.cfg.Actor {
+		return holder{actor: actor, expires: e.Created().Add(w.ttl())}, nil
+	}
+	// Written by this worker (a heartbeat that raced its answer, a restart with the same
+	// actor): renew it at the revision read, so a worker that created it meanwhile wins.
+	rev, err := w.workers.Update(ctx, key, []byte(w.cfg.Actor), e.Revision())
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
+	}
+	if err != nil {
+		return holder{}, fmt.Errorf("podworker: claim %s: %w", key, err)
+	}
+	return holder{rev: rev, actor: w.cfg.Actor}, nil
+}
+
+// beat puts the worker's key and renews the keys of the environments it watches.
+func (w *Worker) beat(ctx context.Context) error {
+	_, err := w.workers.Put(ctx, workerKey(w.cfg.Actor), []byte(w.cfg.Actor))
+	if err != nil {
+		err = fmt.Errorf("podworker: heartbeat: %w", err)
+	}
+	return errors.Join(err, w.renew(ctx))
+}
+
+// renew renews the key of every environment the worker watches, at the revision it last
+// wrote. When that fails because the key changed, the worker was cut off from NATS for longer
+// than the TTL (or its claim after `started` failed): it claims the key again, and if another
+// worker adopted the environment meanwhile, stops watching it and leaves it to that worker.
+func (w *Worker) renew(ctx context.Context) error {
+	type watched struct {
+		e    *env
+		task assignment.TaskID
+		rev  uint64
+	}
+	var ws []watched
+	w.mu.Lock()
+	for task, e := range w.envs {
+		if e.key != "" { // not a reservation
+			ws = append(ws, watched{e, task, e.rev})
+		}
+	}
+	w.mu.Unlock()
+	var errs []error
+	for _, x := range ws {
+		var rev uint64
+		var err error = jetstream.ErrKeyRevisionMismatch // no key yet: claim it
+		if x.rev > 0 {
+			rev, err = w.workers.Update(ctx, x.e.key, []byte(w.cfg.Actor), x.rev)
+		}
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if !w.watching(x.task, x.e) {
+				continue // it ended meanwhile, and its key was deleted
+			}
+			var h holder
+			if h, err = w.claim(ctx, x.e.key); err == nil && h.rev == 0 {
+				w.cfg.Log.Warn().Int64(logkey.TaskID, int64(x.task)).Str(logkey.Env, x.e.h.ID).Str("watcher", h.actor).
+					Msg("another worker adopted the environment while this one was cut off; no longer watching it")
+				x.e.cancel(errReleased)
+				continue
+			}
+			rev = h.rev
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("podworker: renew %s: %w", x.e.key, err))
+			continue
+		}
+		w.mu.Lock()
+		if x.e.rev == x.rev {
+			x.e.rev = rev
+		}
+		w.mu.Unlock()
+	}
+	return errors.Join(errs...)
+}
+
+// errReleased is the cause a watch is cancelled with when another worker holds its
+// environment's key: it stops watching, and neither fails the assignment nor destroys the
+// environment.
+var errReleased = errors.New("podworker: the environment is watched by another worker")
 
 func (w *Worker) heartbeatLoop(ctx context.Context) {
 	t := time.NewTicker(w.cfg.Heartbeat)
@@ -69,29 +200,31 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// leave deletes the worker's key, so other workers adopt its environments at their next sweep
-// instead of after the key expired.
-func (w *Worker) leave(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := w.workers.Delete(ctx, workerKey(w.cfg.Actor)); err != nil {
-		w.cfg.Log.Warn().Err(err).Dur("expires_in", w.ttl()).Msg("delete the liveness key; it expires by itself")
+// unclaim deletes an environment's key if it still is at the revision this worker wrote, so
+// a key another worker holds is never removed. A key left behind expires by itself.
+func (w *Worker) unclaim(ctx context.Context, key string, rev uint64) {
+	if rev == 0 {
+		return
+	}
+	if err := w.workers.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		w.cfg.Log.Warn().Err(err).Str("key", key).Dur("expires_in", w.ttl()).Msg("delete an environment's key; it expires by itself")
 	}
 }
 
-// watchedElsewhere reports whether starter, the worker that recorded an environment's
-// `started`, is another worker that is alive, and when its key expires unless refreshed. An
-// environment without a recorded starter (started by an older release) counts as orphaned.
-func (w *Worker) watchedElsewhere(ctx context.Context, starter string) (bool, time.Time, error) {
-	if starter == "" || starter == w.cfg.Actor {
-		return false, time.Time{}, nil
+// leave deletes the keys of the environments the worker still watched and its own key, so
+// other workers (or this one restarted, with a new actor) adopt the environments at their next
+// sweep instead of after the keys expired.
+func (w *Worker) leave(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	w.mu.Lock()
+	envs := w.envs
+	w.envs = make(map[assignment.TaskID]*env)
+	w.mu.Unlock()
+	for _, e := range envs {
+		w.unclaim(ctx, e.key, e.rev)
 	}
-	e, err := w.workers.Get(ctx, workerKey(starter))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return false, time.Time{}, nil
+	if err := w.workers.Delete(ctx, workerKey(w.cfg.Actor)); err != nil {
+		w.cfg.Log.Warn().Err(err).Dur("expires_in", w.ttl()).Msg("delete the liveness key; it expires by itself")
 	}
-	if err != nil {
-		return false, time.Time{}, fmt.Errorf("podworker: liveness of %s: %w", starter, err)
-	}
-	return true, e.Created().Add(w.ttl()), nil
 }

@@ -31,8 +31,8 @@ const TokenFile = "capability-token"
 // Config configures a Worker.
 type Config struct {
 	// Actor names the worker in the records it appends ("pod-worker@host/pid"). It must be
-	// unique among the running workers: it is also the worker's key in BucketWorkers, and the
-	// environments it starts are adopted by other workers only once that key is gone.
+	// unique among the running workers: it is the value of the keys in BucketWorkers that
+	// name the environments it watches, which other workers adopt only once the key is gone.
 	Actor string
 	// Backend is the isolation tier this worker consumes: pod (or vm, for the vm worker's reuse).
 	Tier assignment.Backend
@@ -44,8 +44,8 @@ type Config struct {
 	ExecutorEnv map[string]string
 	// Reap is how often environments no live assignment owns are looked for.
 	Reap time.Duration
-	// Heartbeat is how often the worker refreshes its key in BucketWorkers (DefaultHeartbeat);
-	// the key expires after three.
+	// Heartbeat is how often the worker renews its keys in BucketWorkers (DefaultHeartbeat);
+	// they expire after three.
 	Heartbeat time.Duration
 	// RetryDelay is the redelivery delay after a failed start, times the delivery count.
 	RetryDelay time.Duration
@@ -68,9 +68,16 @@ type Worker struct {
 	ready chan struct{}
 }
 
+// env is an environment the worker watches, or a reservation (zero h and key) while one starts
+// or is being adopted.
 type env struct {
 	h      Handle
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
+	// key is the environment's key in BucketWorkers; rev the revision this worker last wrote
+	// there, 0 while it holds none (the claim failed; the next heartbeat claims it). rev is
+	// guarded by Worker.mu.
+	key string
+	rev uint64
 }
 
 // New returns a Worker.
@@ -100,8 +107,8 @@ func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *W
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
 // Run announces the worker in BucketWorkers, recovers environments, then consumes dispatches
-// until ctx ends. Environments keep running when it returns; it deletes the worker's key, and
-// the next Run, or another worker, adopts them. It returns nil on cancellation.
+// until ctx ends. Environments keep running when it returns; it deletes its keys, and the next
+// Run, or another worker, adopts them. It returns nil on cancellation.
 func (w *Worker) Run(ctx context.Context) error {
 	select {
 	case <-w.view.Ready():
@@ -119,7 +126,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		return err
 	}
-	// The key goes only once every goroutine stopped, on an early error return too: nothing
+	// The keys go only once every goroutine stopped, on an early error return too: nothing
 	// watches the environments then.
 	defer w.leave(ctx)
 	defer w.wg.Wait()
@@ -216,17 +223,18 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		}
 	}()
 	if len(st.Handle) > 0 {
-		// Started before a crash: adopt the environment if it still exists, unless the worker
-		// that started it is alive and watches it (its acknowledgement was lost). When that
-		// cannot be told, the sweep decides later.
-		if other, _, err := w.watchedElsewhere(ctx, st.StartedBy); other || err != nil {
-			logger.Debug().Err(err).Str("started_by", st.StartedBy).Msg("redelivered dispatch of an environment another worker started; left to it")
-			_ = msg.Ack()
-			return false
-		}
+		// Started before a crash: adopt the environment if it still exists, unless another
+		// worker watches it (its acknowledgement was lost, or it adopted the environment).
+		// When that cannot be told, the sweep decides later.
 		var h Handle
 		if err := json.Unmarshal(st.Handle, &h); err == nil {
-			w.watch(ctx, st, h, true)
+			c, err := w.claim(ctx, envKey(d.Task, d.Epoch))
+			if err != nil || c.rev == 0 {
+				logger.Debug().Err(err).Str("watcher", c.actor).Msg("redelivered dispatch of an environment another worker watches; left to it")
+				_ = msg.Ack()
+				return false
+			}
+			w.watch(ctx, st, h, true, c.rev)
 			started = true
 			_ = msg.Ack()
 			return true
@@ -267,8 +275,22 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		return false
 	}
 	w.view.Observe(rec)
-	logger.Info().Str(logkey.Backend, w.backend.Name()).Str(logkey.Env, h.ID).Msg("environment started")
-	w.watch(ctx, rec, h, true)
+	logger = logger.With().Str(logkey.Env, h.ID).Logger()
+	logger.Info().Str(logkey.Backend, w.backend.Name()).Msg("environment started")
+	// The key is claimed once `started` is recorded, never before: a key exists only for an
+	// environment some worker can adopt. Between the two, a crash leaves an environment
+	// without a key, which the next sweep of any worker adopts; a sweep that claims it first
+	// makes it that worker's.
+	c, err := w.claim(ctx, envKey(d.Task, d.Epoch))
+	if err == nil && c.rev == 0 {
+		logger.Info().Str("watcher", c.actor).Msg("another worker adopted the environment as it was recorded; left to it")
+		_ = msg.Ack()
+		return false
+	}
+	if err != nil {
+		logger.Warn().Err(err).Msg("watching the environment without its key; the next heartbeat claims it")
+	}
+	w.watch(ctx, rec, h, true, c.rev)
 	started = true
 	_ = msg.Ack()
 	return true
@@ -379,22 +401,30 @@ func (w *Worker) owns(task assignment.TaskID) bool {
 }
 
 // watch waits for an environment to end, fails its assignment if the job had not completed,
-// and destroys it. The slot the environment holds is released at the end.
-func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot bool) {
-	wctx, cancel := context.WithCancel(ctx)
+// and destroys it. rev is the revision of the environment's key this worker holds (0: none
+// yet); the key is deleted once the environment is destroyed. The slot the environment holds
+// is released at the end.
+func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot bool, rev uint64) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	e := &env{h: h, cancel: cancel, key: envKey(st.Task, st.Epoch()), rev: rev}
 	w.mu.Lock()
-	w.envs[st.Task] = &env{h: h, cancel: cancel}
+	w.envs[st.Task] = e
 	w.mu.Unlock()
 	w.wg.Go(func() {
 		if slot {
 			defer func() { <-w.slots }()
 		}
-		defer cancel()
+		defer cancel(nil)
 		logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str(logkey.Env, h.ID).Logger()
 		exit, err := w.backend.Wait(wctx, h)
 		if ctx.Err() != nil {
-			// Shutting down: the environment keeps running and is adopted on restart.
-			w.forget(st.Task)
+			// Shutting down: the environment keeps running and is adopted on restart. It stays
+			// in envs for leave to delete its key.
+			return
+		}
+		if errors.Is(context.Cause(wctx), errReleased) {
+			// Another worker adopted it (this one was cut off from NATS): the key is its.
+			w.unwatch(st.Task, e)
 			return
 		}
 		if err != nil && !errors.Is(err, context.Canceled) {
@@ -422,7 +452,7 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 		} else {
 			logger.Info().Str("exit", exit.Reason).Int("code", exit.Code).Msg("environment destroyed")
 		}
-		w.forget(st.Task)
+		w.unclaim(context.WithoutCancel(ctx), e.key, w.unwatch(st.Task, e))
 	})
 }
 
@@ -430,6 +460,24 @@ func (w *Worker) forget(task assignment.TaskID) {
 	w.mu.Lock()
 	delete(w.envs, task)
 	w.mu.Unlock()
+}
+
+// unwatch forgets e, the environment the worker watched for task, and returns the revision
+// of its key this worker last wrote.
+func (w *Worker) unwatch(task assignment.TaskID, e *env) uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.envs[task] == e {
+		delete(w.envs, task)
+	}
+	return e.rev
+}
+
+// watching reports whether the worker still watches e for task.
+func (w *Worker) watching(task assignment.TaskID, e *env) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.envs[task] == e
 }
 
 // onChange ends the environment of an assignment that ended or failed elsewhere (a lease
@@ -449,22 +497,16 @@ func (w *Worker) onChange(st assignment.State) {
 	}
 }
 
-// sweep adopts the environments live assignments own and whose starting worker is gone, and
-// destroys the environments no live assignment owns. It returns when the first key of a live
-// worker it left environments to expires unless refreshed (zero when it left none): the next
-// sweep is due then.
+// sweep adopts the environments live assignments own and no other worker watches (their key
+// in BucketWorkers is absent, or this worker's), and destroys the environments no live
+// assignment owns. It returns when the first key of another worker it left environments to
+// expires unless renewed (zero when it left none): the next sweep is due then.
 func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 	hs, err := w.backend.List(ctx)
 	if err != nil {
 		return time.Time{}, err
 	}
 	var recheck time.Time
-	type starter struct {
-		alive   bool
-		expires time.Time
-		err     error
-	}
-	starters := map[string]starter{} // one lookup per starter and sweep
 	for _, h := range hs {
 		if w.owns(h.Task) {
 			continue
@@ -472,25 +514,29 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 		st, ok := w.view.Get(h.Task)
 		owned := ok && st.Epoch() == h.Epoch && st.Live() && st.Phase != assignment.Failed && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
 		if owned {
-			l, seen := starters[st.StartedBy]
-			if !seen {
-				l.alive, l.expires, l.err = w.watchedElsewhere(ctx, st.StartedBy)
-				starters[st.StartedBy] = l
+			logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).Str(logkey.Env, h.ID).Logger()
+			key := envKey(h.Task, h.Epoch)
+			// Look before reserving: most environments another worker watches, and a
+			// reservation would make this worker drop a dispatch of the task meanwhile.
+			c, err := w.watcher(ctx, key)
+			if err == nil && (c.actor == "" || c.actor == w.cfg.Actor) {
+				if !w.reserve(h.Task) {
+					continue // a dispatch is adopting it right now
+				}
+				if c, err = w.claim(ctx, key); err != nil || c.rev == 0 {
+					w.forget(h.Task)
+				}
 			}
-			if l.err != nil {
-				w.cfg.Log.Warn().Err(l.err).Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("environment not adopted: its worker's liveness is unknown")
+			if err != nil {
+				logger.Warn().Err(err).Msg("environment not adopted: who watches it is unknown")
 				continue
 			}
-			if l.alive {
-				// Its worker is alive in another process and watches it.
-				w.cfg.Log.Debug().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Str("started_by", st.StartedBy).Msg("environment watched by another worker")
-				if recheck.IsZero() || l.expires.Before(recheck) {
-					recheck = l.expires
+			if c.rev == 0 {
+				logger.Debug().Str("watcher", c.actor).Msg("environment watched by another worker")
+				if recheck.IsZero() || c.expires.Before(recheck) {
+					recheck = c.expires
 				}
 				continue
-			}
-			if !w.reserve(h.Task) {
-				continue // a dispatch is adopting it right now
 			}
 			// An adopted environment takes a slot if one is free; with a lowered concurrency
 			// there may be more environments than slots, and they are adopted all the same.
@@ -500,8 +546,8 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 				slot = true
 			default:
 			}
-			w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Str("started_by", st.StartedBy).Msg("environment adopted")
-			w.watch(ctx, st, h, slot)
+			logger.Info().Str("started_by", st.StartedBy).Msg("environment adopted")
+			w.watch(ctx, st, h, slot, c.rev)
 			continue
 		}
 		// Young environments may belong to a start whose `started` record is being written.
@@ -522,13 +568,13 @@ func handleID(raw json.RawMessage) string {
 	return h.ID
 }
 
-// sweepMargin is how long after a worker's key would expire the sweep that adopts its
-// environments runs, so the server has removed the key by then.
+// sweepMargin is how long after an environment's key would expire the sweep that adopts the
+// environment runs, so the server has removed the key by then.
 const sweepMargin = time.Second
 
-// reapLoop sweeps every Reap, and sooner when the key of a worker the last sweep left
-// environments to expires sooner: after a crash (a SIGKILLed controller, whose restart has a
-// new actor) its environments are adopted as soon as its key is gone.
+// reapLoop sweeps every Reap, and sooner when the key of an environment the last sweep left to
+// another worker expires sooner: after a crash (a SIGKILLed controller, whose restart has a
+// new actor) the crashed worker's environments are adopted as soon as their keys are gone.
 func (w *Worker) reapLoop(ctx context.Context, recheck time.Time) {
 	for {
 		d := w.cfg.Reap

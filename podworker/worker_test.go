@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,6 +142,25 @@ func (m *memBackend) listed() int {
 }
 
 var _ podworker.Backend = (*memBackend)(nil)
+
+// share is one worker's view of a memBackend several workers share: it counts that worker's
+// sweeps and the environments it watches.
+type share struct {
+	*memBackend
+	sweeps  atomic.Int64
+	waiting atomic.Int64
+}
+
+func (s *share) List(ctx context.Context) ([]podworker.Handle, error) {
+	s.sweeps.Add(1)
+	return s.memBackend.List(ctx)
+}
+
+func (s *share) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, error) {
+	s.waiting.Add(1)
+	defer s.waiting.Add(-1)
+	return s.memBackend.Wait(ctx, h)
+}
 
 type rig struct {
 	t    *testing.T
@@ -310,10 +330,15 @@ func TestWorkerDeadLettersAfterMaxDeliver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg, err := st.GetLastMsgForSubject(t.Context(), eventlog.SubjectDead+"pod")
-	if err != nil {
-		t.Fatalf("no dead letter: %v", err)
-	}
+	// The worker fails the assignment first and dead-letters the message after.
+	var msg *jetstream.RawStreamMsg
+	eventually(t, "the dead letter", func() bool {
+		msg, err = st.GetLastMsgForSubject(t.Context(), eventlog.SubjectDead+"pod")
+		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Fatalf("read the dead letter: %v", err)
+		}
+		return err == nil
+	})
 	if !strings.Contains(msg.Header.Get("Dynrunner-Reason"), "no capacity") {
 		t.Fatalf("dead letter reason = %q", msg.Header.Get("Dynrunner-Reason"))
 	}
@@ -370,12 +395,17 @@ func TestWorkerLeavesEnvironmentsOfLiveWorkers(t *testing.T) {
 		t.Fatalf("after a stopped: %d watchers, environment exists %v; want 0, true", n, mem.has(id))
 	}
 	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
-	// b watches it: ending the assignment elsewhere destroys the environment.
+	kv := workersBucket(t, r)
+	if got := watcherOf(t, kv, 5, st.Epoch()); got != b {
+		t.Fatalf("the environment's key names %q, want %q", got, b)
+	}
+	// b watches it: ending the assignment elsewhere destroys the environment, and its key goes.
 	cur := r.phase(5)
 	if _, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 5, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "the adopted environment destroyed", func() bool { return !mem.has(id) })
+	eventually(t, "the environment's key deleted", func() bool { return watcherOf(t, kv, 5, st.Epoch()) == "" })
 }
 
 // TestWorkerAdoptsEnvironmentsOfCrashedWorker: a worker cut off from NATS (a SIGKILLed
@@ -396,9 +426,9 @@ func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
 	if n := mem.watchers(id); n != 1 {
 		t.Fatalf("%d workers watch the environment while the worker that started it is alive, want 1", n)
 	}
-	kv, err := r.js.KeyValue(t.Context(), podworker.BucketWorkers)
-	if err != nil {
-		t.Fatal(err)
+	kv := workersBucket(t, r)
+	if got := watcherOf(t, kv, 6, st.Epoch()); got != a {
+		t.Fatalf("the environment's key names %q, want %q", got, a)
 	}
 	if actors := liveActors(t, kv); !actors[a] || !actors[b] {
 		t.Fatalf("live workers %v, want %s and %s", actors, a, b)
@@ -410,9 +440,120 @@ func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
 	if actors := liveActors(t, kv); actors[a] || !actors[b] {
 		t.Fatalf("live workers %v, want only %s", actors, b)
 	}
+	if got := watcherOf(t, kv, 6, st.Epoch()); got != b {
+		t.Fatalf("the environment's key names %q, want %q", got, b)
+	}
 }
 
-// liveActors returns the actors BucketWorkers holds a key of.
+// TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker: three workers on one backend. The one
+// that started an environment crashes; the two others, sweeping often, both find it unwatched
+// once its key expired, and exactly one adopts it. The other keeps leaving it alone, though
+// the worker recorded as its starter stays gone.
+func TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	const a, b, c = "pod-worker@a/1", "pod-worker@b/2", "pod-worker@c/3"
+	const heartbeat = time.Second // keys expire 3 s after the last heartbeat
+	nc, la := r.replica()
+	stopA := r.runWorker(la, mem, podworker.Config{Actor: a, Reap: time.Hour, Heartbeat: heartbeat})
+	st := r.claim(7)
+	id := fmt.Sprintf("7-%d", st.Epoch())
+	eventually(t, "worker a watches its environment", func() bool { return mem.watchers(id) == 1 })
+
+	_, lc := r.replica()
+	sb, sc := &share{memBackend: mem}, &share{memBackend: mem}
+	r.runWorker(r.log, sb, podworker.Config{Actor: b, Reap: 20 * time.Millisecond, Heartbeat: heartbeat})
+	r.runWorker(lc, sc, podworker.Config{Actor: c, Reap: 20 * time.Millisecond, Heartbeat: heartbeat})
+	fromB, fromC := sb.sweeps.Load(), sc.sweeps.Load()
+	eventually(t, "workers b and c sweep", func() bool { return sb.sweeps.Load() >= fromB+5 && sc.sweeps.Load() >= fromC+5 })
+	if n := mem.watchers(id); n != 1 || sb.waiting.Load()+sc.waiting.Load() != 0 {
+		t.Fatalf("%d workers watch the environment while its watcher is alive (b %d, c %d), want only a", n, sb.waiting.Load(), sc.waiting.Load())
+	}
+
+	nc.Close() // a crashes: no more heartbeats, and its keys are not deleted
+	stopA()
+	// Poll the watchers until one adopted the environment and both swept 20 more times since.
+	deadline := time.Now().Add(20 * time.Second)
+	adopted := false
+	for {
+		n := mem.watchers(id)
+		if n > 1 {
+			t.Fatalf("%d workers watch the environment (b %d, c %d), want at most 1", n, sb.waiting.Load(), sc.waiting.Load())
+		}
+		if n == 1 && !adopted {
+			adopted = true
+			fromB, fromC = sb.sweeps.Load(), sc.sweeps.Load()
+		}
+		if adopted && sb.sweeps.Load() >= fromB+20 && sc.sweeps.Load() >= fromC+20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: adopted %v, %d watchers", adopted, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	want := b
+	if sc.waiting.Load() == 1 {
+		want = c
+	}
+	if got := watcherOf(t, workersBucket(t, r), 7, st.Epoch()); got != want || sb.waiting.Load()+sc.waiting.Load() != 1 {
+		t.Fatalf("the environment's key names %q; b watches %d, c %d", got, sb.waiting.Load(), sc.waiting.Load())
+	}
+	if got := r.phase(7); got.StartedBy != a || got.Phase != assignment.Started {
+		t.Fatalf("assignment %s started by %q, want %s by %q", got.Phase, got.StartedBy, assignment.Started, a)
+	}
+}
+
+// TestWorkerStopsWatchingWhenAdoptedElsewhere: a worker cut off from NATS for longer than its
+// keys' TTL finds, once back, that another worker adopted its environment (the key names that
+// worker). It stops watching, and neither fails the assignment nor destroys the environment.
+func TestWorkerStopsWatchingWhenAdoptedElsewhere(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	r.runWorker(r.log, mem, podworker.Config{Actor: "pod-worker@a/1", Reap: time.Hour, Heartbeat: 200 * time.Millisecond})
+	st := r.claim(8)
+	id := fmt.Sprintf("8-%d", st.Epoch())
+	eventually(t, "the worker watches its environment", func() bool { return mem.watchers(id) == 1 })
+	kv := workersBucket(t, r)
+	eventually(t, "the environment's key", func() bool { return watcherOf(t, kv, 8, st.Epoch()) == "pod-worker@a/1" })
+
+	// Another worker's adoption, as it would be after a's key expired.
+	if _, err := kv.Put(t.Context(), fmt.Sprintf("env.8.%d", st.Epoch()), []byte("pod-worker@b/2")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker stops watching", func() bool { return mem.watchers(id) == 0 })
+	if !mem.has(id) {
+		t.Fatal("the environment was destroyed")
+	}
+	if got := r.phase(8).Phase; got != assignment.Started {
+		t.Fatalf("phase %s, want %s", got, assignment.Started)
+	}
+}
+
+func workersBucket(t *testing.T, r *rig) jetstream.KeyValue {
+	t.Helper()
+	kv, err := r.js.KeyValue(t.Context(), podworker.BucketWorkers)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return kv
+}
+
+// watcherOf returns the actor the key of task's environment in epoch names, "" when it has none.
+func watcherOf(t *testing.T, kv jetstream.KeyValue, task assignment.TaskID, epoch assignment.Epoch) string {
+	t.Helper()
+	e, err := kv.Get(t.Context(), fmt.Sprintf("env.%d.%d", task, epoch))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(e.Value())
+}
+
+// liveActors returns the actors BucketWorkers holds a worker key of (environments' keys,
+// env.<task>.<epoch>, are not workers').
 func liveActors(t *testing.T, kv jetstream.KeyValue) map[string]bool {
 	t.Helper()
 	keys, err := kv.ListKeys(t.Context())
@@ -421,6 +562,9 @@ func liveActors(t *testing.T, kv jetstream.KeyValue) map[string]bool {
 	}
 	out := map[string]bool{}
 	for k := range keys.Keys() {
+		if strings.HasPrefix(k, "env.") {
+			continue
+		}
 		e, err := kv.Get(t.Context(), k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue

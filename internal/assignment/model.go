@@ -75,8 +75,8 @@ type Record struct {
 
 	// Handle is the backend's environment handle, recorded when it started.
 	Handle json.RawMessage `json:"handle,omitempty"`
-	// StartedBy is the actor that recorded `started`: the worker that watches the environment
-	// for as long as it is alive.
+	// StartedBy is the actor that recorded `started`, for the audit trail. Which worker watches
+	// the environment now is in the workers' liveness bucket (podworker), not here.
 	StartedBy string `json:"started_by,omitempty"`
 	// TokenID identifies (never reveals) the capability token issued to the environment.
 	TokenID    string `json:"token_id,omitempty"`
