@@ -85,7 +85,7 @@ func runExecutor(ctx context.Context, args []string) error {
 	defer cancel()
 	var src workload.Source
 	if sock := os.Getenv("SPIFFE_ENDPOINT_SOCKET"); sock != "" {
-		src, err = workload.FromWorkloadAPI(wctx, sock)
+		src, err = workload.FromWorkloadAPIFor(wctx, sock, workload.AssignmentID(facadeID.TrustDomain(), task, epoch))
 	} else {
 		src, err = workload.FromFiles(wctx, secrets, 200*time.Millisecond)
 	}

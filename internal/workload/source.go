@@ -44,10 +44,30 @@ var ErrClosed = errors.New("source is closed")
 // until ctx ends. The returned Source follows rotations until it is closed; ctx bounds
 // only the wait.
 func FromWorkloadAPI(ctx context.Context, socketAddr string) (Source, error) {
+	return FromWorkloadAPIFor(ctx, socketAddr, spiffeid.ID{})
+}
+
+// FromWorkloadAPIFor is FromWorkloadAPI for a workload that may be issued several SVIDs (it
+// matches several registration entries): the Source serves the SVID for id whenever the
+// Workload API issues one, and the first one otherwise; a zero id takes the first always.
+// Without it, a Workload API listing another identity first would make that one the
+// workload's identity, now or at a later rotation.
+func FromWorkloadAPIFor(ctx context.Context, socketAddr string, id spiffeid.ID) (Source, error) {
 	if err := workloadapi.ValidateAddress(socketAddr); err != nil {
 		return nil, fmt.Errorf("workload: workload api address %q: %w", socketAddr, err)
 	}
-	src, err := workloadapi.NewX509Source(ctx, workloadapi.WithClientOptions(workloadapi.WithAddr(socketAddr)))
+	opts := []workloadapi.X509SourceOption{workloadapi.WithClientOptions(workloadapi.WithAddr(socketAddr))}
+	if !id.IsZero() {
+		opts = append(opts, workloadapi.WithDefaultX509SVIDPicker(func(svids []*x509svid.SVID) *x509svid.SVID {
+			for _, s := range svids {
+				if s.ID == id {
+					return s
+				}
+			}
+			return svids[0]
+		}))
+	}
+	src, err := workloadapi.NewX509Source(ctx, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("workload: wait for svid from workload api %s: %w", socketAddr, err)
 	}

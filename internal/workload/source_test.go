@@ -311,3 +311,40 @@ func TestFromWorkloadAPIErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestFromWorkloadAPIForPicksItsOwnSVID: a workload issued several SVIDs serves the one for
+// its own identity, whatever their order, also after a rotation; and the first without one.
+func TestFromWorkloadAPIForPicksItsOwnSVID(t *testing.T) {
+	ca := newCA(t, testTD)
+	api := workloadtest.Start(t)
+	other := mustIssue(t, ca, "spiffe://ci.example.org/namespace-wide")
+	own := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := api.SetX509SVIDs([]*x509svid.SVID{other, own}, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	src, err := FromWorkloadAPIFor(ctx, api.Addr(), own.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if svid, err := src.GetX509SVID(); err != nil || svid.ID != own.ID {
+		t.Fatalf("GetX509SVID() = %v, %v; want %s", svid, err, own.ID)
+	}
+	rotated := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
+	if err := api.SetX509SVIDs([]*x509svid.SVID{other, rotated}, ca.Bundle()); err != nil {
+		t.Fatal(err)
+	}
+	want := rotated.Certificates[0].SerialNumber.String()
+	waitFor(t, "the rotated own SVID", func() bool { return serialOf(t, src) == want })
+
+	plain, err := FromWorkloadAPI(ctx, api.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	if svid, err := plain.GetX509SVID(); err != nil || svid.ID != other.ID {
+		t.Fatalf("without an identity to pick: %v, %v; want the first, %s", svid, err, other.ID)
+	}
+}

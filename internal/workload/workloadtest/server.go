@@ -75,26 +75,39 @@ func (s *Server) Stop() {
 // SetX509SVID makes svid (with its bundle) the identity the server issues, and pushes it
 // to every open stream. A nil svid removes the identity.
 func (s *Server) SetX509SVID(svid *x509svid.SVID, bundle *x509bundle.Bundle) error {
+	if svid == nil {
+		return s.SetX509SVIDs(nil, bundle)
+	}
+	return s.SetX509SVIDs([]*x509svid.SVID{svid}, bundle)
+}
+
+// SetX509SVIDs makes svids, in this order, the identities the server issues (as an agent
+// does for a workload several entries select), and pushes them to every open stream. No
+// svids removes the identity.
+func (s *Server) SetX509SVIDs(list []*x509svid.SVID, bundle *x509bundle.Bundle) error {
 	var (
 		svids   *workload.X509SVIDResponse
 		bundles *workload.X509BundlesResponse
 	)
-	if svid != nil {
+	if len(list) > 0 {
 		if bundle == nil {
 			return errors.New("workloadtest: svid without bundle")
 		}
-		keyDER, err := x509.MarshalPKCS8PrivateKey(svid.PrivateKey)
-		if err != nil {
-			return err
-		}
 		bundleDER := concatDER(bundle.X509Authorities())
-		svids = &workload.X509SVIDResponse{Svids: []*workload.X509SVID{{
-			SpiffeId:    svid.ID.String(),
-			X509Svid:    concatDER(svid.Certificates),
-			X509SvidKey: keyDER,
-			Bundle:      bundleDER,
-			Hint:        svid.Hint,
-		}}}
+		svids = &workload.X509SVIDResponse{}
+		for _, svid := range list {
+			keyDER, err := x509.MarshalPKCS8PrivateKey(svid.PrivateKey)
+			if err != nil {
+				return err
+			}
+			svids.Svids = append(svids.Svids, &workload.X509SVID{
+				SpiffeId:    svid.ID.String(),
+				X509Svid:    concatDER(svid.Certificates),
+				X509SvidKey: keyDER,
+				Bundle:      bundleDER,
+				Hint:        svid.Hint,
+			})
+		}
 		bundles = &workload.X509BundlesResponse{Bundles: map[string][]byte{
 			bundle.TrustDomain().IDString(): bundleDER,
 		}}
