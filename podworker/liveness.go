@@ -94,7 +94,7 @@ func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
 	e, err := w.workers.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		rev, err := w.workers.Create(ctx, key, []byte(w.cfg.Actor))
-		if errors.Is(err, jetstream.ErrKeyExists) {
+		if keyTaken(err) {
 			return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
 		}
 		if err != nil {
@@ -111,7 +111,7 @@ func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
 	// Written by this worker (a heartbeat that raced its answer, a restart with the same
 	// actor): renew it at the revision read, so a worker that created it meanwhile wins.
 	rev, err := w.workers.Update(ctx, key, []byte(w.cfg.Actor), e.Revision())
-	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+	if keyTaken(err) {
 		return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
 	}
 	if err != nil {
@@ -227,4 +227,16 @@ func (w *Worker) leave(ctx context.Context) {
 	if err := w.workers.Delete(ctx, workerKey(w.cfg.Actor)); err != nil {
 		w.cfg.Log.Warn().Err(err).Dur("expires_in", w.ttl()).Msg("delete the liveness key; it expires by itself")
 	}
+}
+
+// keyTaken reports whether a KV Create or Update lost to another writer. Besides the errors
+// nats.go names, a replicated bucket answers a Create over a delete marker (a key whose
+// watcher stopped cleanly) with the stream's wrong-last-sequence error, unwrapped.
+func keyTaken(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
