@@ -64,6 +64,28 @@ func TestContainerConfigHardenedByDefault(t *testing.T) {
 	}
 }
 
+// TestContainerConfigWorkloadAPI: with a SPIRE agent socket, the socket's directory is
+// mounted read-only and the executor is pointed at the socket inside the container.
+func TestContainerConfigWorkloadAPI(t *testing.T) {
+	b := newTestBackend(t, func(c *Config) { c.SpiffeSocket = "unix:///run/spire/agent-sockets/api.sock" })
+	c := b.containerConfig(podworker.Spec{Task: 7, Epoch: 9, Env: map[string]string{"SPIFFE_ENDPOINT_SOCKET": "unix:///elsewhere"}}, "/s")
+	want := []mount{
+		{Type: "bind", Source: "/s", Target: SecretsDir, ReadOnly: true},
+		{Type: "bind", Source: "/run/spire/agent-sockets", Target: SpiffeSocketDir, ReadOnly: true},
+	}
+	if !slices.Equal(c.HostConfig.Mounts, want) {
+		t.Errorf("mounts = %+v, want %+v", c.HostConfig.Mounts, want)
+	}
+	if !slices.Contains(c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/api.sock") || slices.Contains(c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///elsewhere") {
+		t.Errorf("env = %q, want SPIFFE_ENDPOINT_SOCKET naming the mounted socket only", c.Env)
+	}
+	// Without one, nothing of SPIRE reaches the container.
+	c = newTestBackend(t, nil).containerConfig(podworker.Spec{Task: 7, Epoch: 9}, "/s")
+	if len(c.HostConfig.Mounts) != 1 || slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }) {
+		t.Errorf("without a socket: mounts %+v, env %q", c.HostConfig.Mounts, c.Env)
+	}
+}
+
 func TestContainerConfigPrivilegedOptIn(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("a privileged container runs as root by default, which needs a controller running as root; run the tests as root")

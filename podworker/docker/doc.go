@@ -33,6 +33,12 @@
 // see StateDir at the same path as the engine (when the controller itself runs in a container,
 // mount StateDir at the same path inside).
 //
+// With Config.SpiffeSocket, the directory of the SPIRE agent's Workload API socket is also
+// bind-mounted read-only at SpiffeSocketDir and SPIFFE_ENDPOINT_SOCKET (one of the backend's own
+// variables then) names the socket there. SPIRE's docker workload attestor reports the
+// container's labels, so `dynrunner identity` (IDENTITY_SOURCE=docker) registers each running
+// container by LabelScope, LabelTask and LabelEpoch; it finds them with an Inventory.
+//
 // # Network
 //
 // Config.Network defaults to "host": the container shares the host's network namespace, so the

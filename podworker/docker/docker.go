@@ -44,6 +44,8 @@ const (
 	HomeDir = "/home/runner"
 	// TmpDir is TMPDIR, a tmpfs.
 	TmpDir = "/tmp"
+	// SpiffeSocketDir is where the directory of Config.SpiffeSocket is mounted, read-only.
+	SpiffeSocketDir = "/run/spire/sockets"
 	// RunnerBin is where the executor image (deploy/executor-image) keeps the pinned Gitea
 	// runner: the GITEA_RUNNER_BIN of docker environments.
 	RunnerBin = "/usr/local/bin/gitea-runner"
@@ -123,6 +125,12 @@ type Config struct {
 	// Grace is how long Destroy lets the executor stop after SIGTERM before the engine kills it
 	// (DefaultGrace when zero; whole seconds, rounded up).
 	Grace time.Duration
+	// SpiffeSocket, when set, is the host path of the SPIRE agent's Workload API socket
+	// ("unix://" is accepted): its directory is mounted read-only at SpiffeSocketDir in every
+	// container, whose SPIFFE_ENDPOINT_SOCKET then names the socket there. The agent's docker
+	// workload attestor identifies a container by its labels (LabelScope, LabelTask,
+	// LabelEpoch). Empty: the environments get their SVIDs as files only.
+	SpiffeSocket string
 	// Log receives the backend's events.
 	Log zerolog.Logger
 }
@@ -143,7 +151,9 @@ type Backend struct {
 	stateDir   string
 	scope      string
 	grace      time.Duration
-	log        zerolog.Logger
+	// spiffeSocket is Config.SpiffeSocket, without "unix://".
+	spiffeSocket string
+	log          zerolog.Logger
 }
 
 var _ podworker.Backend = (*Backend)(nil)
@@ -219,6 +229,13 @@ func New(cfg Config) (*Backend, error) {
 	if !scopeRe.MatchString(scope) {
 		bad("scope %q: want 1 to 32 lowercase letters and digits", cfg.Scope)
 	}
+	spiffeSocket := strings.TrimPrefix(cfg.SpiffeSocket, "unix://")
+	if spiffeSocket != "" {
+		spiffeSocket = filepath.Clean(spiffeSocket)
+	}
+	if spiffeSocket != "" && (!filepath.IsAbs(spiffeSocket) || filepath.Dir(spiffeSocket) == "/") {
+		bad("SPIFFE socket %q: want the absolute path of the agent's socket, in a directory of its own", cfg.SpiffeSocket)
+	}
 	if cfg.Grace < 0 {
 		bad("negative grace period %v", cfg.Grace)
 	}
@@ -240,20 +257,21 @@ func New(cfg Config) (*Backend, error) {
 		grace = DefaultGrace
 	}
 	return &Backend{
-		eng:        newEngine(socket),
-		image:      cfg.Image,
-		network:    network,
-		memory:     memory,
-		nanoCPUs:   int64(math.Round(cpus * 1e9)),
-		pids:       pids,
-		privileged: cfg.Privileged,
-		user:       user,
-		uid:        uid,
-		gid:        gid,
-		stateDir:   stateDir,
-		scope:      scope,
-		grace:      grace,
-		log:        cfg.Log.With().Str(logkey.Backend, backendName).Logger(),
+		eng:          newEngine(socket),
+		image:        cfg.Image,
+		network:      network,
+		memory:       memory,
+		nanoCPUs:     int64(math.Round(cpus * 1e9)),
+		pids:         pids,
+		privileged:   cfg.Privileged,
+		user:         user,
+		uid:          uid,
+		gid:          gid,
+		stateDir:     stateDir,
+		scope:        scope,
+		grace:        grace,
+		spiffeSocket: spiffeSocket,
+		log:          cfg.Log.With().Str(logkey.Backend, backendName).Logger(),
 	}, nil
 }
 

@@ -397,6 +397,8 @@ func TestNewValidates(t *testing.T) {
 		{"network with colon", func(c *docker.Config) { c.Network = "container:other" }},
 		{"scope with dash", func(c *docker.Config) { c.Scope = "a-b" }},
 		{"negative grace", func(c *docker.Config) { c.Grace = -time.Second }},
+		{"relative spiffe socket", func(c *docker.Config) { c.SpiffeSocket = "unix://agent.sock" }},
+		{"spiffe socket in /", func(c *docker.Config) { c.SpiffeSocket = "/agent.sock" }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
@@ -149,12 +150,19 @@ type (
 // containerConfig is the create body of spec's container; secrets is the host directory of its
 // secret files.
 func (b *Backend) containerConfig(spec podworker.Spec, secrets string) containerConfig {
-	env := make([]string, 0, len(spec.Env)+4)
+	env := make([]string, 0, len(spec.Env)+5)
 	own := map[string]string{
 		"DYNRUNNER_SECRETS_DIR": SecretsDir,
 		"DYNRUNNER_WORK_DIR":    WorkDir,
 		"HOME":                  HomeDir,
 		"TMPDIR":                TmpDir,
+	}
+	mounts := []mount{{Type: "bind", Source: secrets, Target: SecretsDir, ReadOnly: true}}
+	if b.spiffeSocket != "" {
+		// The agent's directory, not the socket: a socket replaced by a restarted agent stays
+		// reachable.
+		mounts = append(mounts, mount{Type: "bind", Source: filepath.Dir(b.spiffeSocket), Target: SpiffeSocketDir, ReadOnly: true})
+		own["SPIFFE_ENDPOINT_SOCKET"] = "unix://" + SpiffeSocketDir + "/" + filepath.Base(b.spiffeSocket)
 	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		if _, mine := own[k]; !mine {
@@ -178,7 +186,7 @@ func (b *Backend) containerConfig(spec podworker.Spec, secrets string) container
 			WorkDir: "rw,exec,nosuid,nodev,size=" + size + owned,
 			HomeDir: "rw,exec,nosuid,nodev,size=" + size + owned,
 		},
-		Mounts:     []mount{{Type: "bind", Source: secrets, Target: SecretsDir, ReadOnly: true}},
+		Mounts:     mounts,
 		Memory:     b.memory,
 		MemorySwap: b.memory,
 		NanoCpus:   b.nanoCPUs,
@@ -233,10 +241,17 @@ func (b *Backend) ours(c container) bool {
 
 // taskOf returns the task and epoch labels of c, zero when they do not parse.
 func taskOf(labels map[string]string) (assignment.TaskID, assignment.Epoch) {
+	task, epoch, _ := AssignmentOf(labels)
+	return task, epoch
+}
+
+// AssignmentOf returns the assignment a container's labels (LabelTask, LabelEpoch) name; ok is
+// false when either is missing or does not parse.
+func AssignmentOf(labels map[string]string) (task assignment.TaskID, epoch assignment.Epoch, ok bool) {
 	task, err1 := assignment.ParseTaskID(labels[LabelTask])
 	epoch, err2 := assignment.ParseEpoch(labels[LabelEpoch])
 	if err1 != nil || err2 != nil {
-		return 0, 0
+		return 0, 0, false
 	}
-	return task, epoch
+	return task, epoch, true
 }
