@@ -1,4 +1,5 @@
-// Package identity is dynrunner's SPIRE registrar for job Pods (`dynrunner identity`).
+// Package identity is dynrunner's SPIRE registrar for job Pods and job containers
+// (`dynrunner identity`).
 //
 // It watches the Pods the kubernetes pod backend creates and keeps one SPIRE registration
 // entry per live Pod: the entry's selectors name that Pod's UID (and namespace), and its SPIFFE
@@ -13,6 +14,10 @@
 // wanted. Entry IDs are derived from Pod UIDs, so creations are idempotent across restarts
 // and replicas. It talks to the SPIRE server's Entry API over the server's local admin
 // socket, and holds no forge token, OpenSandbox key or other credential.
+//
+// With SourceDocker the environments are instead the docker pod backend's containers on the
+// local Docker engine: one entry per running container of the backend's scope, selected by
+// the container labels SPIRE's docker workload attestor reports (see docker.go).
 package identity
 
 import (
@@ -87,11 +92,26 @@ type NodeAlias struct {
 	Selectors []*types.Selector
 }
 
+// Source names where the registrar finds the job environments.
+type Source string
+
+const (
+	// SourceKubernetes is the kubernetes pod backend's Pods (Config.Kube, Config.Namespace).
+	SourceKubernetes Source = "kubernetes"
+	// SourceDocker is the docker pod backend's containers (Config.Docker).
+	SourceDocker Source = "docker"
+)
+
 // Config configures a Registrar.
 type Config struct {
+	// Source of the environments; zero: SourceKubernetes.
+	Source Source
+	// Kube and Namespace are the Pods of SourceKubernetes.
 	Kube      kubernetes.Interface
 	Namespace string // of the job Pods
-	Entries   entryv1.EntryClient
+	// Docker lists the containers of SourceDocker.
+	Docker  Containers
+	Entries entryv1.EntryClient
 	// TrustDomain of the assignment identities.
 	TrustDomain spiffeid.TrustDomain
 	// ParentID of every Pod entry: the SPIRE agent (or node alias) of the job nodes.
@@ -102,11 +122,13 @@ type Config struct {
 	// identity (FacadeID, parent ParentID), kept like the Pod entries.
 	FacadeSelectors []*types.Selector
 	// FacadeID is the facade's SPIFFE ID; zero: workload.FacadeID of the trust domain.
-	FacadeID  spiffeid.ID
+	FacadeID spiffeid.ID
+	// Selectors says how SourceKubernetes entries select their Pod.
 	Selectors Selectors
 	// SVIDTTL is the X509-SVID lifetime of Pod entries; agents rotate before it ends.
 	SVIDTTL time.Duration
-	// Resync is the interval of full reconciliations besides those Pod events trigger.
+	// Resync is the interval of full reconciliations besides those Pod (or container) events
+	// trigger.
 	Resync time.Duration
 	Log    zerolog.Logger
 }
@@ -124,16 +146,25 @@ type Registrar struct {
 
 // New validates cfg and returns a Registrar; Run starts it.
 func New(cfg Config) (*Registrar, error) {
+	if cfg.Source == "" {
+		cfg.Source = SourceKubernetes
+	}
 	switch {
-	case cfg.Kube == nil || cfg.Entries == nil:
+	case cfg.Entries == nil:
+		return nil, fmt.Errorf("%w: a SPIRE Entry API client is required", ErrConfig)
+	case cfg.Source != SourceKubernetes && cfg.Source != SourceDocker:
+		return nil, fmt.Errorf("%w: source %q: want kubernetes or docker", ErrConfig, cfg.Source)
+	case cfg.Source == SourceDocker && cfg.Docker == nil:
+		return nil, fmt.Errorf("%w: the docker source needs a container lister", ErrConfig)
+	case cfg.Source == SourceKubernetes && cfg.Kube == nil:
 		return nil, fmt.Errorf("%w: a Kubernetes client and a SPIRE Entry API client are required", ErrConfig)
-	case cfg.Namespace == "":
+	case cfg.Source == SourceKubernetes && cfg.Namespace == "":
 		return nil, fmt.Errorf("%w: the job namespace is required", ErrConfig)
 	case cfg.TrustDomain.IsZero():
 		return nil, fmt.Errorf("%w: the trust domain is required", ErrConfig)
 	case cfg.ParentID.IsZero() || !cfg.ParentID.MemberOf(cfg.TrustDomain):
 		return nil, fmt.Errorf("%w: parent ID %q is not in trust domain %s", ErrConfig, cfg.ParentID, cfg.TrustDomain)
-	case cfg.Selectors != SelectorsK8s && cfg.Selectors != SelectorsDocker:
+	case cfg.Source == SourceKubernetes && cfg.Selectors != SelectorsK8s && cfg.Selectors != SelectorsDocker:
 		return nil, fmt.Errorf("%w: selectors %q: want k8s or docker", ErrConfig, cfg.Selectors)
 	case cfg.SVIDTTL < time.Minute:
 		return nil, fmt.Errorf("%w: SVID TTL %s is below one minute", ErrConfig, cfg.SVIDTTL)
@@ -147,6 +178,9 @@ func New(cfg Config) (*Registrar, error) {
 	}
 	if cfg.Resync <= 0 {
 		cfg.Resync = 30 * time.Second
+	}
+	if cfg.Source == SourceDocker {
+		return &Registrar{cfg: cfg, kick: make(chan struct{}, 1)}, nil
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, cfg.Resync,
 		informers.WithNamespace(cfg.Namespace),
@@ -177,9 +211,21 @@ func (r *Registrar) trigger() {
 	}
 }
 
-// Run watches the Pods and reconciles until ctx ends. Failed reconciliations are retried
-// with backoff (1 s doubling to the resync interval).
+// Run watches the Pods (or containers) and reconciles until ctx ends. Failed
+// reconciliations are retried with backoff (1 s doubling to the resync interval).
 func (r *Registrar) Run(ctx context.Context) error {
+	if r.cfg.Source == SourceDocker {
+		ctx, cancel := context.WithCancel(ctx)
+		watched := make(chan struct{})
+		go func() {
+			defer close(watched)
+			r.watchContainers(ctx)
+		}()
+		defer func() { cancel(); <-watched }()
+		r.cfg.Log.Info().Str("scope", r.cfg.Docker.Scope()).Str("parent_id", r.cfg.ParentID.String()).
+			Msg("identity registrar watching job containers")
+		return r.loop(ctx)
+	}
 	r.factory.Start(ctx.Done())
 	defer r.factory.Shutdown()
 	if ok := cache.WaitForCacheSync(ctx.Done(), r.factory.Core().V1().Pods().Informer().HasSynced); !ok {
@@ -187,6 +233,11 @@ func (r *Registrar) Run(ctx context.Context) error {
 	}
 	r.cfg.Log.Info().Str("namespace", r.cfg.Namespace).Str("parent_id", r.cfg.ParentID.String()).
 		Str("selectors", string(r.cfg.Selectors)).Msg("identity registrar watching job pods")
+	return r.loop(ctx)
+}
+
+// loop reconciles on every trigger and resync until ctx ends.
+func (r *Registrar) loop(ctx context.Context) error {
 	resync := time.NewTicker(r.cfg.Resync)
 	defer resync.Stop()
 	backoff := time.Duration(0)
@@ -215,18 +266,19 @@ func (r *Registrar) Run(ctx context.Context) error {
 	}
 }
 
-// Reconcile makes the registrar's entries those the cached Pods want: it creates the
-// missing ones and deletes the rest (including those that differ, which are recreated).
+// Reconcile makes the registrar's entries those the cached Pods (or the running containers)
+// want: it creates the missing ones and deletes the rest (including those that differ, which
+// are recreated).
 func (r *Registrar) Reconcile(ctx context.Context) error {
-	pods, err := r.pods.List(labels.Everything())
-	if err != nil {
-		return fmt.Errorf("identity: list cached pods: %w", err)
+	var want map[string]*types.Entry
+	var err error
+	if r.cfg.Source == SourceDocker {
+		want, err = r.containerEntries(ctx)
+	} else {
+		want, err = r.podEntries()
 	}
-	want := make(map[string]*types.Entry, len(pods)+1)
-	for _, p := range pods {
-		if e := r.entryFor(p); e != nil {
-			want[e.Id] = e
-		}
+	if err != nil {
+		return err
 	}
 	if r.cfg.NodeAlias != nil {
 		want[nodeAliasEntryID] = r.nodeAliasEntry()
@@ -259,6 +311,21 @@ func (r *Registrar) Reconcile(ctx context.Context) error {
 		return err
 	}
 	return r.create(ctx, add)
+}
+
+// podEntries returns the entries the cached Pods want, by ID.
+func (r *Registrar) podEntries() (map[string]*types.Entry, error) {
+	pods, err := r.pods.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("identity: list cached pods: %w", err)
+	}
+	want := make(map[string]*types.Entry, len(pods)+2)
+	for _, p := range pods {
+		if e := r.entryFor(p); e != nil {
+			want[e.Id] = e
+		}
+	}
+	return want, nil
 }
 
 // entryFor returns the entry pod wants, or nil when it wants none: not a job Pod of the
@@ -396,6 +463,9 @@ func (r *Registrar) logEntry(level zerolog.Level, msg string, e *types.Entry) {
 	ev := r.cfg.Log.WithLevel(level).Str("entry_id", e.Id).Str(logkey.SpiffeID, idString(e.SpiffeId))
 	if uid, ok := strings.CutPrefix(e.Id, entryIDPrefix); ok {
 		ev = ev.Str(logkey.PodUID, uid)
+	}
+	if id, ok := strings.CutPrefix(e.Id, containerEntryIDPrefix); ok {
+		ev = ev.Str("container", id)
 	}
 	ev.Msg(msg)
 }

@@ -2,6 +2,7 @@ package identity_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/dynrunner/dynrunner/identity"
 	"github.com/dynrunner/dynrunner/internal/kubetest"
 	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/podworker/docker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
 
@@ -325,11 +327,23 @@ func TestNewRefusesHalfConfigurations(t *testing.T) {
 		"ttl below a minute":   func(c *identity.Config) { c.SVIDTTL = 30 * time.Second },
 		"alias sans selectors": func(c *identity.Config) { c.NodeAlias = &identity.NodeAlias{} },
 		"no entry client":      func(c *identity.Config) { c.Entries = nil },
+		"unknown source":       func(c *identity.Config) { c.Source = "nomad" },
+		"docker sans lister":   func(c *identity.Config) { c.Source = identity.SourceDocker },
 	} {
 		c := good
 		edit(&c)
-		if _, err := identity.New(c); err == nil {
-			t.Errorf("%s: accepted", name)
+		if _, err := identity.New(c); !errors.Is(err, identity.ErrConfig) {
+			t.Errorf("%s: %v, want ErrConfig", name, err)
 		}
+	}
+	// The docker source needs neither a Kubernetes client nor a namespace.
+	inv, err := docker.NewInventory("", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := good
+	dc.Source, dc.Docker, dc.Kube, dc.Namespace, dc.Selectors = identity.SourceDocker, inv, nil, "", ""
+	if _, err := identity.New(dc); err != nil {
+		t.Errorf("a docker configuration: %v", err)
 	}
 }

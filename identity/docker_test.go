@@ -1,0 +1,259 @@
+package identity_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/dynrunner/dynrunner/identity"
+	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/podworker/docker"
+)
+
+// helperEnv makes the test binary, inside the test image, play a job container: it prints
+// the SPIFFE ID of the SVID the Workload API at SPIFFE_ENDPOINT_SOCKET hands it (svidPrefix),
+// then sleeps until it is removed.
+const helperEnv = "IDENTITY_TEST_HELPER"
+
+const svidPrefix = "svid "
+
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) != "" {
+		os.Exit(helper())
+	}
+	code := m.Run()
+	kubetest.RemoveTestBinaryImage()
+	os.Exit(code)
+}
+
+func helper() int {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for pause := 50 * time.Millisecond; ; pause = min(2*pause, 500*time.Millisecond) {
+		x509, err := workloadapi.FetchX509Context(ctx, workloadapi.WithAddr(os.Getenv("SPIFFE_ENDPOINT_SOCKET")))
+		if err == nil {
+			for _, svid := range x509.SVIDs {
+				fmt.Println(svidPrefix + svid.ID.String())
+			}
+			break
+		}
+		select {
+		case <-ctx.Done():
+			fmt.Fprintf(os.Stderr, "identity helper: no SVID: %v\n", err)
+			time.Sleep(time.Hour)
+			return 1
+		case <-time.After(pause):
+		}
+	}
+	time.Sleep(time.Hour)
+	return 0
+}
+
+// TestDockerSource runs job containers on the real Docker engine beside a real SPIRE server
+// and agent (docker workload attestor): a running container of the scope gets an entry whose
+// selectors the attestor matches, so it receives its assignment's SVID; a container of another
+// scope gets none; and the entry goes when the container is removed.
+func TestDockerSource(t *testing.T) {
+	sp := spiretest.Start(t, trustDomain)
+	image := kubetest.TestBinaryImageID(t) // skips without the Docker engine
+	conn, err := grpc.NewClient("unix://"+sp.ServerSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	e := &env{entries: entryv1.NewEntryClient(conn), spire: sp, parent: sp.AgentID}
+
+	scope := "idt" + randomHex(t, 4)
+	inv, err := docker.NewInventory(docker.DefaultSocket, scope)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = inv.Close() })
+	// A resync of an hour: entries follow the engine's events.
+	e.run(t, identity.Config{
+		Source: identity.SourceDocker, Docker: inv, Entries: e.entries,
+		TrustDomain: spiffeid.RequireTrustDomainFromString(trustDomain), ParentID: e.parent,
+		SVIDTTL: 5 * time.Minute, Resync: time.Hour,
+		Log: zerolog.New(zerolog.NewTestWriter(t)).With().Timestamp().Logger(),
+	})
+
+	const socketDir = "/run/spire/sockets"
+	job := func(scope, task, epoch string) string {
+		return runContainer(t, containerSpec{
+			Image: image, User: "65534:65534",
+			Env: []string{helperEnv + "=1", "SPIFFE_ENDPOINT_SOCKET=unix://" + socketDir + "/" + filepath.Base(sp.AgentSocket)},
+			Labels: map[string]string{
+				docker.LabelManaged: "true", docker.LabelScope: scope,
+				docker.LabelTask: task, docker.LabelEpoch: epoch,
+			},
+			HostConfig: hostConfig{Binds: []string{sp.AgentSocketDir + ":" + socketDir + ":ro"}, NetworkMode: "none"},
+		})
+	}
+	mine := job(scope, "5", "2")
+	job(scope+"x", "6", "1")      // another scope's
+	job(scope, "not-a-task", "1") // labels that do not parse
+
+	entryID := "dynrunner-ctr-" + mine
+	want := "spiffe://" + trustDomain + "/dynrunner/task/5/epoch/2"
+	poll(t, "the running container has an entry", func() bool { _, ok := e.owned(t)[entryID]; return ok })
+	en := e.owned(t)[entryID]
+	wantSel := []string{"docker:label:dynrunner.epoch:2", "docker:label:dynrunner.scope:" + scope, "docker:label:dynrunner.task:5"}
+	if got := idOf(en.SpiffeId); got != want || idOf(en.ParentId) != e.parent.String() ||
+		!slices.Equal(selectorStrings(en), wantSel) || en.X509SvidTtl != 300 || en.Hint != identity.Hint {
+		t.Errorf("entry %s: %v; want SPIFFE ID %s, parent %s, selectors %q", entryID, en, want, e.parent, wantSel)
+	}
+	// The agent's docker workload attestor matches the entry: the container has its SVID.
+	poll(t, "the container received its SVID", func() bool {
+		return strings.Contains(containerLogs(t, mine), svidPrefix+want+"\n")
+	})
+	for id, en := range e.owned(t) {
+		if id != entryID {
+			t.Errorf("unexpected entry %s (%s): only the scope's container with valid labels gets one", id, idOf(en.SpiffeId))
+		}
+	}
+
+	removeContainer(t, mine)
+	poll(t, "the removed container's entry is deleted", func() bool { return len(e.owned(t)) == 0 })
+}
+
+func randomHex(t *testing.T, n int) string {
+	t.Helper()
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return hex.EncodeToString(b)
+}
+
+// The Docker Engine API, as much of it as the test needs.
+
+var engineHTTP = &http.Client{Transport: &http.Transport{
+	DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", docker.DefaultSocket)
+	},
+}}
+
+type containerSpec struct {
+	Image      string            `json:"Image"`
+	User       string            `json:"User,omitempty"`
+	Env        []string          `json:"Env,omitempty"`
+	Labels     map[string]string `json:"Labels,omitempty"`
+	HostConfig hostConfig        `json:"HostConfig"`
+}
+
+type hostConfig struct {
+	Binds       []string `json:"Binds,omitempty"`
+	NetworkMode string   `json:"NetworkMode,omitempty"`
+}
+
+// engine calls the engine's API and decodes its answer into out (when not nil); an answer
+// outside 2xx is an error.
+func engine(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := engineHTTP.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		return fmt.Errorf("docker engine: %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
+	}
+	if out == nil {
+		return nil
+	}
+	if f, ok := out.(*[]byte); ok {
+		*f = b
+		return nil
+	}
+	return json.Unmarshal(b, out)
+}
+
+// runContainer creates and starts a container; the test's cleanup removes it.
+func runContainer(t *testing.T, spec containerSpec) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	var created struct {
+		ID string `json:"Id"`
+	}
+	if err := engine(ctx, http.MethodPost, "/containers/create", spec, &created); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeContainer(t, created.ID) })
+	if err := engine(ctx, http.MethodPost, "/containers/"+created.ID+"/start", nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	return created.ID
+}
+
+// removeContainer removes a container, running or not; a missing one is no error.
+func removeContainer(t *testing.T, id string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := engine(ctx, http.MethodDelete, "/containers/"+id+"?force=1", nil, nil); err != nil && !strings.Contains(err.Error(), "404") {
+		t.Errorf("remove container %s: %v", id, err)
+	}
+}
+
+// containerLogs returns the container's stdout and stderr, interleaved.
+func containerLogs(t *testing.T, id string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var raw []byte
+	if err := engine(ctx, http.MethodGet, "/containers/"+id+"/logs?stdout=1&stderr=1", nil, &raw); err != nil {
+		t.Fatal(err)
+	}
+	// Without a TTY the log is a stream of frames: 1 byte stream, 3 zero, 4 length (big
+	// endian), then the payload.
+	var out strings.Builder
+	for len(raw) >= 8 {
+		n := int(binary.BigEndian.Uint32(raw[4:8]))
+		raw = raw[8:]
+		n = min(n, len(raw))
+		out.Write(raw[:n])
+		raw = raw[n:]
+	}
+	return out.String()
+}
