@@ -25,7 +25,7 @@ Usage:
   dynrunner executor        run one job inside an environment (started by a pod worker)
   dynrunner launcher        boot one microVM for a job and clean everything up (used by the vm worker)
   dynrunner guest           run one job inside a microVM (reads the NoCloud seed), then power off
-  dynrunner identity        register job Pods with SPIRE: one entry per Pod UID, deleted when the Pod ends
+  dynrunner identity        register job Pods (or docker job containers) with SPIRE, one entry each, deleted when they end
   dynrunner events [--json] follow the audit streams: assignment transitions and Pod phases
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
   dynrunner version         print the version

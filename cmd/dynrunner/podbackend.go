@@ -43,8 +43,9 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 		Socket: d.Socket, Image: d.Image, Network: d.Network,
 		Memory: int64(d.MemoryMiB) << 20, CPUs: d.CPUs, Pids: int64(d.Pids),
 		Privileged: d.Privileged, User: d.User, Scope: d.Scope,
-		StateDir: filepath.Join(cfg.StateDir, "docker-envs"),
-		Log:      log,
+		StateDir:     filepath.Join(cfg.StateDir, "docker-envs"),
+		SpiffeSocket: cfg.SpiffeEndpointSocket, // empty with the development CA
+		Log:          log,
 	})
 	if err != nil {
 		return nil, "", err
@@ -66,7 +67,7 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 		log.Info().Msg("job containers share the host's network (POD_DOCKER_NETWORK=host): they reach services on loopback")
 	}
 	log.Info().Str("image", d.Image).Str("network", d.Network).Int("memory_mib", d.MemoryMiB).
-		Float64("cpus", d.CPUs).Int("pids", d.Pids).Msg("docker pod backend ready")
+		Float64("cpus", d.CPUs).Int("pids", d.Pids).Str("spiffe_socket", cfg.SpiffeEndpointSocket).Msg("docker pod backend ready")
 	return b, docker.RunnerBin, nil
 }
 

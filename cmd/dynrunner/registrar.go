@@ -22,9 +22,10 @@ import (
 
 	"github.com/dynrunner/dynrunner/identity"
 	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/podworker/docker"
 )
 
-// runIdentity runs the SPIRE registrar of job Pods (`dynrunner identity`).
+// runIdentity runs the SPIRE registrar of job Pods or containers (`dynrunner identity`).
 func runIdentity(ctx context.Context, args []string) error {
 	if len(args) > 0 {
 		return fmt.Errorf("takes no arguments (configuration comes from the environment; see docs/configuration.md)")
@@ -37,18 +38,31 @@ func runIdentity(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var rc *rest.Config
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	rcfg := identity.Config{
+		Source: identity.Source(cfg.Source), Namespace: cfg.Namespace,
+		TrustDomain: cfg.TrustDomain, ParentID: cfg.ParentID, Selectors: identity.Selectors(cfg.Selectors),
+		SVIDTTL: cfg.SVIDTTL, Resync: cfg.Resync, Log: log,
+	}
+	if rcfg.Source == identity.SourceDocker {
+		inv, err := docker.NewInventory(cfg.DockerSocket, cfg.DockerScope)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = inv.Close() }()
+		rcfg.Docker = inv
 	} else {
-		rc, err = rest.InClusterConfig()
-	}
-	if err != nil {
-		return fmt.Errorf("kubernetes client configuration: %w", err)
-	}
-	kc, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
+		var rc *rest.Config
+		if cfg.Kubeconfig != "" {
+			rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+		} else {
+			rc, err = rest.InClusterConfig()
+		}
+		if err != nil {
+			return fmt.Errorf("kubernetes client configuration: %w", err)
+		}
+		if rcfg.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
 	}
 	// The SPIRE server's admin socket is local: a unix socket whose peers the server trusts as
 	// admins (no TLS on it).
@@ -57,11 +71,7 @@ func runIdentity(ctx context.Context, args []string) error {
 		return fmt.Errorf("spire server admin socket %s: %w", cfg.ServerSocket, err)
 	}
 	defer func() { _ = conn.Close() }()
-	rcfg := identity.Config{
-		Kube: kc, Namespace: cfg.Namespace, Entries: entryv1.NewEntryClient(conn),
-		TrustDomain: cfg.TrustDomain, ParentID: cfg.ParentID, Selectors: identity.Selectors(cfg.Selectors),
-		SVIDTTL: cfg.SVIDTTL, Resync: cfg.Resync, Log: log,
-	}
+	rcfg.Entries = entryv1.NewEntryClient(conn)
 	if len(cfg.NodeAliasSelectors) > 0 {
 		sel, err := identity.ParseSelectors(strings.Join(cfg.NodeAliasSelectors, ","))
 		if err != nil {

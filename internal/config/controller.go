@@ -236,7 +236,10 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	c.DevCA = c.SpiffeEndpointSocket == ""
 	c.Kube = loadKube(e, c)
 	if !c.DevCA && c.PodBackend == "docker" && c.Has(PodWorker) {
-		e.fail("SPIFFE_ENDPOINT_SOCKET with POD_BACKEND=docker: the docker backend does not mount the Workload API socket into containers yet; leave it unset (the development CA gives each container its SVID files)")
+		// The docker backend mounts the socket's directory into every container.
+		if p, ok := strings.CutPrefix(c.SpiffeEndpointSocket, "unix://"); !ok || !strings.HasPrefix(p, "/") || filepath.Dir(filepath.Clean(p)) == "/" {
+			e.fail("SPIFFE_ENDPOINT_SOCKET=%q with POD_BACKEND=docker: want unix:///<dir>/<socket>, the SPIRE agent's socket on this host in a directory of its own (the backend mounts that directory into each container)", c.SpiffeEndpointSocket)
+		}
 	}
 
 	c.CapabilityKeyFile = e.str("RUNNER_FACADE_CAPABILITY_KEY_FILE", "")

@@ -34,6 +34,14 @@ func TestLoadDockerPodBackend(t *testing.T) {
 	if d := c.Docker; d.Socket != "/run/docker.sock" || d.Network != "ci-net" || !d.Privileged || d.MemoryMiB != 2048 || d.CPUs != 1.5 || d.Pids != 512 || d.User != "0:0" {
 		t.Errorf("docker settings: %+v", d)
 	}
+	// With SPIRE's Workload API, environments get attested SVIDs instead of development-CA files.
+	c, err = LoadController(envOf(with("SPIFFE_ENDPOINT_SOCKET", "unix:///run/spire/sockets/agent.sock")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DevCA || c.SpiffeEndpointSocket != "unix:///run/spire/sockets/agent.sock" {
+		t.Errorf("workload api: dev CA %v, socket %q", c.DevCA, c.SpiffeEndpointSocket)
+	}
 	for _, tt := range []struct {
 		name string
 		env  map[string]string
@@ -46,7 +54,8 @@ func TestLoadDockerPodBackend(t *testing.T) {
 		{"cpus", with("POD_DOCKER_CPUS", "0"), "POD_DOCKER_CPUS"},
 		{"memory", with("POD_DOCKER_MEMORY_MIB", "8"), "POD_DOCKER_MEMORY_MIB"},
 		{"user", with("POD_DOCKER_USER", "runner"), "POD_DOCKER_USER"},
-		{"workload api", with("SPIFFE_ENDPOINT_SOCKET", "unix:///run/spire/agent.sock"), "SPIFFE_ENDPOINT_SOCKET"},
+		{"workload api socket in /", with("SPIFFE_ENDPOINT_SOCKET", "unix:///agent.sock"), "SPIFFE_ENDPOINT_SOCKET"},
+		{"workload api over tcp", with("SPIFFE_ENDPOINT_SOCKET", "tcp://127.0.0.1:8081"), "SPIFFE_ENDPOINT_SOCKET"},
 		{"no runner sha", with("GITEA_RUNNER_SHA256", ""), "GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of the Gitea runner in the executor image"},
 		{"loopback facade off the host network", with("POD_DOCKER_NETWORK", "ci-net"), "cannot reach a loopback facade"},
 		{"relative socket", with("POD_DOCKER_SOCKET", "docker.sock"), "POD_DOCKER_SOCKET"},

@@ -9,9 +9,11 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// IdentityVars are the variables of `dynrunner identity`, the SPIRE registrar of job Pods.
+// IdentityVars are the variables of `dynrunner identity`, the SPIRE registrar of job Pods
+// and job containers.
 var IdentityVars = []Var{
-	{"POD_NAMESPACE", "", "Namespace of the job Pods to register. Required."},
+	{"IDENTITY_SOURCE", "kubernetes", "Where the job environments are: kubernetes (the Pods of POD_NAMESPACE) or docker (the containers of IDENTITY_DOCKER_SCOPE on the local Docker engine)."},
+	{"POD_NAMESPACE", "", "Namespace of the job Pods to register. Required with IDENTITY_SOURCE=kubernetes."},
 	{"KUBECONFIG", "", "Kubeconfig file; empty: the in-cluster configuration."},
 	{"SPIRE_SERVER_SOCKET", "/tmp/spire-server/private/api.sock", "The SPIRE server's local admin API socket (the registrar runs beside the server, sharing this socket)."},
 	{"SPIFFE_TRUST_DOMAIN", "dynrunner.local", "Trust domain of the assignment identities; the controller's must be the same."},
@@ -19,9 +21,11 @@ var IdentityVars = []Var{
 	{"IDENTITY_NODE_ALIAS_SELECTORS", "", "When set (type:value,...; e.g. k8s_psat:cluster:dynrunner), the registrar keeps a node alias entry IDENTITY_PARENT_ID with these node selectors, so every matching agent can serve job Pods."},
 	{"IDENTITY_FACADE_SELECTORS", "", "When set (type:value,...; e.g. k8s:ns:dynrunner,k8s:sa:dynrunner-controller), the registrar also keeps the entry giving the controller workloads these select the facade's identity RUNNER_FACADE_SPIFFE_ID."},
 	{"RUNNER_FACADE_SPIFFE_ID", "spiffe://<SPIFFE_TRUST_DOMAIN>/dynrunner/facade", "The facade's SPIFFE ID (the controller's setting of the same name)."},
+	{"IDENTITY_DOCKER_SOCKET", "/var/run/docker.sock", "With IDENTITY_SOURCE=docker: the Docker engine's unix socket (the controller's POD_DOCKER_SOCKET)."},
+	{"IDENTITY_DOCKER_SCOPE", "default", "With IDENTITY_SOURCE=docker: the scope of the job containers to register (the controller's POD_DOCKER_SCOPE)."},
 	{"IDENTITY_SELECTORS", "k8s", "How entries select their Pod: k8s (k8s:pod-uid:<uid>, k8s:ns:<ns>; SPIRE's k8s workload attestor) or docker (the docker workload attestor on the Pod UID and namespace labels of dockershim/cri-dockerd containers)."},
 	{"IDENTITY_SVID_TTL", "10m", "X509-SVID lifetime of Pod entries (at least 1m); agents rotate SVIDs before they end."},
-	{"IDENTITY_RESYNC", "30s", "Interval of full reconciliations besides those Pod events trigger (at least 1s)."},
+	{"IDENTITY_RESYNC", "30s", "Interval of full reconciliations besides those Pod or container events trigger (at least 1s)."},
 	{"HTTP_LISTEN", "127.0.0.1:9465", "Address of /healthz, /readyz (ready after the first successful reconciliation, which sweeps stale entries) and /metrics."},
 	{"LOG_FORMAT", "json", "json, or console for humans."},
 	{"LOG_LEVEL", "info", "trace, debug, info, warn or error."},
@@ -36,7 +40,10 @@ var credentialVars = []string{
 
 // Identity configures `dynrunner identity`.
 type Identity struct {
+	Source             string // kubernetes or docker
 	Namespace          string
+	DockerSocket       string
+	DockerScope        string
 	Kubeconfig         string
 	ServerSocket       string
 	TrustDomain        spiffeid.TrustDomain
@@ -56,7 +63,10 @@ type Identity struct {
 func LoadIdentity(getenv func(string) string) (Identity, error) {
 	e := &env{get: getenv}
 	c := Identity{
+		Source:       e.str("IDENTITY_SOURCE", "kubernetes"),
 		Namespace:    e.str("POD_NAMESPACE", ""),
+		DockerSocket: strings.TrimPrefix(e.str("IDENTITY_DOCKER_SOCKET", "/var/run/docker.sock"), "unix://"),
+		DockerScope:  e.str("IDENTITY_DOCKER_SCOPE", "default"),
 		Kubeconfig:   e.str("KUBECONFIG", ""),
 		ServerSocket: strings.TrimPrefix(e.str("SPIRE_SERVER_SOCKET", "/tmp/spire-server/private/api.sock"), "unix://"),
 		Selectors:    e.str("IDENTITY_SELECTORS", "k8s"),
@@ -71,8 +81,20 @@ func LoadIdentity(getenv func(string) string) (Identity, error) {
 			e.fail("%s is set: the identity registrar holds no forge, OpenSandbox or controller credential; unset it in its environment", v)
 		}
 	}
-	if !kubeNameRe.MatchString(c.Namespace) {
-		e.fail("POD_NAMESPACE=%q: the registrar needs the namespace of the job Pods (a DNS label)", c.Namespace)
+	switch c.Source {
+	case "kubernetes":
+		if !kubeNameRe.MatchString(c.Namespace) {
+			e.fail("POD_NAMESPACE=%q: the registrar needs the namespace of the job Pods (a DNS label)", c.Namespace)
+		}
+	case "docker":
+		if !strings.HasPrefix(c.DockerSocket, "/") {
+			e.fail("IDENTITY_DOCKER_SOCKET=%q: want the absolute path of the Docker engine's unix socket", c.DockerSocket)
+		}
+		if !dockerScopeRe.MatchString(c.DockerScope) {
+			e.fail("IDENTITY_DOCKER_SCOPE=%q: want 1 to 32 lowercase letters and digits (the controller's POD_DOCKER_SCOPE)", c.DockerScope)
+		}
+	default:
+		e.fail("IDENTITY_SOURCE=%q: want kubernetes or docker", c.Source)
 	}
 	if !strings.HasPrefix(c.ServerSocket, "/") {
 		e.fail("SPIRE_SERVER_SOCKET=%q: want the absolute path of the SPIRE server's admin socket", c.ServerSocket)

@@ -39,6 +39,25 @@ func TestLoadIdentityDefaults(t *testing.T) {
 		strings.Join(c.NodeAliasSelectors, ",") != "k8s_psat:cluster:dynrunner,k8s_psat:agent_ns:spire" {
 		t.Fatalf("set: %+v", c)
 	}
+	if c.Source != "kubernetes" {
+		t.Fatalf("default source %q, want kubernetes", c.Source)
+	}
+	// The docker source needs no namespace.
+	c, err = LoadIdentity(identityEnv(map[string]string{"IDENTITY_SOURCE": "docker", "POD_NAMESPACE": ""}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Source != "docker" || c.DockerSocket != "/var/run/docker.sock" || c.DockerScope != "default" {
+		t.Fatalf("docker defaults: %+v", c)
+	}
+	c, err = LoadIdentity(identityEnv(map[string]string{"IDENTITY_SOURCE": "docker",
+		"IDENTITY_DOCKER_SOCKET": "unix:///run/docker.sock", "IDENTITY_DOCKER_SCOPE": "ci2"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DockerSocket != "/run/docker.sock" || c.DockerScope != "ci2" {
+		t.Fatalf("docker set: %+v", c)
+	}
 }
 
 // TestLoadIdentityFailsClosed: every half-configured setting is refused with a message
@@ -48,23 +67,26 @@ func TestLoadIdentityFailsClosed(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		"no namespace":          {map[string]string{"POD_NAMESPACE": " "}, "POD_NAMESPACE"},
-		"no parent":             {map[string]string{"IDENTITY_PARENT_ID": ""}, "IDENTITY_PARENT_ID is required"},
-		"parent not spiffe":     {map[string]string{"IDENTITY_PARENT_ID": "https://x/y"}, "IDENTITY_PARENT_ID"},
-		"parent other domain":   {map[string]string{"IDENTITY_PARENT_ID": "spiffe://other.example/nodes"}, "not in trust domain"},
-		"relative socket":       {map[string]string{"SPIRE_SERVER_SOCKET": "api.sock"}, "SPIRE_SERVER_SOCKET"},
-		"bad selectors mode":    {map[string]string{"IDENTITY_SELECTORS": "unix"}, "IDENTITY_SELECTORS"},
-		"bad alias selector":    {map[string]string{"IDENTITY_NODE_ALIAS_SELECTORS": "k8s_psat"}, "IDENTITY_NODE_ALIAS_SELECTORS"},
-		"short ttl":             {map[string]string{"IDENTITY_SVID_TTL": "30s"}, "IDENTITY_SVID_TTL"},
-		"forge token":           {map[string]string{"GITEA_RUNNER_TOKEN_FILE": "/run/secrets/token"}, "GITEA_RUNNER_TOKEN_FILE is set"},
-		"opensandbox key":       {map[string]string{"OPENSANDBOX_API_KEY_FILE": "/k"}, "OPENSANDBOX_API_KEY_FILE is set"},
-		"bad trust domain":      {map[string]string{"SPIFFE_TRUST_DOMAIN": "Not A Domain"}, "SPIFFE_TRUST_DOMAIN"},
-		"bad health listen":     {map[string]string{"HTTP_LISTEN": "9465"}, "HTTP_LISTEN"},
-		"registration token":    {map[string]string{"GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/t"}, "holds no forge"},
-		"capability key":        {map[string]string{"RUNNER_FACADE_CAPABILITY_KEY_FILE": "/k"}, "RUNNER_FACADE_CAPABILITY_KEY_FILE"},
-		"task key":              {map[string]string{"TASK_ENCRYPTION_KEY_FILE": "/k"}, "TASK_ENCRYPTION_KEY_FILE"},
-		"nats password":         {map[string]string{"NATS_PASSWORD_FILE": "/k"}, "NATS_PASSWORD_FILE"},
-		"resync below a second": {map[string]string{"IDENTITY_RESYNC": "10ms"}, "IDENTITY_RESYNC"},
+		"no namespace":           {map[string]string{"POD_NAMESPACE": " "}, "POD_NAMESPACE"},
+		"no parent":              {map[string]string{"IDENTITY_PARENT_ID": ""}, "IDENTITY_PARENT_ID is required"},
+		"parent not spiffe":      {map[string]string{"IDENTITY_PARENT_ID": "https://x/y"}, "IDENTITY_PARENT_ID"},
+		"parent other domain":    {map[string]string{"IDENTITY_PARENT_ID": "spiffe://other.example/nodes"}, "not in trust domain"},
+		"relative socket":        {map[string]string{"SPIRE_SERVER_SOCKET": "api.sock"}, "SPIRE_SERVER_SOCKET"},
+		"bad selectors mode":     {map[string]string{"IDENTITY_SELECTORS": "unix"}, "IDENTITY_SELECTORS"},
+		"bad alias selector":     {map[string]string{"IDENTITY_NODE_ALIAS_SELECTORS": "k8s_psat"}, "IDENTITY_NODE_ALIAS_SELECTORS"},
+		"short ttl":              {map[string]string{"IDENTITY_SVID_TTL": "30s"}, "IDENTITY_SVID_TTL"},
+		"forge token":            {map[string]string{"GITEA_RUNNER_TOKEN_FILE": "/run/secrets/token"}, "GITEA_RUNNER_TOKEN_FILE is set"},
+		"opensandbox key":        {map[string]string{"OPENSANDBOX_API_KEY_FILE": "/k"}, "OPENSANDBOX_API_KEY_FILE is set"},
+		"bad trust domain":       {map[string]string{"SPIFFE_TRUST_DOMAIN": "Not A Domain"}, "SPIFFE_TRUST_DOMAIN"},
+		"bad health listen":      {map[string]string{"HTTP_LISTEN": "9465"}, "HTTP_LISTEN"},
+		"registration token":     {map[string]string{"GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/t"}, "holds no forge"},
+		"capability key":         {map[string]string{"RUNNER_FACADE_CAPABILITY_KEY_FILE": "/k"}, "RUNNER_FACADE_CAPABILITY_KEY_FILE"},
+		"task key":               {map[string]string{"TASK_ENCRYPTION_KEY_FILE": "/k"}, "TASK_ENCRYPTION_KEY_FILE"},
+		"nats password":          {map[string]string{"NATS_PASSWORD_FILE": "/k"}, "NATS_PASSWORD_FILE"},
+		"resync below a second":  {map[string]string{"IDENTITY_RESYNC": "10ms"}, "IDENTITY_RESYNC"},
+		"unknown source":         {map[string]string{"IDENTITY_SOURCE": "nomad"}, "IDENTITY_SOURCE"},
+		"relative docker socket": {map[string]string{"IDENTITY_SOURCE": "docker", "IDENTITY_DOCKER_SOCKET": "docker.sock"}, "IDENTITY_DOCKER_SOCKET"},
+		"bad docker scope":       {map[string]string{"IDENTITY_SOURCE": "docker", "IDENTITY_DOCKER_SCOPE": "CI"}, "IDENTITY_DOCKER_SCOPE"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := LoadIdentity(identityEnv(tc.env))

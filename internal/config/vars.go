@@ -38,7 +38,7 @@ var ControllerVars = []Var{
 	{"RUNNER_FACADE_CAPABILITY_KEY_FILE", "STATE_DIR/capability.key (embedded NATS only)", "HMAC key (at least 32 bytes) for single-use capability tokens. Generated on first start with the embedded NATS; required with NATS_URL so replicas share it."},
 	{"TASK_ENCRYPTION_KEY_FILE", "STATE_DIR/task.key (embedded NATS only)", "AES-256-GCM key sealing tasks (secrets, tokens) at rest in JetStream. Generated with the embedded NATS; required with NATS_URL."},
 	{"SPIFFE_TRUST_DOMAIN", "dynrunner.local", "Trust domain of facade and environment SPIFFE IDs."},
-	{"SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///run/spire/agent.sock). Unset: a development CA in STATE_DIR/ca issues SVIDs (logged loudly as development-only). The docker backend does not mount the socket into containers yet, so it is refused with POD_BACKEND=docker."},
+	{"SPIFFE_ENDPOINT_SOCKET", "", "SPIFFE Workload API socket (unix:///run/spire/agent.sock). Unset: a development CA in STATE_DIR/ca issues SVIDs (logged loudly as development-only). With POD_BACKEND=docker it must be unix:///<dir>/<socket> on the host: the backend mounts <dir> read-only at /run/spire/sockets in every container (run `dynrunner identity` with IDENTITY_SOURCE=docker to register them)."},
 	{"POD_BACKEND", "local", "Pod backend: local (executor child processes), docker (one hardened container per job) or kubernetes (one Pod per job, SVIDs from SPIRE)."},
 	{"POD_EXECUTOR_IMAGE", "", "Executor image of the docker backend, pinned by digest (sha256:<64 hex> or name@sha256:<64 hex>; a tag is refused). scripts/executor-image.sh builds it and prints its ID."},
 	{"POD_NAMESPACE", "", "Namespace of the kubernetes backend's Pods and Secrets. Required with POD_BACKEND=kubernetes."},
