@@ -3,15 +3,22 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/internal/workload"
 )
 
 // dockerSocket is the engine the docker pod backend uses by default.
@@ -336,6 +343,157 @@ func TestDockerControllerSIGKILLMidJob(t *testing.T) {
 	for len(managedContainers(t)) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+const dockerSPIREWorkflow = `name: docker-spire
+on: [push]
+jobs:
+  attested:
+    runs-on: [self-hosted, pod]
+    steps:
+      - name: workload api
+        run: ls /run/spire/sockets/ && echo "SPIFFE_ENDPOINT_SOCKET=$SPIFFE_ENDPOINT_SOCKET"
+      - name: no svid files
+        run: |
+          ls -A /run/dynrunner/secrets/
+          if [ -e /run/dynrunner/secrets/svid.pem ] || [ -e /run/dynrunner/secrets/svid_key.pem ]; then
+            echo "development-CA SVID files in the secrets directory"; exit 1
+          fi
+          echo "no svid files"
+      - name: work
+        run: for i in $(seq 1 50); do echo "line $i"; sleep 0.1; done
+`
+
+// TestDockerBackendJobWithSPIRE runs a job in a container of the docker pod backend with SPIRE
+// instead of the development CA: `dynrunner identity` (IDENTITY_SOURCE=docker) keeps an entry
+// per running job container, selected by its labels through the agent's docker workload
+// attestor; the controller takes the facade's SVID from the same agent; the executor in the
+// container takes the assignment's SVID from the Workload API the backend mounts. The job
+// succeeds with no SVID files in its secrets directory, and afterwards neither the container
+// nor its entry remains.
+func TestDockerBackendJobWithSPIRE(t *testing.T) {
+	tools := needTools(t)
+	needDocker(t)
+	image := executorImage(t)
+	sp := spiretest.Start(t, kubeTrustDomain)
+	runRegistrar(t,
+		"IDENTITY_SOURCE=docker",
+		"IDENTITY_DOCKER_SOCKET="+dockerSocket,
+		"SPIRE_SERVER_SOCKET="+sp.ServerSocket,
+		"SPIFFE_TRUST_DOMAIN="+kubeTrustDomain,
+		"IDENTITY_PARENT_ID="+sp.AgentID.String(),
+		// The controller's own SVID (the facade's identity) comes from the same agent; the job
+		// containers run another binary (/usr/local/bin/dynrunner in the image) as uid 1000.
+		fmt.Sprintf("IDENTITY_FACADE_SELECTORS=unix:uid:%d,unix:path:%s", os.Getuid(), dynrunnerBin(t)),
+		"IDENTITY_SVID_TTL=5m",
+		"IDENTITY_RESYNC=5s",
+	)
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "docker-spire")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
+		"POD_BACKEND=docker",
+		"POD_EXECUTOR_IMAGE="+image,
+		"SPIFFE_ENDPOINT_SOCKET="+sp.EndpointSocket(),
+		"SPIFFE_TRUST_DOMAIN="+kubeTrustDomain,
+	)
+	c.start()
+
+	began := time.Now()
+	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/spire.yml", dockerSPIREWorkflow)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The job's container, its entry, and the executor's log of the SVID it received.
+	var id, wantID string
+	var wantSel []string
+	deadline := time.Now().Add(2 * time.Minute)
+	for id == "" {
+		out, err := exec.CommandContext(ctx, "docker", "ps", "--no-trunc", "--format", `{{.ID}} {{.Label "dynrunner.task"}} {{.Label "dynrunner.epoch"}}`,
+			"--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").Output()
+		if err != nil {
+			t.Fatalf("docker ps: %v", err)
+		}
+		if f := strings.Fields(string(out)); len(f) == 3 {
+			task, err1 := assignment.ParseTaskID(f[1])
+			epoch, err2 := assignment.ParseEpoch(f[2])
+			if err1 != nil || err2 != nil {
+				t.Fatalf("job container labels %q", out)
+			}
+			id, wantID = f[0], workload.AssignmentID(sp.TrustDomain, task, epoch).String()
+			wantSel = []string{"docker:label:dynrunner.epoch:" + f[2], "docker:label:dynrunner.scope:default", "docker:label:dynrunner.task:" + f[1]}
+		} else if len(f) > 3 {
+			t.Fatalf("more than one job container: %q", out)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no job container within 2 minutes")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("container %s running %s after %s", id[:12], wantID, time.Since(began).Round(100*time.Millisecond))
+	var entry *spiretest.Entry
+	var logs []byte
+	for entry == nil || !bytes.Contains(logs, []byte("SVID received")) || !bytes.Contains(logs, []byte(wantID)) {
+		for _, en := range sp.Entries(t) {
+			if en.ID == "dynrunner-ctr-"+id {
+				entry = &en
+			}
+		}
+		logs, _ = exec.CommandContext(ctx, "docker", "logs", id).CombinedOutput()
+		if time.Now().After(deadline) {
+			t.Fatalf("within 2 minutes: entry %+v; the executor's log:\n%s", entry, tail(string(logs), 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if sel := slices.Sorted(slices.Values(entry.Selectors)); entry.SPIFFEID.String() != wantID || entry.ParentID != sp.AgentID || !slices.Equal(sel, wantSel) {
+		t.Errorf("entry %+v, want SPIFFE ID %s, parent %s, selectors %q", entry, wantID, sp.AgentID, wantSel)
+	}
+
+	run := waitRun(t, f, repo, sha, 5*time.Minute)
+	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
+	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
+		t.Fatalf("run: %+v", run.Jobs)
+	}
+	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Base(sp.AgentSocket)
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`(?m)(^|[ \t])` + regexp.QuoteMeta(sock) + `\s*$`), // ls /run/spire/sockets
+		regexp.MustCompile(`SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/` + regexp.QuoteMeta(sock)),
+		regexp.MustCompile(`no svid files`),
+		regexp.MustCompile(`line 50`),
+	} {
+		if !want.MatchString(log) {
+			t.Errorf("job log lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("job log:\n%s", tail(devforge.NormalizeLog(log), 60))
+	}
+
+	// Nothing remains: neither the container nor its entry.
+	deadline = time.Now().Add(60 * time.Second)
+	for {
+		left := managedContainers(t)
+		var entries []string
+		for _, en := range sp.Entries(t) {
+			if strings.HasPrefix(en.ID, "dynrunner-ctr-") {
+				entries = append(entries, en.ID)
+			}
+		}
+		if len(left) == 0 && len(entries) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("left behind: containers %v, SPIRE entries %v", left, entries)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -110,6 +110,28 @@ func startKube(t *testing.T) *kubeEnv {
 // short SVID TTL.
 func startRegistrar(t *testing.T, e *kubeEnv) {
 	t.Helper()
+	e.registrarURL = runRegistrar(t,
+		"POD_NAMESPACE="+e.ns,
+		"KUBECONFIG="+e.cluster.UserKubeconfig,
+		"SPIRE_SERVER_SOCKET="+e.spire.ServerSocket,
+		"SPIFFE_TRUST_DOMAIN="+kubeTrustDomain,
+		"IDENTITY_PARENT_ID="+e.spire.AgentID.String(),
+		"IDENTITY_SELECTORS=docker",
+		// The controller's own SVID (the facade's identity) comes from the same agent, through
+		// the registrar's facade entry. The selectors name the controller binary run by root;
+		// a job container's processes, root too when privileged, run another path
+		// (/usr/local/bin/dynrunner in the image), and their own entries select their Pod's UID.
+		"IDENTITY_FACADE_SELECTORS=unix:uid:0,unix:path:"+dynrunnerBin(t),
+		"IDENTITY_SVID_TTL=5m",
+		"IDENTITY_RESYNC=5s",
+	)
+}
+
+// runRegistrar runs `dynrunner identity` with env (besides PATH and HTTP_LISTEN) until the
+// test ends, waits until it is ready and returns the base URL of its /healthz, /readyz and
+// /metrics.
+func runRegistrar(t *testing.T, env ...string) string {
+	t.Helper()
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "identity.log")
 	logf, err := os.Create(logPath)
@@ -119,23 +141,7 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 	defer logf.Close()
 	port := freePort(t)
 	cmd := exec.Command(dynrunnerBin(t), "identity")
-	cmd.Env = []string{
-		"PATH=" + os.Getenv("PATH"),
-		"POD_NAMESPACE=" + e.ns,
-		"KUBECONFIG=" + e.cluster.UserKubeconfig,
-		"SPIRE_SERVER_SOCKET=" + e.spire.ServerSocket,
-		"SPIFFE_TRUST_DOMAIN=" + kubeTrustDomain,
-		"IDENTITY_PARENT_ID=" + e.spire.AgentID.String(),
-		"IDENTITY_SELECTORS=docker",
-		// The controller's own SVID (the facade's identity) comes from the same agent, through
-		// the registrar's facade entry. The selectors name the controller binary run by root;
-		// a job container's processes, root too when privileged, run another path
-		// (/usr/local/bin/dynrunner in the image), and their own entries select their Pod's UID.
-		"IDENTITY_FACADE_SELECTORS=unix:uid:0,unix:path:" + dynrunnerBin(t),
-		"IDENTITY_SVID_TTL=5m",
-		"IDENTITY_RESYNC=5s",
-		fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", port),
-	}
+	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", port)}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -157,8 +163,8 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 			t.Logf("dynrunner identity log:\n%s", tail(string(b), 60))
 		}
 	})
-	e.registrarURL = fmt.Sprintf("http://127.0.0.1:%d", port)
-	url := e.registrarURL + "/readyz"
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	url := base + "/readyz"
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
@@ -170,7 +176,7 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 		if resp, err := http.Get(url); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				return
+				return base
 			}
 		}
 		if time.Now().After(deadline) {
