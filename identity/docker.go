@@ -51,7 +51,7 @@ func (r *Registrar) containerEntries(ctx context.Context) (map[string]*types.Ent
 				{Type: "docker", Value: "label:" + docker.LabelEpoch + ":" + c.Epoch.String()},
 			}),
 			X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second),
-			Hint:        Hint,
+			Hint:        r.hint,
 		}
 		want[e.Id] = e
 	}

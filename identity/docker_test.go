@@ -85,6 +85,7 @@ func TestDockerSource(t *testing.T) {
 	e := &env{entries: entryv1.NewEntryClient(conn), spire: sp, parent: sp.AgentID}
 
 	scope := "idt" + randomHex(t, 4)
+	e.hint = identity.HintFor(identity.SourceDocker, scope)
 	inv, err := docker.NewInventory(docker.DefaultSocket, scope)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +121,7 @@ func TestDockerSource(t *testing.T) {
 	en := e.owned(t)[entryID]
 	wantSel := []string{"docker:label:dynrunner.epoch:2", "docker:label:dynrunner.scope:" + scope, "docker:label:dynrunner.task:5"}
 	if got := idOf(en.SpiffeId); got != want || idOf(en.ParentId) != e.parent.String() ||
-		!slices.Equal(selectorStrings(en), wantSel) || en.X509SvidTtl != 300 || en.Hint != identity.Hint {
+		!slices.Equal(selectorStrings(en), wantSel) || en.X509SvidTtl != 300 || en.Hint != "dynrunner-identity-docker-"+scope {
 		t.Errorf("entry %s: %v; want SPIFFE ID %s, parent %s, selectors %q", entryID, en, want, e.parent, wantSel)
 	}
 	// The agent's docker workload attestor matches the entry: the container has its SVID.

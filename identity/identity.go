@@ -49,17 +49,34 @@ import (
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
 
-// Hint marks the registration entries the registrar owns; it never touches any other entry.
+// Hint begins the hint that marks the registration entries a registrar owns; the rest names
+// its environments (HintFor), so registrars of different namespaces or Docker scopes can share
+// one SPIRE server. A registrar never touches an entry without its own hint.
 const Hint = "dynrunner-identity"
+
+// HintFor is the hint of a registrar of source over namespace (SourceKubernetes) or Docker
+// scope (SourceDocker): dynrunner-identity-k8s-<namespace> or dynrunner-identity-docker-<scope>.
+func HintFor(source Source, namespaceOrScope string) string {
+	return Hint + "-" + ownerOf(source, namespaceOrScope)
+}
+
+func ownerOf(source Source, namespaceOrScope string) string {
+	if source == SourceDocker {
+		return "docker-" + namespaceOrScope
+	}
+	return "k8s-" + namespaceOrScope
+}
 
 // entryIDPrefix begins the ID of a Pod's entry; the rest is the Pod's UID.
 const entryIDPrefix = "dynrunner-pod-"
 
-// nodeAliasEntryID is the ID of the node alias entry (Config.NodeAlias).
-const nodeAliasEntryID = "dynrunner-node-alias"
+// nodeAliasEntryID begins the ID of the node alias entry (Config.NodeAlias); the registrar's
+// owner (ownerOf) ends it.
+const nodeAliasEntryID = "dynrunner-node-alias-"
 
-// facadeEntryID is the ID of the facade's entry (Config.FacadeSelectors).
-const facadeEntryID = "dynrunner-facade"
+// facadeEntryID begins the ID of the facade's entry (Config.FacadeSelectors), as
+// nodeAliasEntryID.
+const facadeEntryID = "dynrunner-facade-"
 
 // expiryMargin is added to a Pod's active deadline for its entry's expiry, a backstop in
 // case the registrar is down when the Pod ends.
@@ -136,6 +153,8 @@ type Config struct {
 // Registrar keeps SPIRE entries in step with the job Pods.
 type Registrar struct {
 	cfg     Config
+	owner   string // ownerOf its source and namespace or scope
+	hint    string // HintFor its source and namespace or scope
 	pods    listersv1.PodLister
 	factory informers.SharedInformerFactory
 	kick    chan struct{}
@@ -180,12 +199,14 @@ func New(cfg Config) (*Registrar, error) {
 		cfg.Resync = 30 * time.Second
 	}
 	if cfg.Source == SourceDocker {
-		return &Registrar{cfg: cfg, kick: make(chan struct{}, 1)}, nil
+		owner := ownerOf(SourceDocker, cfg.Docker.Scope())
+		return &Registrar{cfg: cfg, owner: owner, hint: Hint + "-" + owner, kick: make(chan struct{}, 1)}, nil
 	}
 	factory := informers.NewSharedInformerFactoryWithOptions(cfg.Kube, cfg.Resync,
 		informers.WithNamespace(cfg.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = kube.Selector }))
-	r := &Registrar{cfg: cfg, factory: factory, kick: make(chan struct{}, 1)}
+	owner := ownerOf(SourceKubernetes, cfg.Namespace)
+	r := &Registrar{cfg: cfg, owner: owner, hint: Hint + "-" + owner, factory: factory, kick: make(chan struct{}, 1)}
 	inf := factory.Core().V1().Pods()
 	r.pods = inf.Lister()
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -281,12 +302,12 @@ func (r *Registrar) Reconcile(ctx context.Context) error {
 		return err
 	}
 	if r.cfg.NodeAlias != nil {
-		want[nodeAliasEntryID] = r.nodeAliasEntry()
+		want[nodeAliasEntryID+r.owner] = r.nodeAliasEntry()
 	}
 	if len(r.cfg.FacadeSelectors) > 0 {
-		want[facadeEntryID] = &types.Entry{
-			Id: facadeEntryID, SpiffeId: protoID(r.cfg.FacadeID), ParentId: protoID(r.cfg.ParentID),
-			Selectors: sortedSelectors(r.cfg.FacadeSelectors), X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second), Hint: Hint,
+		want[facadeEntryID+r.owner] = &types.Entry{
+			Id: facadeEntryID + r.owner, SpiffeId: protoID(r.cfg.FacadeID), ParentId: protoID(r.cfg.ParentID),
+			Selectors: sortedSelectors(r.cfg.FacadeSelectors), X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second), Hint: r.hint,
 		}
 	}
 	have, err := r.ownEntries(ctx)
@@ -307,10 +328,9 @@ func (r *Registrar) Reconcile(ctx context.Context) error {
 	}
 	slices.Sort(drop)
 	slices.SortFunc(add, func(a, b *types.Entry) int { return strings.Compare(a.Id, b.Id) })
-	if err := r.delete(ctx, drop, have); err != nil {
-		return err
-	}
-	return r.create(ctx, add)
+	// An entry that cannot be deleted does not hold up the creation of the others (new
+	// environments would wait for their SVIDs); the errors are reported together.
+	return errors.Join(r.delete(ctx, drop, have), r.create(ctx, add))
 }
 
 // podEntries returns the entries the cached Pods want, by ID.
@@ -360,7 +380,7 @@ func (r *Registrar) entryFor(p *corev1.Pod) *types.Entry {
 		ParentId:    protoID(r.cfg.ParentID),
 		Selectors:   sel,
 		X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second),
-		Hint:        Hint,
+		Hint:        r.hint,
 	}
 	if d := p.Spec.ActiveDeadlineSeconds; d != nil && *d > 0 && !p.CreationTimestamp.IsZero() {
 		grace := int64(0)
@@ -374,19 +394,19 @@ func (r *Registrar) entryFor(p *corev1.Pod) *types.Entry {
 
 func (r *Registrar) nodeAliasEntry() *types.Entry {
 	return &types.Entry{
-		Id:        nodeAliasEntryID,
+		Id:        nodeAliasEntryID + r.owner,
 		SpiffeId:  protoID(r.cfg.ParentID),
 		ParentId:  protoID(spiffeid.RequireFromSegments(r.cfg.TrustDomain, "spire", "server")),
 		Selectors: sortedSelectors(r.cfg.NodeAlias.Selectors),
-		Hint:      Hint,
+		Hint:      r.hint,
 	}
 }
 
-// ownEntries lists every entry carrying Hint, by ID.
+// ownEntries lists every entry carrying the registrar's hint, by ID.
 func (r *Registrar) ownEntries(ctx context.Context) (map[string]*types.Entry, error) {
 	have := map[string]*types.Entry{}
 	req := &entryv1.ListEntriesRequest{
-		Filter:   &entryv1.ListEntriesRequest_Filter{ByHint: wrapperspb.String(Hint)},
+		Filter:   &entryv1.ListEntriesRequest_Filter{ByHint: wrapperspb.String(r.hint)},
 		PageSize: 500,
 	}
 	for {
@@ -395,7 +415,7 @@ func (r *Registrar) ownEntries(ctx context.Context) (map[string]*types.Entry, er
 			return nil, fmt.Errorf("identity: list spire entries: %w", err)
 		}
 		for _, e := range resp.Entries {
-			if e.Hint == Hint { // the filter, checked
+			if e.Hint == r.hint { // the filter, checked
 				have[e.Id] = e
 			}
 		}

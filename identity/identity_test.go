@@ -36,6 +36,8 @@ type env struct {
 	entries entryv1.EntryClient
 	spire   *spiretest.SPIRE
 	parent  spiffeid.ID
+	// hint of the registrar under test (identity.HintFor).
+	hint string
 }
 
 // newEnv starts a real kube-apiserver and a real SPIRE server (and agent). No kubelet runs:
@@ -49,7 +51,9 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return &env{kube: c.Client, ns: c.Namespace(t), entries: entryv1.NewEntryClient(conn), spire: sp, parent: sp.AgentID}
+	ns := c.Namespace(t)
+	return &env{kube: c.Client, ns: ns, entries: entryv1.NewEntryClient(conn), spire: sp, parent: sp.AgentID,
+		hint: identity.HintFor(identity.SourceKubernetes, ns)}
 }
 
 func (e *env) config(t *testing.T, edit func(*identity.Config)) identity.Config {
@@ -136,7 +140,7 @@ func (e *env) deletePod(t *testing.T, name string) {
 func (e *env) owned(t *testing.T) map[string]*types.Entry {
 	t.Helper()
 	resp, err := e.entries.ListEntries(t.Context(), &entryv1.ListEntriesRequest{
-		Filter: &entryv1.ListEntriesRequest_Filter{ByHint: wrapperspb.String(identity.Hint)},
+		Filter: &entryv1.ListEntriesRequest_Filter{ByHint: wrapperspb.String(e.hint)},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -174,16 +178,23 @@ func TestRegistrar(t *testing.T) {
 	e := newEnv(t)
 
 	// Entries before the registrar starts: one of its own whose Pod is gone (stale: swept at
-	// start), and one an operator made (no hint: never touched).
+	// start), one of the registrar of another namespace sharing the SPIRE server (its hint:
+	// never touched), and one an operator made (no hint: never touched).
 	stale := &types.Entry{
-		Id: "dynrunner-pod-0b0e4f8e-0000-4000-8000-000000000000", Hint: identity.Hint,
+		Id: "dynrunner-pod-0b0e4f8e-0000-4000-8000-000000000000", Hint: e.hint,
 		SpiffeId:  &types.SPIFFEID{TrustDomain: trustDomain, Path: "/dynrunner/task/1/epoch/1"},
 		ParentId:  &types.SPIFFEID{TrustDomain: trustDomain, Path: e.parent.Path()},
 		Selectors: []*types.Selector{{Type: "k8s", Value: "pod-uid:0b0e4f8e-0000-4000-8000-000000000000"}},
 	}
-	resp, err := e.entries.BatchCreateEntry(t.Context(), &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{stale}})
-	if err != nil || resp.Results[0].Status.Code != 0 {
-		t.Fatalf("create the stale entry: %v %v", err, resp)
+	neighbour := &types.Entry{
+		Id: "dynrunner-pod-1c1e4f8e-0000-4000-8000-000000000000", Hint: identity.HintFor(identity.SourceKubernetes, "staging-jobs"),
+		SpiffeId:  &types.SPIFFEID{TrustDomain: trustDomain, Path: "/dynrunner/task/2/epoch/1"},
+		ParentId:  &types.SPIFFEID{TrustDomain: trustDomain, Path: e.parent.Path()},
+		Selectors: []*types.Selector{{Type: "k8s", Value: "pod-uid:1c1e4f8e-0000-4000-8000-000000000000"}},
+	}
+	resp, err := e.entries.BatchCreateEntry(t.Context(), &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{stale, neighbour}})
+	if err != nil || resp.Results[0].Status.Code != 0 || resp.Results[1].Status.Code != 0 {
+		t.Fatalf("create the stale and the neighbour's entries: %v %v", err, resp)
 	}
 	e.spire.CreateEntry(t, "spiffe://"+trustDomain+"/operator/made", e.parent.String(), "unix:uid:4242")
 
@@ -193,6 +204,9 @@ func TestRegistrar(t *testing.T) {
 	}
 	if !slices.ContainsFunc(e.spire.Entries(t), func(en spiretest.Entry) bool { return en.SPIFFEID.String() == "spiffe://"+trustDomain+"/operator/made" }) {
 		t.Errorf("the registrar deleted an entry it does not own")
+	}
+	if !slices.ContainsFunc(e.spire.Entries(t), func(en spiretest.Entry) bool { return en.ID == neighbour.Id }) {
+		t.Errorf("the registrar deleted the entry of another namespace's registrar")
 	}
 
 	t.Run("a job pod gets an entry for its uid", func(t *testing.T) {
@@ -289,12 +303,12 @@ func TestRegistrar(t *testing.T) {
 			c.FacadeSelectors = []*types.Selector{{Type: "unix", Value: "uid:0"}, {Type: "unix", Value: "path:/usr/bin/dynrunner"}}
 		}))
 		defer stop3()
-		fe, ok := e.owned(t)["dynrunner-facade"]
+		fe, ok := e.owned(t)["dynrunner-facade-k8s-"+e.ns]
 		if !ok || idOf(fe.SpiffeId) != "spiffe://"+trustDomain+"/dynrunner/facade" || idOf(fe.ParentId) != alias.String() ||
 			!slices.Equal(selectorStrings(fe), []string{"unix:path:/usr/bin/dynrunner", "unix:uid:0"}) {
 			t.Fatalf("facade entry: %v", fe)
 		}
-		a, ok := e.owned(t)["dynrunner-node-alias"]
+		a, ok := e.owned(t)["dynrunner-node-alias-k8s-"+e.ns]
 		if !ok || idOf(a.SpiffeId) != alias.String() || idOf(a.ParentId) != "spiffe://"+trustDomain+"/spire/server" {
 			t.Fatalf("node alias entry: %v", a)
 		}
