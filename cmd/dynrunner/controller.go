@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"net"
@@ -103,7 +104,14 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		return err
 	}
 	host, _ := os.Hostname()
-	actor := fmt.Sprintf("%s/%d", host, os.Getpid())
+	// The process's actor names it in the records and, for the pod and vm workers, in the
+	// liveness bucket, where two processes must never share one: containers may share a
+	// hostname and a pid (1), so a random instance suffix makes it unique.
+	var inst [3]byte
+	if _, err := rand.Read(inst[:]); err != nil {
+		return fmt.Errorf("instance id: %w", err)
+	}
+	actor := fmt.Sprintf("%s/%d/%x", host, os.Getpid(), inst)
 
 	natsCfg := natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, StoreDir: filepath.Join(cfg.StateDir, "jetstream"), Name: "dynrunner-controller " + actor}
 	if cfg.Embedded() && cfg.NATSEmbedListen != "" {
