@@ -78,6 +78,10 @@ const nodeAliasEntryID = "dynrunner-node-alias-"
 // nodeAliasEntryID.
 const facadeEntryID = "dynrunner-facade-"
 
+// facadeAliasEntryID begins the ID of the facade nodes' alias entry (Config.FacadeParent), as
+// nodeAliasEntryID.
+const facadeAliasEntryID = "dynrunner-facade-nodes-"
+
 // expiryMargin is added to a Pod's active deadline for its entry's expiry, a backstop in
 // case the registrar is down when the Pod ends.
 const expiryMargin = 10 * time.Minute
@@ -119,6 +123,12 @@ const (
 	SourceDocker Source = "docker"
 )
 
+// FacadeParent is the node alias of the nodes the facade runs on.
+type FacadeParent struct {
+	ID        spiffeid.ID
+	Selectors []*types.Selector
+}
+
 // Config configures a Registrar.
 type Config struct {
 	// Source of the environments; zero: SourceKubernetes.
@@ -140,6 +150,10 @@ type Config struct {
 	FacadeSelectors []*types.Selector
 	// FacadeID is the facade's SPIFFE ID; zero: workload.FacadeID of the trust domain.
 	FacadeID spiffeid.ID
+	// FacadeParent, when set, is a node alias (ID, parent the SPIRE server) that the facade's
+	// entry is parented to instead of ParentID: only the agents of the controller's nodes, so
+	// that the agent of a node running job Pods cannot be made to serve the facade's SVID.
+	FacadeParent *FacadeParent
 	// Selectors says how SourceKubernetes entries select their Pod.
 	Selectors Selectors
 	// SVIDTTL is the X509-SVID lifetime of Pod entries; agents rotate before it ends.
@@ -189,6 +203,9 @@ func New(cfg Config) (*Registrar, error) {
 		return nil, fmt.Errorf("%w: SVID TTL %s is below one minute", ErrConfig, cfg.SVIDTTL)
 	case cfg.NodeAlias != nil && len(cfg.NodeAlias.Selectors) == 0:
 		return nil, fmt.Errorf("%w: a node alias needs selectors", ErrConfig)
+	}
+	if p := cfg.FacadeParent; p != nil && (p.ID.IsZero() || !p.ID.MemberOf(cfg.TrustDomain) || len(p.Selectors) == 0 || len(cfg.FacadeSelectors) == 0) {
+		return nil, fmt.Errorf("%w: a facade parent needs an ID in trust domain %s, node selectors, and facade selectors", ErrConfig, cfg.TrustDomain)
 	}
 	if cfg.FacadeID.IsZero() {
 		cfg.FacadeID = workload.FacadeID(cfg.TrustDomain)
@@ -305,8 +322,17 @@ func (r *Registrar) Reconcile(ctx context.Context) error {
 		want[nodeAliasEntryID+r.owner] = r.nodeAliasEntry()
 	}
 	if len(r.cfg.FacadeSelectors) > 0 {
+		parent := r.cfg.ParentID
+		if p := r.cfg.FacadeParent; p != nil {
+			parent = p.ID
+			want[facadeAliasEntryID+r.owner] = &types.Entry{
+				Id: facadeAliasEntryID + r.owner, SpiffeId: protoID(p.ID),
+				ParentId:  protoID(spiffeid.RequireFromSegments(r.cfg.TrustDomain, "spire", "server")),
+				Selectors: sortedSelectors(p.Selectors), Hint: r.hint,
+			}
+		}
 		want[facadeEntryID+r.owner] = &types.Entry{
-			Id: facadeEntryID + r.owner, SpiffeId: protoID(r.cfg.FacadeID), ParentId: protoID(r.cfg.ParentID),
+			Id: facadeEntryID + r.owner, SpiffeId: protoID(r.cfg.FacadeID), ParentId: protoID(parent),
 			Selectors: sortedSelectors(r.cfg.FacadeSelectors), X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second), Hint: r.hint,
 		}
 	}

@@ -296,15 +296,22 @@ func TestRegistrar(t *testing.T) {
 
 	t.Run("docker selectors, a node alias and the facade", func(t *testing.T) {
 		alias := spiffeid.RequireFromString("spiffe://" + trustDomain + "/dynrunner/nodes")
+		facadeNodes := spiffeid.RequireFromString("spiffe://" + trustDomain + "/dynrunner/facade-nodes")
 		_, stop3 := e.run(t, e.config(t, func(c *identity.Config) {
 			c.Selectors = identity.SelectorsDocker
 			c.ParentID = alias
 			c.NodeAlias = &identity.NodeAlias{Selectors: []*types.Selector{{Type: "join_token", Value: "x"}}}
 			c.FacadeSelectors = []*types.Selector{{Type: "unix", Value: "uid:0"}, {Type: "unix", Value: "path:/usr/bin/dynrunner"}}
+			c.FacadeParent = &identity.FacadeParent{ID: facadeNodes, Selectors: []*types.Selector{{Type: "join_token", Value: "controller-node"}}}
 		}))
 		defer stop3()
+		fa, ok := e.owned(t)["dynrunner-facade-nodes-k8s-"+e.ns]
+		if !ok || idOf(fa.SpiffeId) != facadeNodes.String() || idOf(fa.ParentId) != "spiffe://"+trustDomain+"/spire/server" ||
+			!slices.Equal(selectorStrings(fa), []string{"join_token:controller-node"}) {
+			t.Fatalf("facade nodes' alias entry: %v", fa)
+		}
 		fe, ok := e.owned(t)["dynrunner-facade-k8s-"+e.ns]
-		if !ok || idOf(fe.SpiffeId) != "spiffe://"+trustDomain+"/dynrunner/facade" || idOf(fe.ParentId) != alias.String() ||
+		if !ok || idOf(fe.SpiffeId) != "spiffe://"+trustDomain+"/dynrunner/facade" || idOf(fe.ParentId) != facadeNodes.String() ||
 			!slices.Equal(selectorStrings(fe), []string{"unix:path:/usr/bin/dynrunner", "unix:uid:0"}) {
 			t.Fatalf("facade entry: %v", fe)
 		}
@@ -341,8 +348,11 @@ func TestNewRefusesHalfConfigurations(t *testing.T) {
 		"ttl below a minute":   func(c *identity.Config) { c.SVIDTTL = 30 * time.Second },
 		"alias sans selectors": func(c *identity.Config) { c.NodeAlias = &identity.NodeAlias{} },
 		"no entry client":      func(c *identity.Config) { c.Entries = nil },
-		"unknown source":       func(c *identity.Config) { c.Source = "nomad" },
-		"docker sans lister":   func(c *identity.Config) { c.Source = identity.SourceDocker },
+		"facade parent sans facade entry": func(c *identity.Config) {
+			c.FacadeParent = &identity.FacadeParent{ID: spiffeid.RequireFromString("spiffe://" + trustDomain + "/fn"), Selectors: []*types.Selector{{Type: "a", Value: "b"}}}
+		},
+		"unknown source":     func(c *identity.Config) { c.Source = "nomad" },
+		"docker sans lister": func(c *identity.Config) { c.Source = identity.SourceDocker },
 	} {
 		c := good
 		edit(&c)

@@ -85,6 +85,13 @@ func runIdentity(ctx context.Context, args []string) error {
 			return fmt.Errorf("IDENTITY_FACADE_SELECTORS: %w", err)
 		}
 		rcfg.FacadeSelectors, rcfg.FacadeID = sel, cfg.FacadeID
+		if len(cfg.FacadeNodeSelectors) > 0 {
+			nodes, err := identity.ParseSelectors(strings.Join(cfg.FacadeNodeSelectors, ","))
+			if err != nil {
+				return fmt.Errorf("IDENTITY_FACADE_NODE_SELECTORS: %w", err)
+			}
+			rcfg.FacadeParent = &identity.FacadeParent{ID: cfg.FacadeParentID, Selectors: nodes}
+		}
 	}
 	reg, err := identity.New(rcfg)
 	if err != nil {

@@ -21,6 +21,8 @@ var IdentityVars = []Var{
 	{"IDENTITY_NODE_ALIAS_SELECTORS", "", "When set (type:value,...; e.g. k8s_psat:cluster:dynrunner), the registrar keeps a node alias entry IDENTITY_PARENT_ID with these node selectors, so every matching agent can serve job Pods."},
 	{"IDENTITY_FACADE_SELECTORS", "", "When set (type:value,...; e.g. k8s:ns:dynrunner,k8s:sa:dynrunner-controller), the registrar also keeps the entry giving the controller workloads these select the facade's identity RUNNER_FACADE_SPIFFE_ID."},
 	{"RUNNER_FACADE_SPIFFE_ID", "spiffe://<SPIFFE_TRUST_DOMAIN>/dynrunner/facade", "The facade's SPIFFE ID (the controller's setting of the same name)."},
+	{"IDENTITY_FACADE_PARENT_ID", "", "With IDENTITY_FACADE_NODE_SELECTORS: a node alias for the controller's nodes only, kept by the registrar and made the parent of the facade's entry instead of IDENTITY_PARENT_ID, so agents of nodes running job Pods cannot serve the facade's SVID."},
+	{"IDENTITY_FACADE_NODE_SELECTORS", "", "type:value,... node selectors of that alias (e.g. k8s_psat:cluster:dynrunner,k8s_psat:agent_node_label:dynrunner.io/facade:true)."},
 	{"IDENTITY_DOCKER_SOCKET", "/var/run/docker.sock", "With IDENTITY_SOURCE=docker: the Docker engine's unix socket (the controller's POD_DOCKER_SOCKET)."},
 	{"IDENTITY_DOCKER_SCOPE", "default", "With IDENTITY_SOURCE=docker: the scope of the job containers to register (the controller's POD_DOCKER_SCOPE)."},
 	{"IDENTITY_SELECTORS", "k8s", "How entries select their Pod: k8s (k8s:pod-uid:<uid>, k8s:ns:<ns>; SPIRE's k8s workload attestor) or docker (the docker workload attestor on the Pod UID and namespace labels of dockershim/cri-dockerd containers)."},
@@ -40,23 +42,25 @@ var credentialVars = []string{
 
 // Identity configures `dynrunner identity`.
 type Identity struct {
-	Source             string // kubernetes or docker
-	Namespace          string
-	DockerSocket       string
-	DockerScope        string
-	Kubeconfig         string
-	ServerSocket       string
-	TrustDomain        spiffeid.TrustDomain
-	ParentID           spiffeid.ID
-	NodeAliasSelectors []string // type:value
-	FacadeSelectors    []string // type:value
-	FacadeID           spiffeid.ID
-	Selectors          string
-	SVIDTTL            time.Duration
-	Resync             time.Duration
-	HTTPListen         string
-	LogFormat          string
-	LogLevel           string
+	Source              string // kubernetes or docker
+	Namespace           string
+	DockerSocket        string
+	DockerScope         string
+	Kubeconfig          string
+	ServerSocket        string
+	TrustDomain         spiffeid.TrustDomain
+	ParentID            spiffeid.ID
+	NodeAliasSelectors  []string // type:value
+	FacadeSelectors     []string // type:value
+	FacadeID            spiffeid.ID
+	FacadeParentID      spiffeid.ID
+	FacadeNodeSelectors []string // type:value
+	Selectors           string
+	SVIDTTL             time.Duration
+	Resync              time.Duration
+	HTTPListen          string
+	LogFormat           string
+	LogLevel            string
 }
 
 // LoadIdentity reads the registrar's configuration. All problems are reported together.
@@ -115,6 +119,21 @@ func LoadIdentity(getenv func(string) string) (Identity, error) {
 	}
 	c.NodeAliasSelectors = e.selectors("IDENTITY_NODE_ALIAS_SELECTORS", "k8s_psat:cluster:dynrunner")
 	c.FacadeSelectors = e.selectors("IDENTITY_FACADE_SELECTORS", "k8s:sa:dynrunner-controller")
+	c.FacadeNodeSelectors = e.selectors("IDENTITY_FACADE_NODE_SELECTORS", "k8s_psat:agent_node_label:dynrunner.io/facade:true")
+	if v, ok := e.lookup("IDENTITY_FACADE_PARENT_ID"); ok {
+		if id, err := spiffeid.FromString(v); err != nil {
+			e.fail("IDENTITY_FACADE_PARENT_ID=%q: %v", v, err)
+		} else if !td.IsZero() && !id.MemberOf(td) {
+			e.fail("IDENTITY_FACADE_PARENT_ID=%q is not in trust domain %s", v, td)
+		} else {
+			c.FacadeParentID = id
+		}
+	}
+	if (len(c.FacadeNodeSelectors) > 0) != (e.str("IDENTITY_FACADE_PARENT_ID", "") != "") {
+		e.fail("IDENTITY_FACADE_PARENT_ID and IDENTITY_FACADE_NODE_SELECTORS go together: the facade nodes' alias and the node selectors it stands for")
+	} else if len(c.FacadeNodeSelectors) > 0 && len(c.FacadeSelectors) == 0 {
+		e.fail("IDENTITY_FACADE_PARENT_ID needs IDENTITY_FACADE_SELECTORS: without the facade's entry there is nothing to parent")
+	}
 	if v, ok := e.lookup("RUNNER_FACADE_SPIFFE_ID"); ok {
 		if id, err := spiffeid.FromString(v); err != nil {
 			e.fail("RUNNER_FACADE_SPIFFE_ID=%q: %v", v, err)
