@@ -1,16 +1,10 @@
 package identity_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -101,14 +95,14 @@ func TestDockerSource(t *testing.T) {
 
 	const socketDir = "/run/spire/sockets"
 	job := func(scope, task, epoch string) string {
-		return runContainer(t, containerSpec{
+		return spiretest.RunContainer(t, spiretest.ContainerSpec{
 			Image: image, User: "65534:65534",
 			Env: []string{helperEnv + "=1", "SPIFFE_ENDPOINT_SOCKET=unix://" + socketDir + "/" + filepath.Base(sp.AgentSocket)},
 			Labels: map[string]string{
 				docker.LabelManaged: "true", docker.LabelScope: scope,
 				docker.LabelTask: task, docker.LabelEpoch: epoch,
 			},
-			HostConfig: hostConfig{Binds: []string{sp.AgentSocketDir + ":" + socketDir + ":ro"}, NetworkMode: "none"},
+			HostConfig: spiretest.HostConfig{Binds: []string{sp.AgentSocketDir + ":" + socketDir + ":ro"}, NetworkMode: "none"},
 		})
 	}
 	mine := job(scope, "5", "2")
@@ -126,7 +120,7 @@ func TestDockerSource(t *testing.T) {
 	}
 	// The agent's docker workload attestor matches the entry: the container has its SVID.
 	poll(t, "the container received its SVID", func() bool {
-		return strings.Contains(containerLogs(t, mine), svidPrefix+want+"\n")
+		return strings.Contains(spiretest.ContainerLogs(t, mine), svidPrefix+want+"\n")
 	})
 	for id, en := range e.owned(t) {
 		if id != entryID {
@@ -134,7 +128,7 @@ func TestDockerSource(t *testing.T) {
 		}
 	}
 
-	removeContainer(t, mine)
+	spiretest.RemoveContainer(t, mine)
 	poll(t, "the removed container's entry is deleted", func() bool { return len(e.owned(t)) == 0 })
 }
 
@@ -145,116 +139,4 @@ func randomHex(t *testing.T, n int) string {
 		t.Fatal(err)
 	}
 	return hex.EncodeToString(b)
-}
-
-// The Docker Engine API, as much of it as the test needs.
-
-var engineHTTP = &http.Client{Transport: &http.Transport{
-	DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", docker.DefaultSocket)
-	},
-}}
-
-type containerSpec struct {
-	Image      string            `json:"Image"`
-	User       string            `json:"User,omitempty"`
-	Env        []string          `json:"Env,omitempty"`
-	Labels     map[string]string `json:"Labels,omitempty"`
-	HostConfig hostConfig        `json:"HostConfig"`
-}
-
-type hostConfig struct {
-	Binds       []string `json:"Binds,omitempty"`
-	NetworkMode string   `json:"NetworkMode,omitempty"`
-}
-
-// engine calls the engine's API and decodes its answer into out (when not nil); an answer
-// outside 2xx is an error.
-func engine(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+path, body)
-	if err != nil {
-		return err
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := engineHTTP.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("docker engine: %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
-	}
-	if out == nil {
-		return nil
-	}
-	if f, ok := out.(*[]byte); ok {
-		*f = b
-		return nil
-	}
-	return json.Unmarshal(b, out)
-}
-
-// runContainer creates and starts a container; the test's cleanup removes it.
-func runContainer(t *testing.T, spec containerSpec) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var created struct {
-		ID string `json:"Id"`
-	}
-	if err := engine(ctx, http.MethodPost, "/containers/create", spec, &created); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { removeContainer(t, created.ID) })
-	if err := engine(ctx, http.MethodPost, "/containers/"+created.ID+"/start", nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	return created.ID
-}
-
-// removeContainer removes a container, running or not; a missing one is no error.
-func removeContainer(t *testing.T, id string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := engine(ctx, http.MethodDelete, "/containers/"+id+"?force=1", nil, nil); err != nil && !strings.Contains(err.Error(), "404") {
-		t.Errorf("remove container %s: %v", id, err)
-	}
-}
-
-// containerLogs returns the container's stdout and stderr, interleaved.
-func containerLogs(t *testing.T, id string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var raw []byte
-	if err := engine(ctx, http.MethodGet, "/containers/"+id+"/logs?stdout=1&stderr=1", nil, &raw); err != nil {
-		t.Fatal(err)
-	}
-	// Without a TTY the log is a stream of frames: 1 byte stream, 3 zero, 4 length (big
-	// endian), then the payload.
-	var out strings.Builder
-	for len(raw) >= 8 {
-		n := int(binary.BigEndian.Uint32(raw[4:8]))
-		raw = raw[8:]
-		n = min(n, len(raw))
-		out.Write(raw[:n])
-		raw = raw[n:]
-	}
-	return out.String()
 }

@@ -2,15 +2,9 @@ package spiretest_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/binary"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -33,8 +27,7 @@ const trustDomain = "spiretest.example"
 
 // Bounds of the waits for an SVID.
 const (
-	svidTimeout      = 30 * time.Second
-	containerTimeout = 90 * time.Second
+	svidTimeout = 30 * time.Second
 )
 
 // What the "fetch" workload prints: one line per SVID, then when it had them.
@@ -59,7 +52,7 @@ func helper(mode string) int {
 		fmt.Fprintf(os.Stderr, "spiretest helper: unknown mode %q\n", mode)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), containerTimeout-10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), spiretest.ContainerTimeout-10*time.Second)
 	defer cancel()
 	ids, err := fetchSVIDs(ctx, os.Getenv("SPIFFE_ENDPOINT_SOCKET"))
 	if err != nil {
@@ -170,7 +163,7 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 	image := kubetest.TestBinaryImageID(t) // skips without the Docker engine
 	podUID := newUUID(t)
 	const socketDir = "/run/spire/sockets"
-	id := runContainer(t, containerSpec{
+	id := spiretest.RunContainer(t, spiretest.ContainerSpec{
 		Image: image,
 		User:  "65534:65534",
 		Env: []string{
@@ -178,7 +171,7 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 			"SPIFFE_ENDPOINT_SOCKET=unix://" + socketDir + "/" + filepath.Base(s.AgentSocket),
 		},
 		Labels: map[string]string{"io.kubernetes.pod.uid": podUID},
-		HostConfig: hostConfig{
+		HostConfig: spiretest.HostConfig{
 			Binds:       []string{s.AgentSocketDir + ":" + socketDir + ":ro"},
 			NetworkMode: "none",
 		},
@@ -187,8 +180,8 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 	want := spiffeid.RequireFromPath(s.TrustDomain, "/test/container")
 	began := time.Now()
 	s.CreateEntry(t, want.String(), s.AgentID.String(), "docker:label:io.kubernetes.pod.uid:"+podUID)
-	code := waitContainer(t, id)
-	out := containerLogs(t, id)
+	code := spiretest.WaitContainer(t, id)
+	out := spiretest.ContainerLogs(t, id)
 	if code != 0 {
 		t.Fatalf("container exited %d:\n%s", code, out)
 	}
@@ -220,126 +213,4 @@ func newUUID(t *testing.T) string {
 	b[6] = b[6]&0x0f | 0x40
 	b[8] = b[8]&0x3f | 0x80
 	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
-}
-
-// The Docker Engine API, as much of it as the test needs.
-
-var engineHTTP = &http.Client{Transport: &http.Transport{
-	DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", spiretest.DockerSocket)
-	},
-}}
-
-type containerSpec struct {
-	Image      string            `json:"Image"`
-	User       string            `json:"User,omitempty"`
-	Env        []string          `json:"Env,omitempty"`
-	Labels     map[string]string `json:"Labels,omitempty"`
-	HostConfig hostConfig        `json:"HostConfig"`
-}
-
-type hostConfig struct {
-	Binds       []string `json:"Binds,omitempty"`
-	NetworkMode string   `json:"NetworkMode,omitempty"`
-}
-
-// engine calls the engine's API and decodes its answer into out (when not nil); an answer
-// outside 2xx is an error.
-func engine(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, err := json.Marshal(in)
-		if err != nil {
-			return err
-		}
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, "http://docker"+path, body)
-	if err != nil {
-		return err
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := engineHTTP.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return err
-	}
-	if resp.StatusCode/100 != 2 {
-		return fmt.Errorf("docker engine: %s %s: %s: %s", method, path, resp.Status, bytes.TrimSpace(b))
-	}
-	if out == nil {
-		return nil
-	}
-	if f, ok := out.(*[]byte); ok {
-		*f = b
-		return nil
-	}
-	return json.Unmarshal(b, out)
-}
-
-// runContainer creates and starts a container; the test's cleanup removes it.
-func runContainer(t *testing.T, spec containerSpec) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	var created struct {
-		ID string `json:"Id"`
-	}
-	if err := engine(ctx, http.MethodPost, "/containers/create", spec, &created); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := engine(ctx, http.MethodDelete, "/containers/"+created.ID+"?force=1", nil, nil); err != nil {
-			t.Errorf("remove the container: %v", err)
-		}
-	})
-	if err := engine(ctx, http.MethodPost, "/containers/"+created.ID+"/start", nil, nil); err != nil {
-		t.Fatal(err)
-	}
-	return created.ID
-}
-
-// waitContainer waits until the container exits and returns its exit code.
-func waitContainer(t *testing.T, id string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), containerTimeout)
-	defer cancel()
-	var res struct {
-		StatusCode int `json:"StatusCode"`
-	}
-	if err := engine(ctx, http.MethodPost, "/containers/"+id+"/wait", nil, &res); err != nil {
-		t.Fatalf("wait for the container: %v; its output:\n%s", err, containerLogs(t, id))
-	}
-	return res.StatusCode
-}
-
-// containerLogs returns the container's stdout and stderr, interleaved.
-func containerLogs(t *testing.T, id string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	var raw []byte
-	if err := engine(ctx, http.MethodGet, "/containers/"+id+"/logs?stdout=1&stderr=1", nil, &raw); err != nil {
-		t.Fatal(err)
-	}
-	// Without a TTY the log is a stream of frames: 1 byte stream, 3 zero, 4 length (big
-	// endian), then the payload.
-	var out strings.Builder
-	for len(raw) >= 8 {
-		n := int(binary.BigEndian.Uint32(raw[4:8]))
-		raw = raw[8:]
-		n = min(n, len(raw))
-		out.Write(raw[:n])
-		raw = raw[n:]
-	}
-	return out.String()
 }
