@@ -91,7 +91,12 @@ func (k *Kubelet) admit(ctx context.Context, key string, pod *corev1.Pod) error 
 	var created struct {
 		ID string `json:"Id"`
 	}
-	if err := k.eng.call(ctx, http.MethodPost, "/containers/create", url.Values{"name": {name}}, body, &created); err != nil {
+	// The create is not cancelled with the Kubelet: an aborted request may still create the
+	// container after Stop listed the Kubelet's containers, leaving it behind. Finished, the
+	// container is either recorded below or found by Stop.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := k.eng.call(cctx, http.MethodPost, "/containers/create", url.Values{"name": {name}}, body, &created); err != nil {
 		return k.refuse(ctx, key, pod, st, &podError{reason: "CreateContainerError", msg: err.Error()})
 	}
 	st.containerID = created.ID
