@@ -141,7 +141,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		c.NATSEmbedListen = ""
 	} else if host, _, err := net.SplitHostPort(c.NATSEmbedListen); err != nil {
 		e.fail("NATS_EMBEDDED_LISTEN=%q: want a loopback host:port or off", c.NATSEmbedListen)
-	} else if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
+	} else if !isLoopback(host) {
 		e.fail("NATS_EMBEDDED_LISTEN=%q: the embedded server serves loopback only; for more, run a NATS cluster and set NATS_URL", c.NATSEmbedListen)
 	}
 	switch {
@@ -317,4 +317,16 @@ func parseComponents(e *env, v string, vm bool) []string {
 		e.fail("COMPONENTS is empty")
 	}
 	return out
+}
+
+// isLoopback reports whether host (a name or an IP address) is this machine's loopback.
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || (ip != nil && ip.IsLoopback())
+}
+
+// loopbackURL reports whether the URL u names a loopback host.
+func loopbackURL(u string) bool {
+	parsed, err := url.Parse(u)
+	return err == nil && isLoopback(parsed.Hostname())
 }

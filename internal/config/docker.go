@@ -1,8 +1,6 @@
 package config
 
 import (
-	"net"
-	"net/url"
 	"regexp"
 	"strconv"
 	"strings"
@@ -73,12 +71,8 @@ func loadDocker(e *env, c Controller) DockerPod {
 	}
 	// Outside the host network, a container's loopback is its own: a loopback facade URL would
 	// boot fine and then fail every job at pickup.
-	if d.Network != "host" {
-		if u, err := url.Parse(c.FacadeURL); err == nil {
-			if ip := net.ParseIP(u.Hostname()); (ip != nil && ip.IsLoopback()) || u.Hostname() == "localhost" {
-				e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade; give an address they reach (and RUNNER_FACADE_LISTEN on it)", c.FacadeURL, d.Network)
-			}
-		}
+	if d.Network != "host" && loopbackURL(c.FacadeURL) {
+		e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade; give an address they reach (and RUNNER_FACADE_LISTEN on it)", c.FacadeURL, d.Network)
 	}
 	return d
 }

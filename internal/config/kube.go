@@ -1,8 +1,6 @@
 package config
 
 import (
-	"net"
-	"net/url"
 	"regexp"
 	"strings"
 	"time"
@@ -80,10 +78,8 @@ func loadKube(e *env, c Controller) KubePod {
 	if !k.SpiffeCSI || c.SpiffeEndpointSocket == "" {
 		e.fail("POD_BACKEND=kubernetes takes SVIDs from SPIRE only: set POD_SPIFFE_CSI=true and SPIFFE_ENDPOINT_SOCKET (the development CA is refused in a cluster)")
 	}
-	if u, err := url.Parse(c.FacadeURL); err == nil {
-		if ip := net.ParseIP(u.Hostname()); (ip != nil && ip.IsLoopback()) || u.Hostname() == "localhost" {
-			e.fail("RUNNER_FACADE_URL=%q: Pods cannot reach a loopback facade; give the facade's Service URL", c.FacadeURL)
-		}
+	if loopbackURL(c.FacadeURL) {
+		e.fail("RUNNER_FACADE_URL=%q: Pods cannot reach a loopback facade; give the facade's Service URL", c.FacadeURL)
 	}
 	return k
 }
