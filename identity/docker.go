@@ -41,18 +41,11 @@ func (r *Registrar) containerEntries(ctx context.Context) (map[string]*types.Ent
 		if id.IsZero() || c.ContainerID == "" {
 			continue
 		}
-		e := &types.Entry{
-			Id:       containerEntryIDPrefix + c.ContainerID,
-			SpiffeId: protoID(id),
-			ParentId: protoID(r.cfg.ParentID),
-			Selectors: sortedSelectors([]*types.Selector{
-				{Type: "docker", Value: "label:" + docker.LabelScope + ":" + scope},
-				{Type: "docker", Value: "label:" + docker.LabelTask + ":" + c.Task.String()},
-				{Type: "docker", Value: "label:" + docker.LabelEpoch + ":" + c.Epoch.String()},
-			}),
-			X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second),
-			Hint:        r.hint,
-		}
+		e := r.workloadEntry(containerEntryIDPrefix+c.ContainerID, id, r.cfg.ParentID, []*types.Selector{
+			{Type: "docker", Value: "label:" + docker.LabelScope + ":" + scope},
+			{Type: "docker", Value: "label:" + docker.LabelTask + ":" + c.Task.String()},
+			{Type: "docker", Value: "label:" + docker.LabelEpoch + ":" + c.Epoch.String()},
+		})
 		want[e.Id] = e
 	}
 	return want, nil

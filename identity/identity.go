@@ -318,23 +318,17 @@ func (r *Registrar) Reconcile(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	add := func(e *types.Entry) { want[e.Id] = e }
 	if r.cfg.NodeAlias != nil {
-		want[nodeAliasEntryID+r.owner] = r.nodeAliasEntry()
+		add(r.aliasEntry(nodeAliasEntryID+r.owner, r.cfg.ParentID, r.cfg.NodeAlias.Selectors))
 	}
 	if len(r.cfg.FacadeSelectors) > 0 {
 		parent := r.cfg.ParentID
 		if p := r.cfg.FacadeParent; p != nil {
 			parent = p.ID
-			want[facadeAliasEntryID+r.owner] = &types.Entry{
-				Id: facadeAliasEntryID + r.owner, SpiffeId: protoID(p.ID),
-				ParentId:  protoID(spiffeid.RequireFromSegments(r.cfg.TrustDomain, "spire", "server")),
-				Selectors: sortedSelectors(p.Selectors), Hint: r.hint,
-			}
+			add(r.aliasEntry(facadeAliasEntryID+r.owner, p.ID, p.Selectors))
 		}
-		want[facadeEntryID+r.owner] = &types.Entry{
-			Id: facadeEntryID + r.owner, SpiffeId: protoID(r.cfg.FacadeID), ParentId: protoID(parent),
-			Selectors: sortedSelectors(r.cfg.FacadeSelectors), X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second), Hint: r.hint,
-		}
+		add(r.workloadEntry(facadeEntryID+r.owner, r.cfg.FacadeID, parent, r.cfg.FacadeSelectors))
 	}
 	have, err := r.ownEntries(ctx)
 	if err != nil {
@@ -346,17 +340,17 @@ func (r *Registrar) Reconcile(ctx context.Context) error {
 			drop = append(drop, id)
 		}
 	}
-	var add []*types.Entry
+	var missing []*types.Entry
 	for id, w := range want {
 		if e, ok := have[id]; !ok || !sameEntry(w, e) {
-			add = append(add, w)
+			missing = append(missing, w)
 		}
 	}
 	slices.Sort(drop)
-	slices.SortFunc(add, func(a, b *types.Entry) int { return strings.Compare(a.Id, b.Id) })
+	slices.SortFunc(missing, func(a, b *types.Entry) int { return strings.Compare(a.Id, b.Id) })
 	// An entry that cannot be deleted does not hold up the creation of the others (new
 	// environments would wait for their SVIDs); the errors are reported together.
-	return errors.Join(r.delete(ctx, drop, have), r.create(ctx, add))
+	return errors.Join(r.delete(ctx, drop, have), r.create(ctx, missing))
 }
 
 // podEntries returns the entries the cached Pods want, by ID.
@@ -400,14 +394,7 @@ func (r *Registrar) entryFor(p *corev1.Pod) *types.Entry {
 			{Type: "k8s", Value: "pod-uid:" + uid},
 		}
 	}
-	e := &types.Entry{
-		Id:          entryIDPrefix + uid,
-		SpiffeId:    protoID(id),
-		ParentId:    protoID(r.cfg.ParentID),
-		Selectors:   sel,
-		X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second),
-		Hint:        r.hint,
-	}
+	e := r.workloadEntry(entryIDPrefix+uid, id, r.cfg.ParentID, sel)
 	if d := p.Spec.ActiveDeadlineSeconds; d != nil && *d > 0 && !p.CreationTimestamp.IsZero() {
 		grace := int64(0)
 		if g := p.Spec.TerminationGracePeriodSeconds; g != nil {
@@ -418,13 +405,21 @@ func (r *Registrar) entryFor(p *corev1.Pod) *types.Entry {
 	return e
 }
 
-func (r *Registrar) nodeAliasEntry() *types.Entry {
+// workloadEntry is an entry of the registrar's giving the workloads sel selects the SVID of
+// spiffeID, for the SVID TTL.
+func (r *Registrar) workloadEntry(id string, spiffeID, parent spiffeid.ID, sel []*types.Selector) *types.Entry {
 	return &types.Entry{
-		Id:        nodeAliasEntryID + r.owner,
-		SpiffeId:  protoID(r.cfg.ParentID),
-		ParentId:  protoID(spiffeid.RequireFromSegments(r.cfg.TrustDomain, "spire", "server")),
-		Selectors: sortedSelectors(r.cfg.NodeAlias.Selectors),
-		Hint:      r.hint,
+		Id: id, SpiffeId: protoID(spiffeID), ParentId: protoID(parent), Selectors: sortedSelectors(sel),
+		X509SvidTtl: int32(r.cfg.SVIDTTL / time.Second), Hint: r.hint,
+	}
+}
+
+// aliasEntry is a node alias entry of the registrar's: every agent whose node selectors match
+// sel is spiffeID too (parent: the SPIRE server).
+func (r *Registrar) aliasEntry(id string, spiffeID spiffeid.ID, sel []*types.Selector) *types.Entry {
+	return &types.Entry{
+		Id: id, SpiffeId: protoID(spiffeID), ParentId: protoID(spiffeid.RequireFromSegments(r.cfg.TrustDomain, "spire", "server")),
+		Selectors: sortedSelectors(sel), Hint: r.hint,
 	}
 }
 
@@ -548,15 +543,11 @@ func idString(id *types.SPIFFEID) string {
 	return "spiffe://" + id.TrustDomain + id.Path
 }
 
-// ParseSelectors parses "type:value,type:value" (as spire-server's -selector flags take
-// them) into selectors.
-func ParseSelectors(s string) ([]*types.Selector, error) {
+// ParseSelectors parses selectors written "type:value" (as spire-server's -selector flags
+// take them).
+func ParseSelectors(list []string) ([]*types.Selector, error) {
 	var out []*types.Selector
-	for part := range strings.SplitSeq(s, ",") {
-		part = strings.TrimSpace(part)
-		if part == "" {
-			continue
-		}
+	for _, part := range list {
 		typ, val, ok := strings.Cut(part, ":")
 		if !ok || typ == "" || val == "" {
 			return nil, fmt.Errorf("selector %q: want type:value", part)

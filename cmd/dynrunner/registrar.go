@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -73,20 +72,20 @@ func runIdentity(ctx context.Context, args []string) error {
 	defer func() { _ = conn.Close() }()
 	rcfg.Entries = entryv1.NewEntryClient(conn)
 	if len(cfg.NodeAliasSelectors) > 0 {
-		sel, err := identity.ParseSelectors(strings.Join(cfg.NodeAliasSelectors, ","))
+		sel, err := identity.ParseSelectors(cfg.NodeAliasSelectors)
 		if err != nil {
 			return fmt.Errorf("IDENTITY_NODE_ALIAS_SELECTORS: %w", err)
 		}
 		rcfg.NodeAlias = &identity.NodeAlias{Selectors: sel}
 	}
 	if len(cfg.FacadeSelectors) > 0 {
-		sel, err := identity.ParseSelectors(strings.Join(cfg.FacadeSelectors, ","))
+		sel, err := identity.ParseSelectors(cfg.FacadeSelectors)
 		if err != nil {
 			return fmt.Errorf("IDENTITY_FACADE_SELECTORS: %w", err)
 		}
 		rcfg.FacadeSelectors, rcfg.FacadeID = sel, cfg.FacadeID
 		if len(cfg.FacadeNodeSelectors) > 0 {
-			nodes, err := identity.ParseSelectors(strings.Join(cfg.FacadeNodeSelectors, ","))
+			nodes, err := identity.ParseSelectors(cfg.FacadeNodeSelectors)
 			if err != nil {
 				return fmt.Errorf("IDENTITY_FACADE_NODE_SELECTORS: %w", err)
 			}
