@@ -67,6 +67,23 @@ func executorImage(t testing.TB) string {
 	return id
 }
 
+// assertNoContainers waits, for at most 30 s, until no container of the docker backend's
+// default scope is left.
+func assertNoContainers(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		left := managedContainers(t)
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dynrunner containers left behind: %v", left)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
 // managedContainers lists the containers of the docker backend's default scope, as an operator
 // would.
 func managedContainers(t testing.TB) []string {
@@ -154,17 +171,7 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	}
 
 	// Nothing remains: the container is removed once the job ended.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		left := managedContainers(t)
-		if len(left) == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("dynrunner containers left behind: %v", left)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	assertNoContainers(t)
 }
 
 // jsAction is a JavaScript action as most published ones are, without dependencies: it
@@ -262,13 +269,7 @@ jobs:
 	if t.Failed() {
 		t.Logf("job log:\n%s", tail(job.log, 80))
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for len(managedContainers(t)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	assertNoContainers(t)
 }
 
 // TestDockerContainerRemovedMidJob removes a job's container while the job runs: the job fails
@@ -296,13 +297,7 @@ jobs:
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(2 * time.Minute)
-	for !strings.Contains(runningLog(t, f, repo, sha), "tick 10\n") {
-		if time.Now().After(deadline) {
-			t.Fatal("the job did not log its 10th tick within 2 minutes")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitLogged(t, f, repo, sha, "tick 10\n", 2*time.Minute)
 	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").Output()
 	ids := strings.Fields(string(out))
 	if err != nil || len(ids) != 1 {
@@ -322,13 +317,7 @@ jobs:
 	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
 		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
 	}
-	deadline = time.Now().Add(30 * time.Second)
-	for len(managedContainers(t)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	assertNoContainers(t)
 }
 
 // TestDockerControllerSIGKILLMidJob: with the docker backend, a controller killed mid-job and
@@ -339,13 +328,7 @@ func TestDockerControllerSIGKILLMidJob(t *testing.T) {
 	needDocker(t)
 	image := executorImage(t)
 	sigkillMidJob(t, tools, nil, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
-	deadline := time.Now().Add(30 * time.Second)
-	for len(managedContainers(t)) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("dynrunner containers left behind: %v", managedContainers(t))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	assertNoContainers(t)
 }
 
 const dockerSPIREWorkflow = `name: docker-spire

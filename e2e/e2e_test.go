@@ -314,6 +314,18 @@ jobs:
 	}
 }
 
+// waitLogged waits until the running job of the run for sha has logged line, for at most limit.
+func waitLogged(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha, line string, limit time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !strings.Contains(runningLog(t, f, repo, sha), line) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the job did not log %q within %s", line, limit)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
 // runningLog returns the log so far of the first job of the run for sha, or "".
 func runningLog(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha string) string {
 	runs, err := f.Runs(t.Context(), repo, sha)

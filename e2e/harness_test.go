@@ -150,22 +150,29 @@ func (c *controller) start() {
 	}
 	c.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(c.cmd, c.done)
+	waitReady(c.t, "controller", c.httpURL+"/readyz", c.done, c.logPath)
+}
+
+// waitReady polls url until it answers 200, for at most 60 s; it fails the test, with the end
+// of the log at logPath, when done closes first (the process exited).
+func waitReady(t testing.TB, what, url string, done <-chan struct{}, logPath string) {
+	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		select {
-		case <-c.done:
-			b, _ := os.ReadFile(c.logPath)
-			c.t.Fatalf("controller exited during start:\n%s", tail(string(b), 40))
+		case <-done:
+			b, _ := os.ReadFile(logPath)
+			t.Fatalf("%s exited during start:\n%s", what, tail(string(b), 40))
 		default:
 		}
-		if resp, err := http.Get(c.httpURL + "/readyz"); err == nil {
+		if resp, err := http.Get(url); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return
 			}
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatal("controller not ready within 60s")
+			t.Fatalf("%s not ready within 60s", what)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -25,7 +25,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
 	"github.com/dynrunner/dynrunner/identity"
@@ -72,7 +71,7 @@ func startKube(t *testing.T) *kubeEnv {
 	e.facadeID = workload.FacadeID(sp.TrustDomain)
 	// The controller and the registrar run as a user with only the Roles deploy/kubernetes
 	// grants them in the job namespace.
-	bindRoles(t, cluster, e.ns, map[string][]rbacv1.PolicyRule{
+	cluster.BindUserRoles(t, e.ns, map[string][]rbacv1.PolicyRule{
 		"dynrunner-controller": kube.RBACRules(),
 		"dynrunner-identity":   identity.RBACRules(),
 	})
@@ -164,54 +163,8 @@ func runRegistrar(t *testing.T, env ...string) string {
 		}
 	})
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	url := base + "/readyz"
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case <-done:
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("dynrunner identity exited during start:\n%s", tail(string(b), 40))
-		default:
-		}
-		if resp, err := http.Get(url); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return base
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("dynrunner identity not ready within 60s")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// bindRoles creates each Role in ns and binds it to kubetest.User, then waits until the
-// apiserver's authorizer applies the bindings.
-func bindRoles(t *testing.T, c *kubetest.Cluster, ns string, roles map[string][]rbacv1.PolicyRule) {
-	t.Helper()
-	for name, rules := range roles {
-		if _, err := c.Client.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := c.Client.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kubetest.User}},
-		}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	user := kubernetes.NewForConfigOrDie(c.UserConfig())
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := user.CoreV1().Secrets(ns).List(t.Context(), metav1.ListOptions{Limit: 1}); err == nil {
-			return
-		} else if time.Now().After(deadline) {
-			t.Fatalf("the role bindings are not in effect after 30s: %v", err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	waitReady(t, "dynrunner identity", base+"/readyz", done, logPath)
+	return base
 }
 
 // hostAddress returns an IPv4 address of this host that is not loopback.
@@ -469,13 +422,7 @@ jobs:
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for !strings.Contains(runningLog(t, f, repo, sha), "tick 10\n") {
-		if time.Now().After(deadline) {
-			t.Fatal("the job did not log its 10th tick within 3 minutes")
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitLogged(t, f, repo, sha, "tick 10\n", 3*time.Minute)
 	pod := e.runningPod(t)
 	uid := string(pod.UID)
 

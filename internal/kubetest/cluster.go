@@ -16,7 +16,9 @@ import (
 	"testing"
 	"time"
 
+	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -380,4 +382,44 @@ func (c *Cluster) tlsConfigFor(cn string) (*tls.Config, error) {
 		ClientCAs:    c.ca.pool(),
 		MinVersion:   tls.VersionTLS12,
 	}, nil
+}
+
+// BindUserRoles creates each Role of roles (by name) in ns, binds it to User, waits until the
+// apiserver's authorizer applies every rule (it learns of bindings through informers, a moment
+// after the creates returned) and returns a client acting as User.
+func (c *Cluster) BindUserRoles(t *testing.T, ns string, roles map[string][]rbacv1.PolicyRule) kubernetes.Interface {
+	t.Helper()
+	for name, rules := range roles {
+		if _, err := c.Client.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Client.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: name},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: User}},
+		}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	user := kubernetes.NewForConfigOrDie(c.UserConfig())
+	allowed := func(rule rbacv1.PolicyRule) bool {
+		review, err := user.AuthorizationV1().SelfSubjectAccessReviews().Create(t.Context(), &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+				Namespace: ns, Verb: rule.Verbs[0], Group: rule.APIGroups[0], Resource: rule.Resources[0],
+			}},
+		}, metav1.CreateOptions{})
+		return err == nil && review.Status.Allowed
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for name, rules := range roles {
+		for _, rule := range rules {
+			for !allowed(rule) {
+				if time.Now().After(deadline) {
+					t.Fatalf("kubetest: Role %s is not in effect for %s after 30s (%v)", name, User, rule)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+	}
+	return user
 }

@@ -87,32 +87,6 @@ func (e *env) newBackend(t *testing.T, client kubernetes.Interface, ns string, e
 	return b
 }
 
-// restrictedClient returns a client of a user who may do in ns exactly what kube.RBACRules
-// allow.
-func (e *env) restrictedClient(t *testing.T, ns string) kubernetes.Interface {
-	t.Helper()
-	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "dynrunner-pods"}, Rules: kube.RBACRules()}
-	if _, err := e.c.Client.RbacV1().Roles(ns).Create(ctxT(t), role, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	rb := &rbacv1.RoleBinding{
-		ObjectMeta: metav1.ObjectMeta{Name: "dynrunner-pods"},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
-		Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: kubetest.User}},
-	}
-	if _, err := e.c.Client.RbacV1().RoleBindings(ns).Create(ctxT(t), rb, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	client := kubernetes.NewForConfigOrDie(e.c.UserConfig())
-	// The apiserver's RBAC authorizer learns of the new binding through its informers, a
-	// moment after the create returned.
-	pollT(t, "the role binding is in effect", func() bool {
-		_, err := client.CoreV1().Pods(ns).List(ctxT(t), metav1.ListOptions{Limit: 1})
-		return err == nil
-	})
-	return client
-}
-
 // modes maps the conformance behaviors to fake executor modes.
 var modes = map[podworkertest.Behavior]string{
 	podworkertest.RunForever:        "forever",
@@ -128,7 +102,7 @@ func fakeSpec(task assignment.TaskID, mode string) podworker.Spec {
 
 func (e *env) testConformance(t *testing.T) {
 	ns := e.c.Namespace(t)
-	client := e.restrictedClient(t, ns)
+	client := e.c.BindUserRoles(t, ns, map[string][]rbacv1.PolicyRule{"dynrunner-pods": kube.RBACRules()})
 	if err := e.newBackend(t, client, ns, nil).Check(ctxT(t)); err != nil {
 		t.Fatalf("Check with the permissions of RBACRules: %v", err)
 	}
