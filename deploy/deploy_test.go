@@ -229,12 +229,13 @@ func TestManifestsDryRun(t *testing.T) {
 // TestRoleIsRBACRules keeps the controller's Role equal to podworker/kube.RBACRules() and the
 // identity registrar's to identity.RBACRules().
 func TestRoleIsRBACRules(t *testing.T) {
+	manifests := load(t)
 	for name, want := range map[string][]rbacv1.PolicyRule{
 		"dynrunner-controller": kube.RBACRules(),
 		"dynrunner-identity":   identity.RBACRules(),
 	} {
 		found := false
-		for _, m := range load(t) {
+		for _, m := range manifests {
 			if m.obj.GetKind() != "Role" || m.obj.GetNamespace() != "dynrunner-jobs" || m.obj.GetName() != name {
 				continue
 			}

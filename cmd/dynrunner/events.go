@@ -173,18 +173,10 @@ func formatEvent(s assignment.State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s  seq=%-6d task=%-6d epoch=%-6d %-10s backend=%s actor=%s",
 		s.At.UTC().Format(time.RFC3339), s.Seq, s.Task, s.Epoch(), s.Transition, s.Backend, s.Actor)
-	if s.Repo != "" {
-		fmt.Fprintf(&b, " repo=%s", s.Repo)
-	}
-	if s.Job != "" {
-		fmt.Fprintf(&b, " job=%q", s.Job)
-	}
-	if s.Result != "" {
-		fmt.Fprintf(&b, " result=%s", s.Result)
-	}
-	if s.Reason != "" {
-		fmt.Fprintf(&b, " reason=%q", s.Reason)
-	}
+	field(&b, " repo=%s", s.Repo)
+	field(&b, " job=%q", s.Job)
+	field(&b, " result=%s", s.Result)
+	field(&b, " reason=%q", s.Reason)
 	return b.String()
 }
 
@@ -194,17 +186,16 @@ func formatEnvironment(r eventlog.EnvironmentRecord) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s  %-10s task=%-6d epoch=%-6d %-10s env=%s backend=%s actor=%s",
 		r.At.UTC().Format(time.RFC3339), "env", r.Task, r.Epoch, r.Phase, r.Env, r.Backend, r.Actor)
-	if r.PodUID != "" {
-		fmt.Fprintf(&b, " pod_uid=%s", r.PodUID)
-	}
-	if r.Node != "" {
-		fmt.Fprintf(&b, " node=%s", r.Node)
-	}
-	if r.Reason != "" {
-		fmt.Fprintf(&b, " reason=%q", r.Reason)
-	}
-	if r.Message != "" {
-		fmt.Fprintf(&b, " message=%q", r.Message)
-	}
+	field(&b, " pod_uid=%s", r.PodUID)
+	field(&b, " node=%s", r.Node)
+	field(&b, " reason=%q", r.Reason)
+	field(&b, " message=%q", r.Message)
 	return b.String()
+}
+
+// field appends value to b in format (" key=%s" or " key=%q") unless it is empty.
+func field(b *strings.Builder, format, value string) {
+	if value != "" {
+		fmt.Fprintf(b, format, value)
+	}
 }
