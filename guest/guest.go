@@ -122,6 +122,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Log.With().Int64("task_id", grant.TaskID).Uint64("epoch", grant.Epoch).Logger()
 	log.Info().Str("facade", grant.FacadeURL).Msg("nonce redeemed; running the job")
+	var forge assignment.ForgeURL
+	if grant.ForgeURL != "" {
+		if forge, err = assignment.ParseForgeURL(grant.ForgeURL); err != nil {
+			return fmt.Errorf("guest: grant: %w", err)
+		}
+	}
 	renew := time.Duration(grant.RenewSecs) * time.Second
 	if renew <= 0 {
 		renew = 100 * time.Second
@@ -130,7 +136,7 @@ func Run(ctx context.Context, cfg Config) error {
 		FacadeURL: grant.FacadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: grant.Token,
 		TLS:       workload.GuestClientTLSConfig(bundle, facadeID),
 		RunnerBin: bin, RunnerSHA256: grant.RunnerSHA256, RunnerVersion: grant.RunnerVersion,
-		Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, Output: cfg.Output, Log: log,
+		Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, ForgeURL: forge, Output: cfg.Output, Log: log,
 	})
 }
 

@@ -320,6 +320,9 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 	for k, v := range w.cfg.ExecutorEnv {
 		env[k] = v
 	}
+	if st.ForgeURL != "" {
+		env["DYNRUNNER_FORGE_URL"] = st.ForgeURL.String()
+	}
 	progress, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {

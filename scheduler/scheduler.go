@@ -42,7 +42,10 @@ type Config struct {
 	Keepalive time.Duration
 	// Reconcile is how often live assignments are checked for overdue deadlines.
 	Reconcile time.Duration
-	Box       *sealbox.Box
+	// ForgeURL is the forge's URL for tasks that do not name their own (Gitea's task context
+	// carries its ROOT_URL as server_url): GITEA_URL.
+	ForgeURL assignment.ForgeURL
+	Box      *sealbox.Box
 	Log       zerolog.Logger
 	Now       func() time.Time
 	Metrics   *Metrics
@@ -209,7 +212,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		var err error
 		st, err = s.log.Apply(ctx, assignment.Event{
 			Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
-			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: job.RunsOn,
+			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: job.RunsOn, ForgeURL: s.forgeURLOf(task, logger),
 			TaskDigest: hex.EncodeToString(sum[:]), Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
 		}, nil)
 		if errors.Is(err, assignment.ErrExists) {
@@ -291,6 +294,21 @@ func repoOf(t *runnerv1.Task) string {
 		return c.GetFields()["repository"].GetStringValue()
 	}
 	return ""
+}
+
+// forgeURLOf returns the forge URL the task's job is to see: the server_url of its context (Gitea's
+// ROOT_URL), or Config.ForgeURL when the task names none or a malformed one.
+func (s *Scheduler) forgeURLOf(t *runnerv1.Task, logger zerolog.Logger) assignment.ForgeURL {
+	raw := t.GetContext().GetFields()["server_url"].GetStringValue()
+	if raw == "" {
+		return s.cfg.ForgeURL
+	}
+	u, err := assignment.ParseForgeURL(raw)
+	if err != nil {
+		logger.Warn().Err(err).Str("fallback", s.cfg.ForgeURL.String()).Msg("the task's server_url is malformed; its job sees GITEA_URL instead")
+		return s.cfg.ForgeURL
+	}
+	return u
 }
 
 func (s *Scheduler) reconcileLoop(ctx context.Context) {

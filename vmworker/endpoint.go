@@ -53,6 +53,8 @@ type Grant struct {
 	RunnerVersion  string   `json:"runner_version"`
 	Labels         []string `json:"labels"`
 	RenewSecs      int      `json:"renew_secs"`
+	// ForgeURL is the forge's own URL, the server URL the job sees (empty when unknown).
+	ForgeURL string `json:"forge_url,omitempty"`
 }
 
 // RedeemRequest is the body of POST /v1/redeem.
@@ -113,6 +115,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	// Check the assignment before the nonce is spent, so a failed read costs the guest a retry,
 	// not its job.
 	task, epoch, err := e.nonces.Peek(r.Context(), req.InstanceID, req.Nonce)
+	var forgeURL string
 	if err == nil {
 		st, gerr := e.log.Get(r.Context(), task)
 		switch {
@@ -124,6 +127,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "dynrunner nonce endpoint: the assignment is no longer current", http.StatusGone)
 			return
 		}
+		forgeURL = st.ForgeURL.String()
 	}
 	var token string
 	if err == nil {
@@ -155,7 +159,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 		TaskID: int64(task), Epoch: uint64(epoch), Token: token,
 		FacadeURL: e.cfg.FacadeURL, FacadeSpiffeID: e.cfg.FacadeID, FacadeCAPEM: string(ca),
 		RunnerPath: "/v1/runner", RunnerSHA256: e.cfg.RunnerSHA256, RunnerVersion: e.cfg.RunnerVersion,
-		Labels: e.cfg.Labels, RenewSecs: int(e.cfg.Renew.Seconds()),
+		Labels: e.cfg.Labels, RenewSecs: int(e.cfg.Renew.Seconds()), ForgeURL: forgeURL,
 	})
 }
 

@@ -192,7 +192,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			Actor: "scheduler@" + actor, Backends: backends, Lease: cfg.Lease, Pickup: cfg.Pickup,
 			Capacity:      map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
 			FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
-			Reconcile: time.Second, Box: box, Log: log.With().Str("component", "scheduler").Logger(), Metrics: metrics,
+			Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Box: box, Log: log.With().Str("component", "scheduler").Logger(), Metrics: metrics,
 		}, forge, evlog, view)
 		g.Go(func() error { return s.Run(gctx) })
 		ready = append(ready, s.Ready())

@@ -70,6 +70,12 @@ func runExecutor(ctx context.Context, args []string) error {
 		}
 		renew = time.Duration(n) * time.Second
 	}
+	var forge assignment.ForgeURL
+	if v := os.Getenv("DYNRUNNER_FORGE_URL"); v != "" {
+		if forge, err = assignment.ParseForgeURL(v); err != nil {
+			return fmt.Errorf("DYNRUNNER_FORGE_URL: %w", err)
+		}
+	}
 	labels := strings.Split(os.Getenv("DYNRUNNER_LABELS"), ",")
 	if os.Getenv("DYNRUNNER_LABELS") == "" {
 		labels = []string{"self-hosted:host", "pod:host"}
@@ -102,7 +108,7 @@ func runExecutor(ctx context.Context, args []string) error {
 	return executor.Run(ctx, executor.Config{
 		FacadeURL: facadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: string(token), TLS: workload.ClientTLSConfig(src, facadeID),
 		RunnerBin: bin, RunnerSHA256: sha, RunnerVersion: os.Getenv("GITEA_RUNNER_VERSION"),
-		Labels: labels, WorkDir: work, Renew: renew, Output: os.Stdout, Log: log,
+		Labels: labels, WorkDir: work, Renew: renew, ForgeURL: forge, Output: os.Stdout, Log: log,
 	})
 }
 

@@ -42,6 +42,7 @@ type Event struct {
 	Repo       string
 	Job        string
 	RunsOn     []string
+	ForgeURL   ForgeURL
 	TaskDigest string
 	Pickup     time.Duration
 	// Claim and Renewed: the lease length from At.
@@ -204,6 +205,7 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 		Repo:           ev.Repo,
 		Job:            ev.Job,
 		RunsOn:         ev.RunsOn,
+		ForgeURL:       ev.ForgeURL,
 		ClaimedAt:      ev.At,
 		PickupDeadline: ev.At.Add(ev.Pickup),
 		LeaseExpires:   ev.At.Add(ev.Lease),

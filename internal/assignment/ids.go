@@ -3,7 +3,9 @@ package assignment
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strconv"
+	"strings"
 )
 
 // TaskID is the forge's task id (Gitea's runnerv1.Task.Id). It is always positive.
@@ -37,3 +39,27 @@ func (e Epoch) String() string { return strconv.FormatUint(uint64(e), 10) }
 
 // ErrInvalidID reports a task id or epoch that does not parse.
 var ErrInvalidID = errors.New("invalid identifier")
+
+// ForgeURL is the forge's own base URL as its jobs see it (Gitea's ROOT_URL), without a
+// trailing slash: http(s)://host[:port][/path]. The zero value means unknown.
+type ForgeURL string
+
+// ParseForgeURL accepts an absolute http or https URL with a host and optionally a path
+// (Gitea may be served below one), and nothing else: no user information, query or fragment.
+// It returns the URL without its trailing slash.
+func ParseForgeURL(s string) (ForgeURL, error) {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" ||
+		u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" || strings.ContainsAny(s, " \t\r\n") {
+		return "", fmt.Errorf("assignment: forge URL %q: want http(s)://host[:port][/path]: %w", s, ErrInvalidID)
+	}
+	return ForgeURL(strings.TrimRight(u.String(), "/")), nil
+}
+
+// URL returns the parsed URL; f must come from ParseForgeURL.
+func (f ForgeURL) URL() *url.URL {
+	u, _ := url.Parse(string(f))
+	return u
+}
+
+func (f ForgeURL) String() string { return string(f) }

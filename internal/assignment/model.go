@@ -66,6 +66,9 @@ type Record struct {
 	Repo   string   `json:"repo,omitempty"`
 	Job    string   `json:"job,omitempty"`
 	RunsOn []string `json:"runs_on,omitempty"`
+	// ForgeURL is the forge's own URL as the task names it (Gitea's ROOT_URL); environments
+	// hand it to the job as its server URL.
+	ForgeURL ForgeURL `json:"forge_url,omitempty"`
 
 	ClaimedAt      time.Time `json:"claimed_at"`
 	PickupDeadline time.Time `json:"pickup_deadline"`

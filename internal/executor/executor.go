@@ -9,13 +9,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"maps"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -52,6 +53,12 @@ type Config struct {
 	WorkDir string
 	// Renew is the lease renewal interval (about a third of the lease).
 	Renew time.Duration
+	// ForgeURL is the forge's own URL, the server URL the job sees; empty when unknown.
+	ForgeURL assignment.ForgeURL
+	// Env is the environment the runner, and through it the job, starts from; nil means the
+	// executor's own. The executor's own settings (DYNRUNNER_*, GITEA_RUNNER_*, ...) are
+	// removed from it.
+	Env []string
 	// Output receives the runner's own output.
 	Output io.Writer
 	Log    zerolog.Logger
@@ -101,30 +108,52 @@ func Run(ctx context.Context, cfg Config) error {
 		IdleConnTimeout:     90 * time.Second,
 	}
 	defer transport.CloseIdleConnections()
-	fwd, err := startForwarder(cfg.FacadeURL, transport, log)
+	facade, err := url.Parse(cfg.FacadeURL)
+	if err != nil || facade.Scheme != "https" || facade.Host == "" {
+		return fmt.Errorf("executor: facade URL %q: want https://host:port", cfg.FacadeURL)
+	}
+	var forge *url.URL
+	if cfg.ForgeURL != "" {
+		forge = cfg.ForgeURL.URL()
+	}
+	upstream := &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16,
+		IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 30 * time.Second}
+	defer upstream.CloseIdleConnections()
+	px, err := startProxy(proxyConfig{Facade: facade, FacadeTransport: transport, Forge: forge, Upstream: upstream, Log: log})
 	if err != nil {
 		return err
 	}
-	defer fwd.Close()
+	defer px.Close()
+	plan := planRunner(cfg.ForgeURL, px, cfg.baseEnv(), filepath.Join(cfg.WorkDir, "home"))
+	if plan.forwarded {
+		log.Warn().Str("forge", cfg.ForgeURL.String()).Str("server_url", plan.address).
+			Msg("the forge is on a loopback address, which the runner cannot reach through a proxy: its jobs see the forwarder's URL as their server URL")
+	}
 
 	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
 		return fmt.Errorf("executor: work dir: %w", err)
 	}
+	if plan.home != "" {
+		if err := os.MkdirAll(plan.home, 0o700); err != nil {
+			return fmt.Errorf("executor: home: %w", err)
+		}
+	}
 	confPath := filepath.Join(cfg.WorkDir, "runner-config.yaml")
-	if err := os.WriteFile(confPath, []byte(runnerConfig(cfg.WorkDir)), 0o600); err != nil {
+	if err := os.WriteFile(confPath, []byte(runnerConfig(cfg.WorkDir, plan)), 0o600); err != nil {
 		return fmt.Errorf("executor: runner config: %w", err)
 	}
 	// The executor redeems the token itself and writes the runner's registration file, so the
 	// token never appears on a command line where other processes could read it.
 	name := fmt.Sprintf("dynrunner-%d-%d", cfg.Task, cfg.Epoch)
-	creds, err := register(ctx, transport, cfg, name, fwd.URL())
+	creds, err := register(ctx, transport, cfg, name, plan.address)
 	if err != nil {
 		return err
 	}
-	log.Info().Str("runner", name).Msg("runner registered at the facade")
+	log.Info().Str("runner", name).Str("server_url", plan.address).Msg("runner registered at the facade")
 
 	daemon := exec.Command(cfg.RunnerBin, "--config", confPath, "daemon")
 	daemon.Dir = cfg.WorkDir
+	daemon.Env = plan.env
 	daemon.Stdout, daemon.Stderr = cfg.Output, cfg.Output
 	daemon.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := daemon.Start(); err != nil {
@@ -202,8 +231,8 @@ type registration struct {
 }
 
 // register redeems the capability token at the facade for an ephemeral runner and writes the
-// runner's registration file (mode 0600) pointing it at the forwarder.
-func register(ctx context.Context, transport http.RoundTripper, cfg Config, name, forwarder string) (registration, error) {
+// runner's registration file (mode 0600) with address, the server URL its jobs see.
+func register(ctx context.Context, transport http.RoundTripper, cfg Config, name, address string) (registration, error) {
 	client := runnerv1connect.NewRunnerServiceClient(&http.Client{Transport: transport, Timeout: time.Minute}, strings.TrimRight(cfg.FacadeURL, "/")+"/api/actions")
 	names := make([]string, len(cfg.Labels))
 	for i, l := range cfg.Labels {
@@ -235,7 +264,7 @@ func register(ctx context.Context, transport http.RoundTripper, cfg Config, name
 	r := resp.Msg.GetRunner()
 	reg := registration{
 		Warning: "written by dynrunner executor for one job", ID: r.GetId(), UUID: r.GetUuid(), Name: name,
-		Token: r.GetToken(), Address: forwarder, Labels: cfg.Labels, Ephemeral: true,
+		Token: r.GetToken(), Address: address, Labels: cfg.Labels, Ephemeral: true,
 	}
 	data, _ := json.MarshalIndent(reg, "", "  ")
 	if err := os.WriteFile(filepath.Join(cfg.WorkDir, ".runner"), data, 0o600); err != nil {
@@ -246,8 +275,18 @@ func register(ctx context.Context, transport http.RoundTripper, cfg Config, name
 
 // runnerConfig is the Gitea runner's configuration inside an environment: one job, host
 // mode, everything under the work directory, generous final-report retries so a controller
-// restart during the last flush loses nothing.
-func runnerConfig(dir string) string {
+// restart during the last flush loses nothing. The cache server is the runner's own, as on a
+// static runner (empty in a fresh environment). runner.envs restores for the jobs what the
+// runner's own environment changed (its proxy settings): the job sees the environment as it
+// was.
+func runnerConfig(dir string, plan runnerPlan) string {
+	var envs strings.Builder
+	if len(plan.jobEnv) > 0 {
+		envs.WriteString("  envs:\n")
+		for _, k := range slices.Sorted(maps.Keys(plan.jobEnv)) {
+			fmt.Fprintf(&envs, "    %s: %s\n", strconv.Quote(k), strconv.Quote(plan.jobEnv[k]))
+		}
+	}
 	return fmt.Sprintf(`log:
   level: info
 runner:
@@ -261,46 +300,12 @@ runner:
   log_report_max_latency: 500ms
   state_report_interval: 2s
   report_close_timeout: 60s
-  insecure: false
-cache:
-  enabled: false
+  insecure: %[2]t
+%[3]scache:
+  enabled: true
+  dir: %[1]s/cache
+  host: 127.0.0.1
 host:
   workdir_parent: %[1]s/host
-`, dir)
+`, dir, plan.insecure, envs.String())
 }
-
-// forwarder carries the runner's plain HTTP calls to the facade over mTLS. It listens on
-// loopback only.
-type forwarder struct {
-	ln  net.Listener
-	srv *http.Server
-}
-
-func startForwarder(facade string, transport http.RoundTripper, log zerolog.Logger) (*forwarder, error) {
-	target, err := url.Parse(facade)
-	if err != nil || target.Scheme != "https" || target.Host == "" {
-		return nil, fmt.Errorf("executor: facade URL %q: want https://host:port", facade)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("executor: forwarder: %w", err)
-	}
-	proxy := &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(target)
-			r.Out.Host = target.Host
-		},
-		Transport: transport,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			log.Warn().Err(err).Str("path", r.URL.Path).Msg("facade unreachable")
-			http.Error(w, "dynrunner executor: facade unreachable", http.StatusBadGateway)
-		},
-	}
-	f := &forwarder{ln: ln, srv: &http.Server{Handler: proxy, ReadHeaderTimeout: 10 * time.Second}}
-	go func() { _ = f.srv.Serve(ln) }()
-	return f, nil
-}
-
-func (f *forwarder) URL() string { return "http://" + f.ln.Addr().String() }
-
-func (f *forwarder) Close() { _ = f.srv.Close() }
