@@ -88,6 +88,16 @@ func (r Repo) apiPath() string {
 // CreateRepo creates a repository owned by [AdminUser] with an initial commit on its default
 // branch (main).
 func (f *Forge) CreateRepo(ctx context.Context, name string) (Repo, error) {
+	return f.createRepo(ctx, name, false)
+}
+
+// CreatePrivateRepo is [Forge.CreateRepo] for a private repository: only its owner, the site
+// administrator and the jobs of its own workflows can read it.
+func (f *Forge) CreatePrivateRepo(ctx context.Context, name string) (Repo, error) {
+	return f.createRepo(ctx, name, true)
+}
+
+func (f *Forge) createRepo(ctx context.Context, name string, private bool) (Repo, error) {
 	var out struct {
 		Name          string `json:"name"`
 		DefaultBranch string `json:"default_branch"`
@@ -96,11 +106,25 @@ func (f *Forge) CreateRepo(ctx context.Context, name string) (Repo, error) {
 			Login string `json:"login"`
 		} `json:"owner"`
 	}
-	in := map[string]any{"name": name, "auto_init": true, "default_branch": "main", "private": false}
+	in := map[string]any{"name": name, "auto_init": true, "default_branch": "main", "private": private}
 	if err := f.do(ctx, http.MethodPost, "/api/v1/user/repos", in, &out); err != nil {
 		return Repo{}, err
 	}
 	return Repo{Owner: out.Owner.Login, Name: out.Name, DefaultBranch: out.DefaultBranch, CloneURL: out.CloneURL}, nil
+}
+
+// BranchHead returns the subject of the last commit on branch of repo.
+func (f *Forge) BranchHead(ctx context.Context, repo Repo, branch string) (string, error) {
+	var out struct {
+		Commit struct {
+			Message string `json:"message"`
+		} `json:"commit"`
+	}
+	if err := f.do(ctx, http.MethodGet, repo.apiPath()+"/branches/"+url.PathEscape(branch), nil, &out); err != nil {
+		return "", err
+	}
+	subject, _, _ := strings.Cut(out.Commit.Message, "\n")
+	return subject, nil
 }
 
 // SetSecret creates or updates an Actions secret of repo.

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -38,11 +39,18 @@ type Options struct {
 	Output io.Writer
 	// Logger receives devforge's own progress messages; the zero value is silent.
 	Logger zerolog.Logger
+	// Netns, when set, runs gitea web in that network namespace (`ip netns exec`, so root),
+	// listening on Addr, port 3000: a forge on another host, as environments reach it in
+	// production. Addr must be an address of the namespace reachable from the caller's.
+	Netns string
+	Addr  string
 }
 
 // Forge is a running development Gitea. Close stops it.
 type Forge struct {
 	url    string
+	addr   string
+	netns  string
 	dir    string
 	state  forgeState
 	client *http.Client
@@ -93,6 +101,14 @@ func Start(ctx context.Context, tools Tools, opts Options) (*Forge, error) {
 		state:  st,
 		client: &http.Client{Timeout: 30 * time.Second},
 		log:    opts.Logger,
+		addr:   "127.0.0.1",
+		netns:  opts.Netns,
+	}
+	if opts.Addr != "" {
+		f.addr = opts.Addr
+	}
+	if (opts.Netns == "") != (opts.Addr == "") {
+		return nil, errors.New("devforge: Options.Netns and Options.Addr go together")
 	}
 	if fresh {
 		// The CLI commands need an app.ini; they do not listen, so any port will do.
@@ -149,16 +165,29 @@ var errPortTaken = errors.New("devforge: port taken")
 
 // startWeb starts gitea web on a free port and waits until it is healthy.
 func (f *Forge) startWeb(ctx context.Context, tools Tools, output io.Writer) error {
-	port, err := freePort()
-	if err != nil {
-		return err
+	port := 3000 // nothing else listens in a namespace of its own
+	if f.netns == "" {
+		var err error
+		if port, err = freePort(); err != nil {
+			return err
+		}
 	}
-	f.url = fmt.Sprintf("http://127.0.0.1:%d", port)
+	f.url = "http://" + net.JoinHostPort(f.addr, strconv.Itoa(port))
 	if err := f.writeAppINI(tools, port); err != nil {
 		return err
 	}
+	cmd := f.giteaCmd(context.Background(), tools, "web", "--quiet")
+	if f.netns != "" {
+		cmd.Args = append([]string{"ip", "netns", "exec", f.netns}, cmd.Args...)
+		p, err := exec.LookPath("ip")
+		if err != nil {
+			return fmt.Errorf("devforge: %w", err)
+		}
+		cmd.Path = p
+	}
 	// gitea web lives until Close, not until ctx ends.
-	f.proc, err = startProcess("gitea web", f.giteaCmd(context.Background(), tools, "web", "--quiet"), output)
+	var err error
+	f.proc, err = startProcess("gitea web", cmd, output)
 	if err != nil {
 		return err
 	}
@@ -226,10 +255,10 @@ WORK_PATH = {{.Dir}}
 
 [server]
 PROTOCOL = http
-HTTP_ADDR = 127.0.0.1
+HTTP_ADDR = {{.Addr}}
 HTTP_PORT = {{.Port}}
 ROOT_URL = {{.URL}}/
-DOMAIN = 127.0.0.1
+DOMAIN = {{.Addr}}
 APP_DATA_PATH = {{.Dir}}/data
 STATIC_ROOT_PATH = {{.StaticRoot}}
 DISABLE_SSH = true
@@ -287,7 +316,8 @@ func (f *Forge) writeAppINI(tools Tools, port int) error {
 	err := appINI.Execute(&buf, map[string]any{
 		"Dir":           f.dir,
 		"Port":          port,
-		"URL":           fmt.Sprintf("http://127.0.0.1:%d", port),
+		"Addr":          f.addr,
+		"URL":           "http://" + net.JoinHostPort(f.addr, strconv.Itoa(port)),
 		"StaticRoot":    tools.GiteaDir,
 		"SecretKey":     f.state.SecretKey,
 		"InternalToken": f.state.InternalToken,

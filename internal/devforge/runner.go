@@ -25,7 +25,7 @@ type StaticRunner struct {
 // with regToken and labels in host mode (e.g. "self-hosted:host", "pod:host"), then runs
 // `gitea-runner daemon` until Close. All its files live in dir: config.yaml, the .runner
 // registration and the job work directories. The runner takes one job at a time, polls every
-// second and has the cache server disabled. A registration already in dir is replaced. logw
+// second and runs its cache server, as a runner does by default. A registration already in dir is replaced. logw
 // (may be nil) receives the runner's output.
 func StartStaticRunner(ctx context.Context, tools Tools, forgeURL, regToken string, labels []string, dir string, logw io.Writer) (*StaticRunner, error) {
 	if len(labels) == 0 {
@@ -101,7 +101,8 @@ runner:
     - {{q .}}
 {{- end}}
 cache:
-  enabled: false
+  enabled: true
+  dir: {{q .Cache}}
 container:
   require_docker: false
 host:
@@ -113,6 +114,7 @@ func writeRunnerConfig(path, dir string, labels []string) error {
 	err := runnerConfig.Execute(&buf, map[string]any{
 		"File":   filepath.Join(dir, ".runner"),
 		"Work":   filepath.Join(dir, "work"),
+		"Cache":  filepath.Join(dir, "cache"),
 		"Labels": labels,
 	})
 	if err != nil {

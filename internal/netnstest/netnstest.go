@@ -1,0 +1,94 @@
+// Package netnstest gives integration tests hosts of their own: network namespaces joined to
+// the test's namespace by a veth pair, each with an address the test's processes reach by a
+// route, not by loopback — another machine, as far as routing, proxies and firewalls can tell.
+// Creating them needs root (CI runs as root); New skips the test otherwise, and fails it in CI.
+// Everything New creates is removed when the test ends.
+package netnstest
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// Host is a network namespace with one address, routed from the test's namespace.
+type Host struct {
+	// Name is the namespace's name (`ip netns exec Name ...`).
+	Name string
+	// Addr is the namespace's address; Gateway the test namespace's end of the link.
+	Addr, Gateway netip.Addr
+	link          string
+}
+
+var seq atomic.Uint32
+
+// Need skips (or in CI fails) the test when it cannot create namespaces.
+func Need(t testing.TB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("creates network namespaces; run without -short")
+	}
+	msg := ""
+	if os.Geteuid() != 0 {
+		msg = "needs root to create network namespaces (ip netns add)"
+	} else if _, err := exec.LookPath("ip"); err != nil {
+		msg = "needs ip (iproute2): bash scripts/vm-deps.sh"
+	}
+	if msg == "" {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal(msg)
+	}
+	t.Skip(msg)
+}
+
+// New creates a host: a namespace with a /30 link to the test's namespace, a default route
+// back through it, and loopback up.
+func New(t testing.TB) *Host {
+	t.Helper()
+	Need(t)
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	n := seq.Add(1)
+	id := fmt.Sprintf("%d%02x%02x", n%100, b[0], b[1])
+	// 10.215.0.0/16 in /30 links; the random part keeps parallel test binaries apart.
+	base := netip.AddrFrom4([4]byte{10, 215, b[0], b[1] &^ 3})
+	h := &Host{Name: "drt-" + id, link: "drt" + id, Gateway: base.Next(), Addr: base.Next().Next()}
+	t.Cleanup(h.remove)
+	run := func(args ...string) {
+		t.Helper()
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("netnstest: ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	if out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output(); strings.Contains(string(out), " "+h.Gateway.String()+"/") {
+		t.Fatalf("netnstest: %s is in use; run again", h.Gateway)
+	}
+	run("netns", "add", h.Name)
+	run("link", "add", h.link, "type", "veth", "peer", "name", h.link+"n")
+	run("link", "set", h.link+"n", "netns", h.Name)
+	run("addr", "add", h.Gateway.String()+"/30", "dev", h.link)
+	run("link", "set", h.link, "up")
+	run("-n", h.Name, "link", "set", "lo", "up")
+	run("-n", h.Name, "addr", "add", h.Addr.String()+"/30", "dev", h.link+"n")
+	run("-n", h.Name, "link", "set", h.link+"n", "up")
+	run("-n", h.Name, "route", "add", "default", "via", h.Gateway.String())
+	return h
+}
+
+// Command prepares name with args to run inside the host.
+func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	return exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.Name, name}, args...)...)
+}
+
+func (h *Host) remove() {
+	_ = exec.Command("ip", "link", "del", h.link).Run()
+	_ = exec.Command("ip", "netns", "del", h.Name).Run()
+}
