@@ -11,11 +11,59 @@ import (
 	"time"
 )
 
-// vmImage builds (cached) the test tier's guest image with this package's dynrunner binary
-// as the guest program, skipping (failing in CI) when the VM tools are missing.
+// vmImage builds the microVM guest image operators deploy (deploy/vm-image/build.sh: the
+// Debian userland of the executor image; its cached parts built once) with this package's
+// dynrunner binary, skipping (failing in CI) when the VM tools are missing. The directory
+// holds rootfs.qcow2, vmlinuz, initrd.img and cmdline.
 func vmImage(t testing.TB) (dir string) {
 	t.Helper()
-	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "genisoimage", "busybox", "cpio", "mkfs.ext4"} {
+	needVMTools(t)
+	dir = t.TempDir()
+	cmd := exec.Command("bash", "../deploy/vm-image/build.sh", dir)
+	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("deploy/vm-image/build.sh: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// vmEnv is the controller's settings for the guest image in img, on bridge with cidr.
+func vmEnv(t testing.TB, img, bridge, cidr string, extra ...string) []string {
+	t.Helper()
+	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	return append([]string{
+		"VM_IMAGE=" + filepath.Join(img, "rootfs.qcow2"),
+		"VM_KERNEL=" + filepath.Join(img, "vmlinuz"),
+		"VM_INITRAMFS=" + filepath.Join(img, "initrd.img"),
+		"VM_CMDLINE=" + strings.TrimSpace(string(cmdline)),
+		"VM_HYPERVISOR=qemu", "VM_MEMORY_MIB=1024", "VM_CPUS=1", "VM_DISK_GIB=2",
+		"VM_BRIDGE=" + bridge, "VM_BRIDGE_CIDR=" + cidr,
+		"VM_LAUNCHER_ROOT=" + filepath.Join(t.TempDir(), "vms"),
+	}, extra...)
+}
+
+// busyboxImage builds (cached) the launcher's minimal test guest (scripts/vm-test-image.sh: a
+// busybox initramfs, no userland), for the boot-time baseline.
+func busyboxImage(t testing.TB) (dir string) {
+	t.Helper()
+	needVMTools(t)
+	dir = t.TempDir()
+	cmd := exec.Command("bash", "../scripts/vm-test-image.sh", dir)
+	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("vm-test-image.sh: %v\n%s", err, out)
+	}
+	return dir
+}
+
+// needVMTools skips (fails in CI) the test without the VM tier's tools or root.
+func needVMTools(t testing.TB) {
+	t.Helper()
+	for _, tool := range []string{"qemu-system-x86_64", "qemu-img", "genisoimage", "busybox", "cpio", "mkfs.ext4", "debootstrap", "nft"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			if os.Getenv("CI") == "" {
 				t.Skipf("%s is missing; install the VM test tier's tools with: bash scripts/vm-deps.sh", tool)
@@ -26,22 +74,11 @@ func vmImage(t testing.TB) (dir string) {
 	if os.Geteuid() != 0 {
 		t.Skip("the VM tier needs root for the bridge and TAP devices")
 	}
-	dir = t.TempDir()
-	cmd := exec.Command("bash", "../scripts/vm-test-image.sh", dir)
-	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("vm-test-image.sh: %v\n%s", err, out)
-	}
-	return dir
 }
 
 func TestVMJobBootsUnderQEMU(t *testing.T) {
 	tools := needTools(t)
 	img := vmImage(t)
-	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "vm")
@@ -49,21 +86,9 @@ func TestVMJobBootsUnderQEMU(t *testing.T) {
 		t.Fatal(err)
 	}
 	const bridge = "dre2e0"
-	state := t.TempDir()
-	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
-		"VM_IMAGE="+filepath.Join(img, "base.qcow2"),
-		"VM_KERNEL="+filepath.Join(img, "vmlinuz"),
-		"VM_INITRAMFS="+filepath.Join(img, "initramfs.cpio.gz"),
-		"VM_CMDLINE="+strings.TrimSpace(string(cmdline)),
-		"VM_HYPERVISOR=qemu",
-		"VM_MEMORY_MIB=1024",
-		"VM_CPUS=1",
-		"VM_DISK_GIB=1",
-		"VM_BRIDGE="+bridge,
-		"VM_BRIDGE_CIDR=10.213.77.1/24",
-		"VM_LAUNCHER_ROOT="+filepath.Join(state, "vms"),
-	)
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	env := vmEnv(t, img, bridge, "10.213.77.1/24")
+	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, env...)...)
+	state := filepath.Dir(strings.TrimPrefix(env[len(env)-1], "VM_LAUNCHER_ROOT="))
 	c.start()
 
 	res := runWorkflow(t, f, repo, `name: vm

@@ -12,8 +12,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -77,8 +80,11 @@ type Config struct {
 	Seed    *Seed
 	SeedDir string
 	WorkDir string
-	Output  io.Writer
-	Log     zerolog.Logger
+	// User, when set, is the account the runner and the job run as (the guest image's
+	// `runner`); the guest itself stays root to power the VM off.
+	User   string
+	Output io.Writer
+	Log    zerolog.Logger
 }
 
 // Run redeems the seed's nonce and runs the assignment's one job.
@@ -113,8 +119,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("guest: facade CA: %w", err)
 	}
-	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
+	// Traversable: the runner's user works below it (in job/, which becomes its own).
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
 		return fmt.Errorf("guest: work dir: %w", err)
+	}
+	cred, env, err := runAs(cfg.User)
+	if err != nil {
+		return err
 	}
 	bin := filepath.Join(cfg.WorkDir, "gitea-runner")
 	if err := download(ctx, hc, strings.TrimRight(seed.Endpoint, "/")+grant.RunnerPath, bin, grant.RunnerSHA256); err != nil {
@@ -136,8 +147,31 @@ func Run(ctx context.Context, cfg Config) error {
 		FacadeURL: grant.FacadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: grant.Token,
 		TLS:       workload.GuestClientTLSConfig(bundle, facadeID),
 		RunnerBin: bin, RunnerSHA256: grant.RunnerSHA256, RunnerVersion: grant.RunnerVersion,
-		Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, ForgeURL: forge, Output: cfg.Output, Log: log,
+		Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, ForgeURL: forge,
+		Credential: cred, Env: env, Output: cfg.Output, Log: log,
 	})
+}
+
+// runAs returns the credential and the environment of the runner's process for the account
+// name: what a login of that user would have. With no name the runner runs as the guest.
+func runAs(name string) (*syscall.Credential, []string, error) {
+	if name == "" {
+		return nil, nil, nil
+	}
+	u, err := user.Lookup(name)
+	if err != nil {
+		return nil, nil, fmt.Errorf("guest: the runner's user: %w", err)
+	}
+	uid, err1 := strconv.ParseUint(u.Uid, 10, 32)
+	gid, err2 := strconv.ParseUint(u.Gid, 10, 32)
+	if err1 != nil || err2 != nil {
+		return nil, nil, fmt.Errorf("guest: the runner's user %s has uid %q and gid %q", name, u.Uid, u.Gid)
+	}
+	env := []string{
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8",
+		"HOME=" + u.HomeDir, "USER=" + u.Username, "LOGNAME=" + u.Username, "SHELL=/bin/bash",
+	}
+	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, env, nil
 }
 
 func redeem(ctx context.Context, hc *http.Client, seed Seed) (vmworker.Grant, error) {
@@ -197,7 +231,8 @@ func download(ctx context.Context, hc *http.Client, from, to, sha string) error 
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("guest: runner download: %s", resp.Status)
 	}
-	f, err := os.OpenFile(to+".part", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o700)
+	// Executable by the runner's user; the SHA-256 below decides whether it is kept.
+	f, err := os.OpenFile(to+".part", os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o755)
 	if err != nil {
 		return fmt.Errorf("guest: runner download: %w", err)
 	}

@@ -65,12 +65,17 @@ func startChild(cmd *exec.Cmd) (<-chan error, error) {
 // run runs a helper program (qemu-img, genisoimage, ip) with argv only and childEnv. On
 // failure the error holds the program's output. Cancelling ctx kills the program.
 func run(ctx context.Context, name string, args ...string) ([]byte, error) {
+	return runInput(ctx, "", name, args...)
+}
+
+// runInput is run with stdin as the program's standard input.
+func runInput(ctx context.Context, stdin, name string, args ...string) ([]byte, error) {
 	path, err := lookPath(name)
 	if err != nil {
 		return nil, err
 	}
 	var out bytes.Buffer
-	cmd := &exec.Cmd{Path: path, Args: append([]string{name}, args...), Env: childEnv, Stdout: &out, Stderr: &out}
+	cmd := &exec.Cmd{Path: path, Args: append([]string{name}, args...), Env: childEnv, Stdin: strings.NewReader(stdin), Stdout: &out, Stderr: &out}
 	done, err := startChild(cmd)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)

@@ -28,3 +28,44 @@ reports() {
   out=$("$bin" --version 2>&1) || return 1
   [[ $out == *"$want"* ]]
 }
+
+# cloud_kernel_package prints the versioned package linux-image-cloud-amd64 depends on (Debian's
+# cloud kernel: virtio built for VMs), running apt-get update once when apt knows none.
+cloud_kernel_package() {
+  local meta=linux-image-cloud-amd64 pkg
+  pkg=$(apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -n1)
+  if [ -z "$pkg" ]; then
+    apt-get update -qq >/dev/null
+    pkg=$(apt-cache depends "$meta" | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -n1)
+  fi
+  [ -n "$pkg" ] || return 1
+  printf '%s\n' "$pkg"
+}
+
+# module_path DIR NAME prints the path of NAME.ko below DIR.
+module_path() {
+  local f
+  f=$(find "$1" -name "$2.ko" -o -name "$(printf %s "$2" | tr _ -).ko" | head -n1)
+  [ -n "$f" ] || { printf 'kernel module %s not found below %s\n' "$2" "$1" >&2; return 1; }
+  printf '%s\n' "$f"
+}
+
+# module_order MODDIR NAME... prints the modules to load, each after its dependencies. Built-in
+# modules (modules.builtin) are skipped.
+module_order() {
+  local moddir=$1; shift
+  declare -A seen=()
+  local order=()
+  visit() {
+    local name=$1 path deps d
+    [ -n "${seen[$name]:-}" ] && return 0
+    seen[$name]=1
+    if grep -qE "/$name\.ko$" "$moddir/modules.builtin"; then return 0; fi
+    path=$(module_path "$moddir/kernel" "$name") || return 1
+    deps=$(tr '\0' '\n' <"$path" | sed -n 's/^depends=//p' | head -n1)
+    for d in ${deps//,/ }; do visit "$d" || return 1; done
+    order+=("$path")
+  }
+  for m in "$@"; do visit "$m" || return 1; done
+  printf '%s\n' "${order[@]}"
+}

@@ -13,12 +13,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-# Bump RECIPE when the base's package list or preparation changes: the tag names the recipe, so
-# a changed recipe builds a new base instead of reusing a stale one.
+# The job's userland, shared with the microVM guest (deploy/vm-image/build.sh).
+PACKAGES=$(grep -v '^#' deploy/userland-packages | paste -sd, -)
+# Bump RECIPE when the base's preparation changes: the tag names the recipe and the package
+# list, so a changed recipe or list builds a new base instead of reusing a stale one.
 RECIPE=2
 SUITE=bookworm
-PACKAGES=bash,ca-certificates,curl,git,gzip,nodejs,openssh-client,procps,tar,unzip,xz-utils,zstd
-BASE_TAG=dynrunner-executor-base:$SUITE-r$RECIPE
+BASE_TAG=dynrunner-executor-base:$SUITE-r$RECIPE-$(printf %s "$PACKAGES" | sha256sum | cut -c1-8)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 TAG=${EXECUTOR_IMAGE_TAG:-dynrunner-executor:dev}
 GITEA_RUNNER_VERSION=${GITEA_RUNNER_VERSION:-v1.0.8}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the VM test tier needs (QEMU with TCG, qemu-img, genisoimage for
 # NoCloud seeds, busybox-static and cpio for the test initramfs, iproute2 for the bridge and TAP
-# devices, e2fsprogs for the base image). Idempotent and quiet: it runs apt-get update at most once
+# devices, e2fsprogs for the base image, debootstrap for the guest's and the executor image's
+# Debian userland, nftables for the guests' firewall). Idempotent and quiet: it runs apt-get update at most once
 # and only when something is missing, and prints what it installed. Needs root (CI runs as root).
 # Usage: scripts/vm-deps.sh
 set -euo pipefail
@@ -18,12 +19,14 @@ declare -A PROBE=(
   # Not a VM tool: the docker tier's executor image is a debootstrap root filesystem. Installed
   # here, before the tests, so no test runs apt-get while another does.
   [debootstrap]=/usr/sbin/debootstrap
+  # The microVM guests' egress firewall (VM_EGRESS), set up by the controller.
+  [nftables]=/usr/sbin/nft
 )
 
 log() { printf 'vm-deps: %s\n' "$*" >&2; }
 
 missing=()
-for pkg in qemu-system-x86 qemu-utils genisoimage busybox-static cpio iproute2 e2fsprogs debootstrap; do
+for pkg in qemu-system-x86 qemu-utils genisoimage busybox-static cpio iproute2 e2fsprogs debootstrap nftables; do
   # busybox (dynamic) also installs /bin/busybox, so check the package itself as well.
   if [ -e "${PROBE[$pkg]}" ] && dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'ok installed'; then
     continue

@@ -18,6 +18,9 @@
 # Needs: scripts/vm-deps.sh (busybox-static, cpio, qemu-utils, e2fsprogs) and apt-get download.
 set -euo pipefail
 
+# shellcheck source=scripts/build-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/build-lib.sh"
+
 # Bump when anything below changes what ends up in the image.
 RECIPE=1
 CACHE=${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}
@@ -43,46 +46,11 @@ fi
 # Modules the init loads, dependencies first (resolved from each module's depends= below).
 WANT_MODULES="virtio_pci virtio_blk virtio_net isofs"
 
-# module_path KVER NAME prints the path of NAME.ko below the kernel's module tree.
-module_path() {
-  local f
-  f=$(find "$1" -name "$2.ko" -o -name "$(printf %s "$2" | tr _ -).ko" | head -n1)
-  [ -n "$f" ] || die "kernel module $2 not found below $1"
-  printf '%s\n' "$f"
-}
-
-# module_order MODDIR NAME... prints the modules to load, each after its dependencies. Built-in
-# modules (modules.builtin) are skipped.
-module_order() {
-  local moddir=$1; shift
-  declare -A seen=()
-  local order=()
-  visit() {
-    local name=$1 path deps d
-    [ -n "${seen[$name]:-}" ] && return 0
-    seen[$name]=1
-    if grep -qE "/$name\.ko$" "$moddir/modules.builtin"; then return 0; fi
-    path=$(module_path "$moddir/kernel" "$name")
-    deps=$(tr '\0' '\n' <"$path" | sed -n 's/^depends=//p' | head -n1)
-    for d in ${deps//,/ }; do visit "$d"; done
-    order+=("$path")
-  }
-  for m in "$@"; do visit "$m"; done
-  printf '%s\n' "${order[@]}"
-}
-
 build_kernel() {
-  local tmp meta pkg kver
+  local tmp pkg kver
   tmp=$(mktemp -d "$CACHE/.vm-kernel.XXXXXX")
   # The metapackage depends on the versioned image package; download that one.
-  meta=linux-image-cloud-amd64
-  pkg=$(apt-cache depends "$meta" 2>/dev/null | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -n1)
-  if [ -z "$pkg" ]; then
-    log "apt-cache knows no $meta; running apt-get update"
-    apt-get update -qq >/dev/null
-    pkg=$(apt-cache depends "$meta" | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -n1)
-  fi
-  [ -n "$pkg" ] || die "cannot resolve the package $meta depends on"
+  pkg=$(cloud_kernel_package) || die "cannot resolve the package linux-image-cloud-amd64 depends on"
   log "downloading $pkg"
   (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || die "apt-get download $pkg failed"
   dpkg -x "$tmp"/"$pkg"_*.deb "$tmp/x"

@@ -15,6 +15,7 @@ func runGuest(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("guest", flag.ContinueOnError)
 	seed := fs.String("seed-dir", "/run/dynrunner/seed", "directory of the mounted NoCloud seed (meta-data)")
 	work := fs.String("work-dir", "/var/lib/dynrunner-guest", "work directory of the runner and the job")
+	runAs := fs.String("user", "", "account the runner and its job run as (the guest image's runner); empty: the guest's own")
 	poweroff := fs.Bool("poweroff", os.Getpid() == 1, "power the VM off when the job ends (default when running as PID 1 with a NoCloud seed)")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -36,7 +37,7 @@ func runGuest(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	err = guest.Run(ctx, guest.Config{Seed: seedArg, SeedDir: *seed, WorkDir: *work, Output: os.Stdout, Log: log})
+	err = guest.Run(ctx, guest.Config{Seed: seedArg, SeedDir: *seed, WorkDir: *work, User: *runAs, Output: os.Stdout, Log: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "dynrunner guest: %v\n", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"maps"
 	"net/http"
 	"net/url"
@@ -59,6 +60,9 @@ type Config struct {
 	// executor's own. The executor's own settings (DYNRUNNER_*, GITEA_RUNNER_*, ...) are
 	// removed from it.
 	Env []string
+	// Credential, when set, runs the runner (and so the job) as that user; the executor
+	// hands it the work directory.
+	Credential *syscall.Credential
 	// Output receives the runner's own output.
 	Output io.Writer
 	Log    zerolog.Logger
@@ -150,12 +154,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log.Info().Str("runner", name).Str("server_url", plan.address).Msg("runner registered at the facade")
+	if cfg.Credential != nil {
+		if err := chownTree(cfg.WorkDir, int(cfg.Credential.Uid), int(cfg.Credential.Gid)); err != nil {
+			return fmt.Errorf("executor: hand the work directory to the runner's user: %w", err)
+		}
+	}
 
 	daemon := exec.Command(cfg.RunnerBin, "--config", confPath, "daemon")
 	daemon.Dir = cfg.WorkDir
 	daemon.Env = plan.env
 	daemon.Stdout, daemon.Stderr = cfg.Output, cfg.Output
-	daemon.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	daemon.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: cfg.Credential}
 	if err := daemon.Start(); err != nil {
 		return fmt.Errorf("executor: start the runner: %w", err)
 	}
@@ -308,4 +317,14 @@ runner:
 host:
   workdir_parent: %[1]s/host
 `, dir, plan.insecure, envs.String())
+}
+
+// chownTree gives dir and everything below it to uid:gid, without following symbolic links.
+func chownTree(dir string, uid, gid int) error {
+	return filepath.WalkDir(dir, func(p string, _ fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Lchown(p, uid, gid)
+	})
 }
