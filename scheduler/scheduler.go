@@ -46,9 +46,9 @@ type Config struct {
 	// carries its ROOT_URL as server_url): GITEA_URL.
 	ForgeURL assignment.ForgeURL
 	Box      *sealbox.Box
-	Log       zerolog.Logger
-	Now       func() time.Time
-	Metrics   *Metrics
+	Log      zerolog.Logger
+	Now      func() time.Time
+	Metrics  *Metrics
 }
 
 // Scheduler claims forge tasks and drives assignments to their end.
