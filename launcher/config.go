@@ -34,6 +34,7 @@ type Config struct {
 
 	Bridge     string       // the bridge the TAP device joins
 	BridgeCIDR netip.Prefix // the bridge's own address and the guests' network
+	DNS        []netip.Addr // name servers the guest resolves with (network-config), optional
 
 	Hypervisor string        // HypervisorCloudHypervisor or HypervisorQEMU
 	Deadline   time.Duration // the VM is killed when it runs longer

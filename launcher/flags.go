@@ -80,6 +80,22 @@ var flagDefs = []flagDef{
 			c.BridgeCIDR = p
 			return nil
 		}},
+	{name: "dns", usage: "comma-separated IPv4 name servers the guest resolves with (network-config nameservers; optional)",
+		def: func(c Config) string { return joinAddrs(c.DNS) },
+		set: func(c *Config, s string) error {
+			c.DNS = nil
+			for _, f := range strings.Split(s, ",") {
+				if f = strings.TrimSpace(f); f == "" {
+					continue
+				}
+				a, err := netip.ParseAddr(f)
+				if err != nil || !a.Is4() {
+					return errors.New("want IPv4 addresses separated by commas")
+				}
+				c.DNS = append(c.DNS, a)
+			}
+			return nil
+		}},
 	stringFlag("hypervisor", "cloud-hypervisor or qemu", func(c *Config) *string { return &c.Hypervisor }),
 	{name: "deadline", usage: "the VM is killed when it runs longer (a Go duration)",
 		def: func(c Config) string { return c.Deadline.String() },
@@ -160,4 +176,12 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 		return Config{}, err
 	}
 	return c, nil
+}
+
+func joinAddrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
 }

@@ -157,6 +157,7 @@ func Prepare(ctx context.Context, cfg Config, log zerolog.Logger) (_ *Instance, 
 		MAC:      MAC(cfg.InstanceID),
 		Addr:     netip.PrefixFrom(i.ip, cfg.BridgeCIDR.Bits()),
 		Gateway:  cfg.BridgeCIDR.Addr(),
+		DNS:      cfg.DNS,
 	}
 	if err := writeSeed(ctx, i.dir, filepath.Join(i.dir, seedFile), seed); err != nil {
 		return nil, err

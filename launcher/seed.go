@@ -28,6 +28,7 @@ type seedData struct {
 	MAC      net.HardwareAddr
 	Addr     netip.Prefix // the guest's address with the bridge's prefix length
 	Gateway  netip.Addr   // the bridge address
+	DNS      []netip.Addr // name servers, optional
 }
 
 // Hostname is the guest's hostname: dynrunner-<first 8 hex digits of the instance id>.
@@ -52,8 +53,15 @@ func (d seedData) userData() []byte {
 }
 
 // networkConfig renders network-config (version 2): the static address, matched by the MAC the
-// launcher gave the guest's NIC, with the default route via the bridge.
+// launcher gave the guest's NIC, with the default route via the bridge, and the name servers.
 func (d seedData) networkConfig() []byte {
+	var ns string
+	if len(d.DNS) > 0 {
+		ns = "    nameservers:\n      addresses:\n"
+		for _, a := range d.DNS {
+			ns += "        - " + strconv.Quote(a.String()) + "\n"
+		}
+	}
 	return fmt.Appendf(nil, `version: 2
 ethernets:
   eth0:
@@ -65,7 +73,7 @@ ethernets:
     routes:
       - to: "0.0.0.0/0"
         via: %s
-`, strconv.Quote(d.MAC.String()), strconv.Quote(d.Addr.String()), strconv.Quote(d.Gateway.String()))
+%s`, strconv.Quote(d.MAC.String()), strconv.Quote(d.Addr.String()), strconv.Quote(d.Gateway.String()), ns)
 }
 
 // writeSeed builds the seed ISO iso (genisoimage -volid cidata -joliet -rock) from d. The

@@ -50,6 +50,15 @@ ethernets:
 	if got := string(d.networkConfig()); got != wantNet {
 		t.Errorf("network-config\n got %q\nwant %q", got, wantNet)
 	}
+	d.DNS = []netip.Addr{netip.MustParseAddr("10.0.0.53"), netip.MustParseAddr("10.0.1.53")}
+	wantNS := wantNet + `    nameservers:
+      addresses:
+        - "10.0.0.53"
+        - "10.0.1.53"
+`
+	if got := string(d.networkConfig()); got != wantNS {
+		t.Errorf("network-config with name servers\n got %q\nwant %q", got, wantNS)
+	}
 	user := string(d.userData())
 	if !strings.HasPrefix(user, "#cloud-config\n") || strings.Contains(user, testNonce) || strings.Contains(strings.ToLower(user), "token:") {
 		t.Errorf("user-data %q", user)

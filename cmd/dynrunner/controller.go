@@ -231,6 +231,10 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 				if err := launcher.EnsureBridge(ctx, cfg.VM.LauncherRoot, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
 					return err
 				}
+				if err := applyVMFirewall(ctx, cfg, log); err != nil {
+					return err
+				}
+				defer removeVMFirewall(cfg, log)
 			}
 			gln, err := net.Listen("tcp", cfg.VM.FacadeGuestListen)
 			if err != nil {

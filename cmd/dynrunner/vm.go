@@ -2,9 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,6 +23,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/local"
 	"github.com/dynrunner/dynrunner/vmworker"
@@ -112,8 +118,101 @@ func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonc
 		"DYNRUNNER_LAUNCH_DISK_GIB":    fmt.Sprint(cfg.VM.DiskGiB),
 		"DYNRUNNER_LAUNCH_BRIDGE":      cfg.VM.Bridge,
 		"DYNRUNNER_LAUNCH_BRIDGE_CIDR": cfg.VM.BridgeCIDR.String(),
+		"DYNRUNNER_LAUNCH_DNS":         joinAddrs(cfg.VM.DNS),
 		"DYNRUNNER_LAUNCH_ROOT":        cfg.VM.LauncherRoot,
 		"DYNRUNNER_LAUNCH_DEADLINE":    "6h",
 	}
 	return vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launch), nil
+}
+
+// vmFirewall is what the guests on the bridge may reach: on the host, the nonce endpoint and
+// the facade's guest listener; with VM_EGRESS=nat also the forge (GITEA_URL's host and port),
+// the name servers (VM_DNS, port 53) and VM_EGRESS_ALLOW, host names resolved now.
+func vmFirewall(ctx context.Context, cfg config.Controller) (launcher.Firewall, error) {
+	fw := launcher.Firewall{Bridge: cfg.VM.Bridge, BridgeCIDR: cfg.VM.BridgeCIDR, Mode: cfg.VM.Egress}
+	for _, listen := range []string{cfg.VM.NonceListen, cfg.VM.FacadeGuestListen} {
+		ap, err := netip.ParseAddrPort(listen)
+		if err != nil {
+			return fw, fmt.Errorf("vm firewall: %s: %w", listen, err)
+		}
+		fw.HostPorts = append(fw.HostPorts, ap.Port())
+	}
+	if cfg.VM.Egress != launcher.EgressNAT {
+		return fw, nil
+	}
+	forge, err := url.Parse(cfg.GiteaURL)
+	if err != nil {
+		return fw, fmt.Errorf("vm firewall: GITEA_URL: %w", err)
+	}
+	port := forge.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[forge.Scheme]
+	}
+	list := net.JoinHostPort(forge.Hostname(), port)
+	for _, a := range cfg.VM.DNS {
+		list += "," + net.JoinHostPort(a.String(), "53")
+	}
+	if cfg.VM.EgressAllow != "" {
+		list += "," + cfg.VM.EgressAllow
+	}
+	named := false
+	resolve := func(ctx context.Context, host string) ([]netip.Addr, error) {
+		named = true
+		return net.DefaultResolver.LookupNetIP(ctx, "ip4", host)
+	}
+	if fw.Allow, err = launcher.ParseDestinations(ctx, list, resolve); err != nil {
+		return fw, fmt.Errorf("VM_EGRESS=nat: %w", err)
+	}
+	if named && len(cfg.VM.DNS) == 0 {
+		return fw, errors.New("VM_EGRESS=nat: the forge or a VM_EGRESS_ALLOW entry is a host name, but guests have no name server: set VM_DNS")
+	}
+	return fw, nil
+}
+
+// applyVMFirewall installs the guests' firewall before any guest boots.
+func applyVMFirewall(ctx context.Context, cfg config.Controller, log zerolog.Logger) error {
+	fw, err := vmFirewall(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	on, err := launcher.ApplyFirewall(ctx, fw)
+	if err != nil {
+		return err
+	}
+	if on {
+		log.Warn().Msg("VM_EGRESS=nat turned on IPv4 forwarding (net.ipv4.ip_forward=1) on this host; the guests' firewall filters what the bridge forwards")
+	}
+	allow := make([]string, len(fw.Allow))
+	for i, d := range fw.Allow {
+		allow[i] = d.String()
+	}
+	log.Info().Str("bridge", fw.Bridge).Str("egress", fw.Mode).Strs("allow", allow).Str("nft_table", "inet "+launcher.Table(fw.Bridge)).
+		Msg("microVM guests' firewall installed")
+	return nil
+}
+
+// removeVMFirewall removes the guests' firewall at shutdown, unless microVMs still run: they
+// outlive the controller, and their firewall with them.
+func removeVMFirewall(cfg config.Controller, log zerolog.Logger) {
+	if entries, err := os.ReadDir(cfg.VM.LauncherRoot); err == nil {
+		for _, e := range entries {
+			if e.IsDir() && !strings.HasPrefix(e.Name(), ".") {
+				log.Info().Str("bridge", cfg.VM.Bridge).Msg("microVMs still run: their firewall stays")
+				return
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := launcher.RemoveFirewall(ctx, cfg.VM.Bridge); err != nil {
+		log.Warn().Err(err).Msg("remove the microVM guests' firewall")
+	}
+}
+
+func joinAddrs(as []netip.Addr) string {
+	s := make([]string, len(as))
+	for i, a := range as {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ",")
 }

@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"time"
 )
 
@@ -34,7 +35,12 @@ type VM struct {
 	FacadeGuestListen string
 	FacadeGuestURL    string
 	LauncherRoot      string
-	OpenSandbox       OpenSandbox
+	// Egress is VM_EGRESS (none or nat); EgressAllow the raw VM_EGRESS_ALLOW list, resolved
+	// at start (launcher.ParseDestinations); DNS the guests' name servers.
+	Egress      string
+	EgressAllow string
+	DNS         []netip.Addr
+	OpenSandbox OpenSandbox
 }
 
 // OpenSandbox configures the opensandbox VM backend.
@@ -115,6 +121,25 @@ func loadLauncher(e *env, v *VM) {
 			e.fail("%s=%q: want a clean absolute path", name, path)
 		}
 	}
+	v.Egress = e.str("VM_EGRESS", "none")
+	if v.Egress != "none" && v.Egress != "nat" {
+		e.fail("VM_EGRESS=%q: want none or nat", v.Egress)
+	}
+	v.EgressAllow = e.str("VM_EGRESS_ALLOW", "")
+	if v.EgressAllow != "" && v.Egress != "nat" {
+		e.fail("VM_EGRESS_ALLOW is set but VM_EGRESS=%s: guests reach no destination without VM_EGRESS=nat", v.Egress)
+	}
+	for _, f := range strings.Split(e.str("VM_DNS", ""), ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil || !a.Is4() {
+			e.fail("VM_DNS=%q: want IPv4 addresses separated by commas", e.str("VM_DNS", ""))
+			break
+		}
+		v.DNS = append(v.DNS, a)
+	}
 	if (v.Kernel == "") != (v.Initramfs == "") {
 		e.fail("VM_KERNEL and VM_INITRAMFS must be set together (direct kernel boot)")
 	}
@@ -139,6 +164,11 @@ func loadOpenSandbox(e *env, c Controller, v *VM) {
 	}
 	if o.APIKeyFile == "" {
 		e.fail("OPENSANDBOX_API_KEY_FILE is required with VM_BACKEND=opensandbox")
+	}
+	for _, name := range []string{"VM_EGRESS", "VM_EGRESS_ALLOW", "VM_DNS"} {
+		if _, ok := e.lookup(name); ok {
+			e.fail("%s applies to the local vm backend; OpenSandbox's network policy decides what sandboxes reach", name)
+		}
 	}
 	if !dnsLabel.MatchString(o.Pool) {
 		e.fail("OPENSANDBOX_POOL=%q: want a DNS label", o.Pool)

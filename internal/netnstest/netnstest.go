@@ -9,12 +9,17 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Host is a network namespace with one address, routed from the test's namespace.
@@ -81,6 +86,95 @@ func New(t testing.TB) *Host {
 	run("-n", h.Name, "link", "set", h.link+"n", "up")
 	run("-n", h.Name, "route", "add", "default", "via", h.Gateway.String())
 	return h
+}
+
+// NewOnBridge creates a host attached to bridge like a microVM's TAP device: the host's end of
+// its veth is a port of the bridge, the namespace has addr (with the bridge's prefix) and a
+// default route via gateway, the bridge's own address.
+func NewOnBridge(t testing.TB, bridge string, addr netip.Prefix, gateway netip.Addr) *Host {
+	t.Helper()
+	Need(t)
+	var b [2]byte
+	_, _ = rand.Read(b[:])
+	id := fmt.Sprintf("%d%02x%02x", seq.Add(1)%100, b[0], b[1])
+	h := &Host{Name: "drt-" + id, link: "drt" + id, Gateway: gateway, Addr: addr.Addr()}
+	t.Cleanup(h.remove)
+	for _, args := range [][]string{
+		{"netns", "add", h.Name},
+		{"link", "add", h.link, "type", "veth", "peer", "name", h.link + "n"},
+		{"link", "set", h.link + "n", "netns", h.Name},
+		{"link", "set", h.link, "master", bridge},
+		{"link", "set", h.link, "up"},
+		{"-n", h.Name, "link", "set", "lo", "up"},
+		{"-n", h.Name, "addr", "add", addr.String(), "dev", h.link + "n"},
+		{"-n", h.Name, "link", "set", h.link + "n", "up"},
+		{"-n", h.Name, "route", "add", "default", "via", gateway.String()},
+	} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("netnstest: ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return h
+}
+
+// in runs fn with the calling goroutine's thread inside the host's namespace. Sockets fn
+// creates stay in the namespace.
+func (h *Host) in(fn func() error) error {
+	own, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		return err
+	}
+	defer own.Close()
+	ns, err := os.Open("/var/run/netns/" + h.Name)
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	errc := make(chan error, 1)
+	// On a goroutine of its own, locked to its thread: if the thread cannot go back to its
+	// namespace, the goroutine ends locked and the runtime discards the thread.
+	go func() {
+		runtime.LockOSThread()
+		if err := unix.Setns(int(ns.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("netnstest: enter %s: %w", h.Name, err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(own.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("netnstest: leave %s: %w", h.Name, err)
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+// Listen listens on TCP port (0: any) at the host's address, inside the host; the listener is
+// closed when the test ends.
+func (h *Host) Listen(t testing.TB, port int) net.Listener {
+	t.Helper()
+	var ln net.Listener
+	err := h.in(func() (err error) {
+		ln, err = net.Listen("tcp4", net.JoinHostPort(h.Addr.String(), fmt.Sprint(port)))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("netnstest: listen in %s: %v", h.Name, err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	return ln
+}
+
+// Dial connects to addr (host:port) from inside the host within timeout.
+func (h *Host) Dial(addr string, timeout time.Duration) (net.Conn, error) {
+	var c net.Conn
+	err := h.in(func() (err error) {
+		c, err = net.DialTimeout("tcp4", addr, timeout)
+		return err
+	})
+	return c, err
 }
 
 // Command prepares name with args to run inside the host.
