@@ -2,7 +2,11 @@ package e2e
 
 import (
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -335,4 +339,54 @@ func TestParityDockerBackend(t *testing.T) {
 	c.start()
 	b.compare(t, "pod", 10*time.Minute)
 	assertNoContainers(t)
+}
+
+// TestParityVM: the parity workflow on [self-hosted, vm] in a microVM of the Debian guest
+// image under QEMU, with NAT egress to the forge only, behaves as on a static runner. A second
+// workflow then checks from inside a guest what it cannot reach: a host that is not on the
+// allow list and a port of the controller's host other than the nonce endpoint and the
+// facade's guest listener.
+func TestParityVM(t *testing.T) {
+	tools := needTools(t)
+	img := vmImage(t)
+	b := newParityBed(t, tools)
+	const bridge = "drpar0"
+	c := newController(t, tools, b.forge, b.dynamic.String(),
+		append([]string{leaseEnv, pickupEnv, "VM_EGRESS=nat"}, vmEnv(t, img, bridge, "10.213.79.1/24")...)...)
+	c.start()
+	b.compare(t, "vm", 15*time.Minute)
+
+	// What the guest must not reach: a listener on a host of its own, not on the allow list,
+	// and one on the controller's host at the bridge address.
+	other := netnstest.New(t)
+	serveHTTP(t, other.Listen(t, 8080))
+	host, err := net.Listen("tcp4", "10.213.79.1:0")
+	require.NoError(t, err)
+	serveHTTP(t, host)
+	res := runWorkflow(t, b.forge, b.dynamic, `name: egress
+on: [push]
+jobs:
+  egress:
+    runs-on: [self-hosted, vm]
+    steps:
+      - run: |
+          curl -sSf -o /dev/null "${{ gitea.server_url }}/api/healthz" && echo "the forge answers"
+          for target in http://`+other.Addr.String()+`:8080/ http://`+host.Addr().String()+`/; do
+            if out=$(curl -sS --max-time 20 "$target" 2>&1); then echo "reached $target: $out"; exit 1; fi
+            echo "refused: $target: $out"
+          done
+`, 10*time.Minute)
+	eg := res["egress"]
+	assert.Equal(t, "success", eg.conclusion, eg.log)
+	assert.Contains(t, eg.log, "the forge answers")
+	assert.Regexp(t, `refused: http://`+regexp.QuoteMeta(other.Addr.String())+`:8080/: curl: \(7\) Failed to connect`, eg.log, "a host not on the allow list")
+	assert.Regexp(t, `refused: http://`+regexp.QuoteMeta(host.Addr().String())+`/: curl: \(7\) Failed to connect`, eg.log, "the controller's host")
+}
+
+// serveHTTP answers every request on ln with "reached", until the test ends.
+func serveHTTP(t *testing.T, ln net.Listener) {
+	t.Helper()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "reached") }), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
 }
