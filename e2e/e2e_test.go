@@ -158,7 +158,21 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 			t.Errorf("job %q: logs differ after normalisation\n--- dynrunner\n%s\n--- static runner\n%s", name, tail(g.log, 30), tail(w.log, 30))
 		}
 	}
-	// The workflow's own expectations, independent of the comparison.
+	checkCoreWorkflow(t, got)
+
+	// A job without an isolation label is failed with a message naming the accepted labels.
+	res := runWorkflow(t, f, dyn, "name: bad\non: [push]\njobs:\n  plain:\n    runs-on: [self-hosted]\n    steps:\n      - run: echo should not run\n", 3*time.Minute)
+	plain := res["plain"]
+	if plain.conclusion != "failure" || !strings.Contains(plain.log, "accepted: [self-hosted, pod]") || strings.Contains(plain.log, "should not run\n") {
+		t.Errorf("runs-on [self-hosted] job: %s\n%s", plain.conclusion, plain.log)
+	}
+	assertNoEnvironmentsLeft(t, c)
+}
+
+// checkCoreWorkflow checks the core workflow's own expectations of its jobs' results,
+// independent of any comparison.
+func checkCoreWorkflow(t testing.TB, got map[string]jobResult) {
+	t.Helper()
 	for name, want := range map[string]string{"produce": "success", "consume": "success", "noisy": "success", "quiet": "success", "failing": "failure", "always": "success"} {
 		if got[name].conclusion != want {
 			t.Errorf("job %q concluded %q, want %q", name, got[name].conclusion, want)
@@ -179,13 +193,6 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 		t.Errorf("noisy job logged %d of 3000 lines", n)
 	}
 
-	// A job without an isolation label is failed with a message naming the accepted labels.
-	res := runWorkflow(t, f, dyn, "name: bad\non: [push]\njobs:\n  plain:\n    runs-on: [self-hosted]\n    steps:\n      - run: echo should not run\n", 3*time.Minute)
-	plain := res["plain"]
-	if plain.conclusion != "failure" || !strings.Contains(plain.log, "accepted: [self-hosted, pod]") || strings.Contains(plain.log, "should not run\n") {
-		t.Errorf("runs-on [self-hosted] job: %s\n%s", plain.conclusion, plain.log)
-	}
-	assertNoEnvironmentsLeft(t, c)
 }
 
 func keys(m map[string]jobResult) []string {

@@ -85,8 +85,11 @@ func TestVMJobBootsUnderQEMU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
+		t.Fatal(err)
+	}
 	const bridge = "dre2e0"
-	env := vmEnv(t, img, bridge, "10.213.77.1/24")
+	env := vmEnv(t, img, bridge, "10.213.77.1/24", "VM_CONCURRENCY=2")
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, env...)...)
 	state := filepath.Dir(strings.TrimPrefix(env[len(env)-1], "VM_LAUNCHER_ROOT="))
 	c.start()
@@ -115,6 +118,15 @@ jobs:
 	if both.conclusion != "failure" || !strings.Contains(both.log, "both pod and vm") {
 		t.Fatalf("pod+vm job: %s\n%s", both.conclusion, both.log)
 	}
+
+	// The core end-to-end workflow, every job in a microVM of its own.
+	began := time.Now()
+	got := runWorkflow(t, f, repo, strings.ReplaceAll(workflow, "[self-hosted, pod]", "[self-hosted, vm]"), 15*time.Minute)
+	t.Logf("the core workflow's %d jobs ran in microVMs in %s", len(got), time.Since(began).Round(time.Second))
+	if len(got) != 8 {
+		t.Fatalf("ran jobs %v, want the core workflow's 8", keys(got))
+	}
+	checkCoreWorkflow(t, got)
 
 	// Nothing of the VM remains: no launcher, no qemu, no TAP device, no per-VM directory.
 	deadline := time.Now().Add(time.Minute)

@@ -3,6 +3,7 @@ package devforge
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -44,12 +45,17 @@ type Options struct {
 	// production. Addr must be an address of the namespace reachable from the caller's.
 	Netns string
 	Addr  string
+	// Listen, with Netns, is the address gitea web listens on inside the namespace when it is
+	// not Addr: a proxy of the caller's then serves Addr:3000 (ROOT_URL) and forwards there.
+	// The proxy must answer before Start is called.
+	Listen string
 }
 
 // Forge is a running development Gitea. Close stops it.
 type Forge struct {
 	url    string
 	addr   string
+	listen string
 	netns  string
 	dir    string
 	state  forgeState
@@ -103,6 +109,7 @@ func Start(ctx context.Context, tools Tools, opts Options) (*Forge, error) {
 		log:    opts.Logger,
 		addr:   "127.0.0.1",
 		netns:  opts.Netns,
+		listen: opts.Listen,
 	}
 	if opts.Addr != "" {
 		f.addr = opts.Addr
@@ -255,7 +262,7 @@ WORK_PATH = {{.Dir}}
 
 [server]
 PROTOCOL = http
-HTTP_ADDR = {{.Addr}}
+HTTP_ADDR = {{.Listen}}
 HTTP_PORT = {{.Port}}
 ROOT_URL = {{.URL}}/
 DOMAIN = {{.Addr}}
@@ -317,6 +324,7 @@ func (f *Forge) writeAppINI(tools Tools, port int) error {
 		"Dir":           f.dir,
 		"Port":          port,
 		"Addr":          f.addr,
+		"Listen":        cmp.Or(f.listen, f.addr),
 		"URL":           "http://" + net.JoinHostPort(f.addr, strconv.Itoa(port)),
 		"StaticRoot":    tools.GiteaDir,
 		"SecretKey":     f.state.SecretKey,
