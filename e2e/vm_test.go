@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
 // vmImage builds the microVM guest image operators deploy (deploy/vm-image/build.sh: the
@@ -163,26 +165,37 @@ func vmLeftovers(root string) string {
 // BenchmarkVMBootToRegistered measures, for a [self-hosted, vm] job, the time from the
 // environment's start (the launcher process exists) to the guest's registration at the facade
 // (booted under QEMU TCG, nonce redeemed, runner fetched and checked), from the assignment's
-// own records, and the whole push-to-success time.
+// own records, and the whole push-to-success time; for the Debian guest image operators deploy
+// (deploy/vm-image/build.sh) and, as the baseline, the launcher's busybox test guest.
 func BenchmarkVMBootToRegistered(b *testing.B) {
 	tools := needTools(b)
-	img := vmImage(b)
-	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	b.Run("image=debian", func(b *testing.B) {
+		img := vmImage(b)
+		benchVMBoot(b, tools, vmEnv(b, img, "drbench0", "10.213.78.1/24"))
+	})
+	b.Run("image=busybox", func(b *testing.B) {
+		img := busyboxImage(b)
+		cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = exec.Command("ip", "link", "del", "drbench1").Run() })
+		benchVMBoot(b, tools, []string{
+			"VM_IMAGE=" + filepath.Join(img, "base.qcow2"), "VM_KERNEL=" + filepath.Join(img, "vmlinuz"),
+			"VM_INITRAMFS=" + filepath.Join(img, "initramfs.cpio.gz"), "VM_CMDLINE=" + strings.TrimSpace(string(cmdline)),
+			"VM_HYPERVISOR=qemu", "VM_MEMORY_MIB=1024", "VM_CPUS=1", "VM_DISK_GIB=1",
+			"VM_BRIDGE=drbench1", "VM_BRIDGE_CIDR=10.213.80.1/24", "VM_LAUNCHER_ROOT=" + filepath.Join(b.TempDir(), "vms"),
+		})
+	})
+}
+
+func benchVMBoot(b *testing.B, tools devforge.Tools, vm []string) {
 	f := startForge(b, tools)
 	repo, err := f.CreateRepo(b.Context(), "vmbench")
 	if err != nil {
 		b.Fatal(err)
 	}
-	const bridge = "drbench0"
-	c := newController(b, tools, f, repo.String(), leaseEnv, pickupEnv,
-		"VM_IMAGE="+filepath.Join(img, "base.qcow2"), "VM_KERNEL="+filepath.Join(img, "vmlinuz"),
-		"VM_INITRAMFS="+filepath.Join(img, "initramfs.cpio.gz"), "VM_CMDLINE="+strings.TrimSpace(string(cmdline)),
-		"VM_HYPERVISOR=qemu", "VM_MEMORY_MIB=1024", "VM_CPUS=1", "VM_DISK_GIB=1",
-		"VM_BRIDGE="+bridge, "VM_BRIDGE_CIDR=10.213.78.1/24", "VM_LAUNCHER_ROOT="+filepath.Join(b.TempDir(), "vms"))
-	b.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	c := newController(b, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, vm...)...)
 	c.start()
 	var boot, total time.Duration
 	for i := range b.N {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/launcher"
 )
 
 // demoWorkflow is the sample workflow the demo pushes: one job in a one-shot pod environment.
@@ -37,6 +39,18 @@ jobs:
         id: out
         run: echo "answer=42" >> "$GITHUB_OUTPUT"
       - run: echo "the answer is ${{ steps.out.outputs.answer }}"
+` + demoCloneStep
+
+// demoCloneStep clones the job's repository from the forge with the job's token, as
+// actions/checkout does.
+const demoCloneStep = `      - name: clone the repository
+        env:
+          TOKEN: ${{ gitea.token }}
+        run: |
+          auth=$(printf 'x-access-token:%s' "$TOKEN" | base64 -w0)
+          git -c http.extraHeader="Authorization: Basic $auth" clone -q "${{ gitea.server_url }}/${{ gitea.repository }}" repo
+          git -C repo log -1 --format='cloned ${{ gitea.repository }} at %h: %s'
+          ls repo
 `
 
 // demoVMWorkflow is the sample workflow of `demo --vm`: one job in a one-shot microVM.
@@ -52,7 +66,8 @@ jobs:
           echo "hello from a one-shot dynrunner microVM"
           echo "kernel $(uname -r), $(nproc) vCPU"
           grep -m1 'model name' /proc/cpuinfo
-`
+          echo "$(. /etc/os-release; echo "$PRETTY_NAME"), node $(node --version), $(git --version)"
+` + demoCloneStep
 
 // runDemo starts a development Gitea and a controller on embedded defaults, pushes a sample
 // workflow with a [self-hosted, pod] job, and prints its result and log.
@@ -86,8 +101,16 @@ func runDemo(ctx context.Context, args []string) error {
 	if !*keep {
 		defer os.RemoveAll(dir)
 	}
+	forgeAddr := ""
+	if *vm {
+		// Guests cannot reach the host's loopback: Gitea listens on the microVM bridge, which
+		// the guests' firewall lets them reach (VM_EGRESS=nat).
+		if forgeAddr, err = demoBridge(ctx, dir); err != nil {
+			return err
+		}
+	}
 	log.Info().Str("dir", dir).Msg("starting Gitea " + tools.GiteaVersion)
-	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: filepath.Join(dir, "gitea"), Logger: log})
+	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: filepath.Join(dir, "gitea"), Addr: forgeAddr, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -230,8 +253,25 @@ func waitReady(ctx context.Context, url string, cerr <-chan error) error {
 	}
 }
 
-// demoVMEnv builds the test tier's guest image around this (static) binary and points the
-// controller's vm worker at it: QEMU with TCG, a bridge of the demo's own.
+// The demo's microVM bridge.
+const demoBridgeName = "drdemo0"
+
+var demoBridgeCIDR = netip.MustParsePrefix("10.213.99.1/24")
+
+// demoBridge creates the demo's microVM bridge and returns its address, for Gitea to listen on.
+func demoBridge(ctx context.Context, dir string) (string, error) {
+	if os.Geteuid() != 0 {
+		return "", errors.New("demo --vm needs root for the microVM bridge and TAP devices")
+	}
+	if err := launcher.EnsureBridge(ctx, filepath.Join(dir, "vms"), demoBridgeName, demoBridgeCIDR); err != nil {
+		return "", err
+	}
+	return demoBridgeCIDR.Addr().String(), nil
+}
+
+// demoVMEnv builds the guest image operators deploy (deploy/vm-image/build.sh) around this
+// (static) binary and points the controller's vm worker at it: QEMU with TCG, the demo's
+// bridge, NAT egress to the forge only.
 func demoVMEnv(ctx context.Context, dir string, env map[string]string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("demo --vm needs root for the microVM bridge and TAP devices")
@@ -240,7 +280,7 @@ func demoVMEnv(ctx context.Context, dir string, env map[string]string) error {
 	if err != nil {
 		return err
 	}
-	script := filepath.Join("scripts", "vm-test-image.sh")
+	script := filepath.Join("deploy", "vm-image", "build.sh")
 	if _, err := os.Stat(script); err != nil {
 		return fmt.Errorf("demo --vm runs from the repository root (it needs %s): %w", script, err)
 	}
@@ -256,16 +296,17 @@ func demoVMEnv(ctx context.Context, dir string, env map[string]string) error {
 		return err
 	}
 	for k, v := range map[string]string{
-		"VM_IMAGE":         filepath.Join(img, "base.qcow2"),
+		"VM_IMAGE":         filepath.Join(img, "rootfs.qcow2"),
 		"VM_KERNEL":        filepath.Join(img, "vmlinuz"),
-		"VM_INITRAMFS":     filepath.Join(img, "initramfs.cpio.gz"),
+		"VM_INITRAMFS":     filepath.Join(img, "initrd.img"),
 		"VM_CMDLINE":       strings.TrimSpace(string(cmdline)),
 		"VM_HYPERVISOR":    "qemu",
 		"VM_CPUS":          "1",
 		"VM_MEMORY_MIB":    "1024",
-		"VM_DISK_GIB":      "1",
-		"VM_BRIDGE":        "drdemo0",
-		"VM_BRIDGE_CIDR":   "10.213.99.1/24",
+		"VM_DISK_GIB":      "2",
+		"VM_BRIDGE":        demoBridgeName,
+		"VM_BRIDGE_CIDR":   demoBridgeCIDR.String(),
+		"VM_EGRESS":        "nat",
 		"VM_LAUNCHER_ROOT": filepath.Join(dir, "vms"),
 	} {
 		env[k] = v

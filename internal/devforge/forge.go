@@ -40,9 +40,10 @@ type Options struct {
 	Output io.Writer
 	// Logger receives devforge's own progress messages; the zero value is silent.
 	Logger zerolog.Logger
-	// Netns, when set, runs gitea web in that network namespace (`ip netns exec`, so root),
-	// listening on Addr, port 3000: a forge on another host, as environments reach it in
-	// production. Addr must be an address of the namespace reachable from the caller's.
+	// Addr is the address Gitea listens on and names in its ROOT_URL (default 127.0.0.1), on a
+	// free port. With Netns, gitea web runs in that network namespace (`ip netns exec`, so
+	// root) on Addr, port 3000: a forge on another host, as environments reach it in
+	// production; Addr must then be an address of the namespace reachable from the caller's.
 	Netns string
 	Addr  string
 	// Listen, with Netns, is the address gitea web listens on inside the namespace when it is
@@ -114,8 +115,11 @@ func Start(ctx context.Context, tools Tools, opts Options) (*Forge, error) {
 	if opts.Addr != "" {
 		f.addr = opts.Addr
 	}
-	if (opts.Netns == "") != (opts.Addr == "") {
-		return nil, errors.New("devforge: Options.Netns and Options.Addr go together")
+	if opts.Netns != "" && opts.Addr == "" {
+		return nil, errors.New("devforge: Options.Netns needs Options.Addr, the namespace's address")
+	}
+	if opts.Listen != "" && opts.Netns == "" {
+		return nil, errors.New("devforge: Options.Listen needs Options.Netns")
 	}
 	if fresh {
 		// The CLI commands need an app.ini; they do not listen, so any port will do.
@@ -175,7 +179,7 @@ func (f *Forge) startWeb(ctx context.Context, tools Tools, output io.Writer) err
 	port := 3000 // nothing else listens in a namespace of its own
 	if f.netns == "" {
 		var err error
-		if port, err = freePort(); err != nil {
+		if port, err = freePort(f.addr); err != nil {
 			return err
 		}
 	}
@@ -208,8 +212,8 @@ func (f *Forge) startWeb(ctx context.Context, tools Tools, output io.Writer) err
 	return nil
 }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+func freePort(addr string) (int, error) {
+	ln, err := net.Listen("tcp", net.JoinHostPort(addr, "0"))
 	if err != nil {
 		return 0, fmt.Errorf("devforge: find a free port: %w", err)
 	}
