@@ -272,7 +272,7 @@ func (p *proxy) connect(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	client := net.Conn(conn)
+	client := conn
 	if buf.Reader.Buffered() > 0 {
 		client = &prefixConn{Conn: conn, r: io.MultiReader(io.LimitReader(buf.Reader, int64(buf.Reader.Buffered())), conn)}
 	}

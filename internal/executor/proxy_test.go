@@ -48,12 +48,11 @@ func (rec *recorder) count() int {
 
 // bed is a proxy between a facade and a forge, both recorders.
 type bed struct {
-	px             *proxy
-	facade, forge  *recorder
-	facadeSrv      *httptest.Server
-	forgeSrv       *httptest.Server
-	forgeURL       *url.URL
-	trustedByProxy *x509.CertPool
+	px            *proxy
+	facade, forge *recorder
+	facadeSrv     *httptest.Server
+	forgeSrv      *httptest.Server
+	forgeURL      *url.URL
 }
 
 func pool(srvs ...*httptest.Server) *x509.CertPool {
@@ -195,7 +194,10 @@ func TestProxyRefusesCallersWithoutItsCredentials(t *testing.T) {
 			assert.Equal(t, http.StatusProxyAuthRequired, code)
 			pu, _ := url.Parse(proxyURL)
 			tunnel := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(pu), TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-			_, err := tunnel.Get("https://example.invalid:443/")
+			resp, err := tunnel.Get(b.facadeSrv.URL + "/api/actions/runner.v1.RunnerService/FetchTask")
+			if err == nil {
+				resp.Body.Close()
+			}
 			require.Error(t, err, "CONNECT without the credentials")
 		})
 	}
