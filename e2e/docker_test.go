@@ -174,39 +174,6 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	assertNoContainers(t)
 }
 
-// jsAction is a JavaScript action as most published ones are, without dependencies: it
-// prints the Node.js that runs it, reads its inputs from INPUT_<NAME> (a default from
-// action.yml included) and writes an output through the file $GITHUB_OUTPUT names.
-var jsAction = map[string]string{
-	"action.yml": `name: greet
-description: prints the Node.js version and greets an input
-inputs:
-  who:
-    description: whom to greet
-    required: true
-  punctuation:
-    description: what ends the greeting
-    default: "!"
-outputs:
-  greeting:
-    description: the greeting
-runs:
-  using: node20
-  main: index.js
-`,
-	"index.js": `const fs = require("fs");
-const os = require("os");
-console.log("node " + process.version + " at " + process.execPath);
-const who = process.env.INPUT_WHO;
-if (!who) {
-  console.error("INPUT_WHO is not set");
-  process.exit(1);
-}
-console.log("input who=" + who);
-fs.appendFileSync(process.env.GITHUB_OUTPUT, "greeting=hello " + who + process.env.INPUT_PUNCTUATION + os.EOL);
-`,
-}
-
 // TestDockerBackendJavaScriptAction runs a job that uses a JavaScript action (`using: node20`)
 // in a container of the executor image: the runner in host mode runs it with the image's
 // Node.js, passes its inputs and reads its output.
@@ -225,7 +192,7 @@ func TestDockerBackendJavaScriptAction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.PushFiles(ctx, action, jsAction); err != nil {
+	if _, err := f.PushFiles(ctx, action, greetAction); err != nil {
 		t.Fatal(err)
 	}
 	repo, err := f.CreateRepo(ctx, "js-action")
@@ -243,6 +210,7 @@ jobs:
   node:
     runs-on: [self-hosted, pod]
     steps:
+      - run: echo "node $(node --version) at $(command -v node)"
       - id: greet
         uses: ` + f.URL() + "/" + action.String() + `@main
         with:

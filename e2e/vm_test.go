@@ -19,12 +19,18 @@ import (
 // holds rootfs.qcow2, vmlinuz, initrd.img and cmdline.
 func vmImage(t testing.TB) (dir string) {
 	t.Helper()
+	return buildImage(t, "../deploy/vm-image/build.sh")
+}
+
+// buildImage runs an image script with this package's dynrunner binary into a new directory.
+func buildImage(t testing.TB, script string) (dir string) {
+	t.Helper()
 	needVMTools(t)
 	dir = t.TempDir()
-	cmd := exec.Command("bash", "../deploy/vm-image/build.sh", dir)
+	cmd := exec.Command("bash", script, dir)
 	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("deploy/vm-image/build.sh: %v\n%s", err, out)
+		t.Fatalf("%s: %v\n%s", script, err, out)
 	}
 	return dir
 }
@@ -52,14 +58,7 @@ func vmEnv(t testing.TB, img, bridge, cidr string, extra ...string) []string {
 // busybox initramfs, no userland), for the boot-time baseline.
 func busyboxImage(t testing.TB) (dir string) {
 	t.Helper()
-	needVMTools(t)
-	dir = t.TempDir()
-	cmd := exec.Command("bash", "../scripts/vm-test-image.sh", dir)
-	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("vm-test-image.sh: %v\n%s", err, out)
-	}
-	return dir
+	return buildImage(t, "../scripts/vm-test-image.sh")
 }
 
 // needVMTools skips (fails in CI) the test without the VM tier's tools or root.

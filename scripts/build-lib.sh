@@ -69,3 +69,42 @@ module_order() {
   for m in "$@"; do visit "$m" || return 1; done
   printf '%s\n' "${order[@]}"
 }
+
+# fetch_cloud_kernel DIR puts Debian's cloud kernel into DIR: vmlinuz, modules/ (its module tree)
+# and kernel-version. Needs apt-get download and dpkg; returns non-zero with a message on failure.
+fetch_cloud_kernel() {
+  local dir=$1 tmp pkg kver
+  pkg=$(cloud_kernel_package) || { echo "cannot resolve the package linux-image-cloud-amd64 depends on" >&2; return 1; }
+  tmp=$(mktemp -d "$dir/.kernel.XXXXXX")
+  echo "downloading $pkg" >&2
+  if ! (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1); then
+    rm -rf "$tmp"
+    echo "apt-get download $pkg failed" >&2
+    return 1
+  fi
+  dpkg -x "$tmp"/"$pkg"_*.deb "$tmp/x"
+  kver=${pkg#linux-image-}
+  cp "$tmp/x/boot/vmlinuz-$kver" "$dir/vmlinuz"
+  rm -rf "$dir/modules"
+  mv "$tmp/x/lib/modules/$kver" "$dir/modules"
+  printf '%s\n' "$kver" >"$dir/kernel-version"
+  rm -rf "$tmp"
+}
+
+# debootstrap_userland ROOTFS SUITE MIRROR PACKAGES makes a Debian minbase root file system with
+# PACKAGES (comma-separated) in ROOTFS and strips what must not go into an image: apt lists and
+# caches, logs, shell history, SSH host keys, the machine id (emptied, made per boot), name
+# servers (given at run time). Its log is ROOTFS.log, shown when it fails.
+debootstrap_userland() {
+  local r=$1 suite=$2 mirror=$3 packages=$4
+  if ! debootstrap --variant=minbase --include="$packages" "$suite" "$r" "$mirror" >"$r.log" 2>&1; then
+    tail -n 30 "$r.log" >&2
+    echo "debootstrap failed" >&2
+    return 1
+  fi
+  rm -rf "$r/var/lib/apt/lists/"* "$r/var/cache/apt/"*.bin "$r/var/cache/apt/archives/"*.deb \
+    "$r/var/log/"* "$r/tmp/"* "$r/root/.bash_history" "$r/etc/ssh/ssh_host_"*
+  : >"$r/etc/resolv.conf"
+  : >"$r/etc/machine-id"
+  echo localhost >"$r/etc/hostname"
+}

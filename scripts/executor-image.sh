@@ -27,6 +27,9 @@ CACHE=${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}
 RUNNER=$CACHE/tools/gitea-runner-$GITEA_RUNNER_VERSION/gitea-runner
 
 log() { printf 'executor-image: %s\n' "$*" >&2; }
+
+# shellcheck source=scripts/build-lib.sh
+source "$ROOT/scripts/build-lib.sh"
 die() { log "$*"; exit 1; }
 
 # Temporary directories, removed on exit whatever happens.
@@ -63,15 +66,9 @@ build_base() {
   tmp=$(mktemp -d /var/tmp/dynrunner-rootfs.XXXXXX)
   TMPS+=("$tmp")
   log "debootstrap $SUITE minbase from $MIRROR (a few minutes, once per recipe)"
-  debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp/rootfs" "$MIRROR" >"$tmp/debootstrap.log" 2>&1 ||
-    { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
   # Nothing of this host, and no identity, goes into the image: docker provides resolv.conf,
   # hosts and hostname at run time; no machine id, apt lists or caches.
-  rm -rf "$tmp/rootfs/var/lib/apt/lists/"* "$tmp/rootfs/var/cache/apt/"*.bin "$tmp/rootfs/var/cache/apt/archives/"*.deb \
-    "$tmp/rootfs/var/log/"* "$tmp/rootfs/tmp/"* "$tmp/rootfs/root/".bash_history
-  : >"$tmp/rootfs/etc/resolv.conf"
-  : >"$tmp/rootfs/etc/machine-id"
-  echo localhost >"$tmp/rootfs/etc/hostname"
+  debootstrap_userland "$tmp/rootfs" "$SUITE" "$MIRROR" "$PACKAGES" || die "the base root file system could not be made"
   tar --numeric-owner --xattrs -C "$tmp/rootfs" -c . |
     docker import \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \

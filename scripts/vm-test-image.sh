@@ -47,19 +47,7 @@ fi
 WANT_MODULES="virtio_pci virtio_blk virtio_net isofs"
 
 build_kernel() {
-  local tmp pkg kver
-  tmp=$(mktemp -d "$CACHE/.vm-kernel.XXXXXX")
-  # The metapackage depends on the versioned image package; download that one.
-  pkg=$(cloud_kernel_package) || die "cannot resolve the package linux-image-cloud-amd64 depends on"
-  log "downloading $pkg"
-  (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || die "apt-get download $pkg failed"
-  dpkg -x "$tmp"/"$pkg"_*.deb "$tmp/x"
-  kver=${pkg#linux-image-}
-  cp "$tmp/x/boot/vmlinuz-$kver" "$DIR/vmlinuz"
-  rm -rf "$DIR/modules"
-  mv "$tmp/x/lib/modules/$kver" "$DIR/modules"
-  printf '%s\n' "$kver" >"$DIR/kernel-version"
-  rm -rf "$tmp"
+  fetch_cloud_kernel "$DIR" || die "the cloud kernel could not be fetched"
 }
 
 write_init() {

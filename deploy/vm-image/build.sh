@@ -67,20 +67,13 @@ build_rootfs() {
   tmp=$(mktemp -d /var/tmp/dynrunner-guest.XXXXXX)
   TMPS+=("$tmp")
   log "debootstrap $SUITE minbase from $MIRROR (a few minutes, once per recipe)"
-  debootstrap --variant=minbase --include="$GUEST_PACKAGES" "$SUITE" "$tmp/rootfs" "$MIRROR" >"$tmp/debootstrap.log" 2>&1 ||
-    { tail -n 30 "$tmp/debootstrap.log" >&2; die "debootstrap failed"; }
   local r=$tmp/rootfs
+  debootstrap_userland "$r" "$SUITE" "$MIRROR" "$GUEST_PACKAGES" || die "the root file system could not be made"
   # The job's user, as in the executor image.
   chroot "$r" groupadd --gid 1000 runner
   chroot "$r" useradd --uid 1000 --gid 1000 --home-dir /home/runner --create-home --shell /bin/bash runner
   install -m 0755 "$HERE/dynrunner-init" "$r/sbin/dynrunner-init"
-  # Nothing of this host and no identity: no machine id (made per boot), no host keys, no apt
-  # lists or caches; name servers come from the seed at boot.
-  rm -rf "$r/var/lib/apt/lists/"* "$r/var/cache/apt/"*.bin "$r/var/cache/apt/archives/"*.deb \
-    "$r/var/log/"* "$r/tmp/"* "$r/root/.bash_history" "$r/etc/ssh/ssh_host_"*
-  : >"$r/etc/machine-id"
-  : >"$r/etc/resolv.conf"
-  echo localhost >"$r/etc/hostname"
+  # Name servers and the host name come from the seed at boot.
   printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n' >"$r/etc/hosts"
   printf '/dev/root / ext4 rw,relatime 0 1\n' >"$r/etc/fstab"
   tar --numeric-owner --xattrs -C "$r" -cf "$DIR/rootfs.tar" .
@@ -88,18 +81,7 @@ build_rootfs() {
 }
 
 build_kernel() {
-  local tmp pkg kver
-  tmp=$(mktemp -d "$CACHE/.vm-guest-kernel.XXXXXX")
-  TMPS+=("$tmp")
-  pkg=$(cloud_kernel_package) || die "cannot resolve the package linux-image-cloud-amd64 depends on"
-  log "downloading $pkg"
-  (cd "$tmp" && apt-get download -q "$pkg" >/dev/null 2>&1) || die "apt-get download $pkg failed"
-  dpkg -x "$tmp"/"$pkg"_*.deb "$tmp/x"
-  kver=${pkg#linux-image-}
-  cp "$tmp/x/boot/vmlinuz-$kver" "$DIR/vmlinuz"
-  rm -rf "$DIR/modules"
-  mv "$tmp/x/lib/modules/$kver" "$DIR/modules"
-  printf '%s\n' "$kver" >"$DIR/kernel-version"
+  fetch_cloud_kernel "$DIR" || die "the cloud kernel could not be fetched"
 }
 
 build_initrd() {
