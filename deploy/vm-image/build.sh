@@ -19,9 +19,9 @@
 # `dynrunner guest` (one job as the runner user) and the VM powers off. The image holds no
 # runner identity, token, password, SSH key or machine id.
 #
-# The root file system, the kernel and the initrd are cached under
+# The root file system and the kernel are cached under
 # ${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}/vm-guest-<recipe>-<packages hash>; each call only
-# adds the dynrunner binary and makes the disk (seconds).
+# adds the dynrunner binary and the init, makes the disk and the initrd (seconds).
 #
 # Usage: deploy/vm-image/build.sh <outdir>
 #   DYNRUNNER_BIN=path   a static dynrunner binary (CGO_ENABLED=0); default: built from this tree
@@ -72,7 +72,6 @@ build_rootfs() {
   # The job's user, as in the executor image.
   chroot "$r" groupadd --gid 1000 runner
   chroot "$r" useradd --uid 1000 --gid 1000 --home-dir /home/runner --create-home --shell /bin/bash runner
-  install -m 0755 "$HERE/dynrunner-init" "$r/sbin/dynrunner-init"
   # Name servers and the host name come from the seed at boot.
   printf '127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n' >"$r/etc/hosts"
   printf '/dev/root / ext4 rw,relatime 0 1\n' >"$r/etc/fstab"
@@ -84,8 +83,10 @@ build_kernel() {
   fetch_cloud_kernel "$DIR" || die "the cloud kernel could not be fetched"
 }
 
+# build_initrd OUT writes the initrd (cheap: made on every call, so initrd-init changes apply
+# without a new recipe).
 build_initrd() {
-  local tmp root m rel
+  local out=$1 tmp root m rel
   tmp=$(mktemp -d "$CACHE/.vm-guest-initrd.XXXXXX")
   TMPS+=("$tmp")
   root=$tmp/root
@@ -100,7 +101,7 @@ build_initrd() {
     printf '%s\n' "$rel" >>"$root/etc/modules-load"
   done
   install -m 0755 "$HERE/initrd-init" "$root/init"
-  (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet | gzip -9n) >"$DIR/initrd.img"
+  (cd "$root" && find . -print0 | LC_ALL=C sort -z | cpio --null -o -H newc -R 0:0 --quiet | gzip -9n) >"$out"
 }
 
 build() {
@@ -109,8 +110,6 @@ build() {
   log "building the guest image's cached parts in $DIR (once)"
   [ -f "$DIR/rootfs.tar" ] || build_rootfs
   [ -f "$DIR/vmlinuz" ] && [ -f "$DIR/kernel-version" ] || build_kernel
-  build_initrd
-  printf 'console=ttyS0 panic=-1 quiet\n' >"$DIR/cmdline"
   touch "$DIR/.complete"
 }
 
@@ -137,10 +136,13 @@ stage=$(mktemp -d /var/tmp/dynrunner-guest-disk.XXXXXX)
 TMPS+=("$stage")
 tar --numeric-owner --xattrs -C "$stage" -xf "$DIR/rootfs.tar"
 install -m 0755 "$bin" "$stage/usr/local/bin/dynrunner"
+install -m 0755 "$HERE/dynrunner-init" "$stage/sbin/dynrunner-init"
 # The file system's own size: its content and 256 MiB; the guest grows it to the disk.
 mib=$(($(du -sm "$stage" | cut -f1) * 12 / 10 + 256))
 mkfs.ext4 -q -F -L dynrunner-root -d "$stage" "$stage.raw" "${mib}M" >/dev/null
 TMPS+=("$stage.raw")
 qemu-img convert -q -f raw -O qcow2 "$stage.raw" "$OUT/rootfs.qcow2"
-cp "$DIR/vmlinuz" "$DIR/initrd.img" "$DIR/cmdline" "$OUT/"
+build_initrd "$OUT/initrd.img"
+cp "$DIR/vmlinuz" "$OUT/"
+printf 'console=ttyS0 panic=-1 quiet\n' >"$OUT/cmdline"
 log "guest image in $OUT (root file system ${mib} MiB)"
