@@ -128,23 +128,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer px.Close()
-	plan := planRunner(cfg.ForgeURL, px, cfg.baseEnv(), filepath.Join(cfg.WorkDir, "home"))
-	if plan.forwarded {
-		log.Warn().Str("forge", cfg.ForgeURL.String()).Str("server_url", plan.address).
-			Msg("the forge is on a loopback address, which the runner cannot reach through a proxy: its jobs see the forwarder's URL as their server URL")
-	}
-
-	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
-		return fmt.Errorf("executor: work dir: %w", err)
-	}
-	if plan.home != "" {
-		if err := os.MkdirAll(plan.home, 0o700); err != nil {
-			return fmt.Errorf("executor: home: %w", err)
-		}
-	}
-	confPath := filepath.Join(cfg.WorkDir, "runner-config.yaml")
-	if err := os.WriteFile(confPath, []byte(runnerConfig(cfg.WorkDir, plan)), 0o600); err != nil {
-		return fmt.Errorf("executor: runner config: %w", err)
+	plan, confPath, err := prepare(cfg, px)
+	if err != nil {
+		return err
 	}
 	// The executor redeems the token itself and writes the runner's registration file, so the
 	// token never appears on a command line where other processes could read it.
@@ -222,6 +208,33 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Debug().Time("lease_expires", resp.Msg.GetLeaseExpiresAt().AsTime()).Msg("lease renewed")
 		}
 	}
+}
+
+// prepare plans the runner's address and environment and writes its configuration into the
+// work directory; it returns the plan and the configuration's path.
+func prepare(cfg Config, px *proxy) (runnerPlan, string, error) {
+	plan := planRunner(cfg.ForgeURL, px, cfg.baseEnv(), filepath.Join(cfg.WorkDir, "home"))
+	switch {
+	case plan.forwarded && cfg.ForgeURL == "":
+		cfg.Log.Warn().Str("server_url", plan.address).
+			Msg("the assignment names no forge URL (claimed by an older release): its job sees the forwarder's URL as its server URL")
+	case plan.forwarded:
+		cfg.Log.Warn().Str("forge", cfg.ForgeURL.String()).Str("server_url", plan.address).
+			Msg("the forge is on a loopback address, which the runner cannot reach through a proxy: its job sees the forwarder's URL as its server URL")
+	}
+	if err := os.MkdirAll(cfg.WorkDir, 0o700); err != nil {
+		return plan, "", fmt.Errorf("executor: work dir: %w", err)
+	}
+	if plan.home != "" {
+		if err := os.MkdirAll(plan.home, 0o700); err != nil {
+			return plan, "", fmt.Errorf("executor: home: %w", err)
+		}
+	}
+	confPath := filepath.Join(cfg.WorkDir, "runner-config.yaml")
+	if err := os.WriteFile(confPath, []byte(runnerConfig(cfg.WorkDir, plan)), 0o600); err != nil {
+		return plan, "", fmt.Errorf("executor: runner config: %w", err)
+	}
+	return plan, confPath, nil
 }
 
 // renewRetry bounds one renewal call and is the pause before retrying a failed one.
