@@ -208,3 +208,34 @@ func TestFirewallFromAGuest(t *testing.T) {
 		assert.Error(t, err, "the table is gone: %s", out)
 	})
 }
+
+// FuzzParseDestinations: an accepted allow list holds IPv4 networks only, each in its masked
+// form, and printing it and parsing that again gives the same list.
+func FuzzParseDestinations(f *testing.F) {
+	for _, s := range []string{"10.0.0.2:3000", "10.1.0.0/16,10.0.0.9", "[::1]:80", "10.0.0.2:0", "a,b,,c:1", "10.1.2.3/24:443"} {
+		f.Add(s)
+	}
+	noDNS := func(context.Context, string) ([]netip.Addr, error) { return nil, fmt.Errorf("no resolver") }
+	f.Fuzz(func(t *testing.T, list string) {
+		got, err := launcher.ParseDestinations(context.Background(), list, noDNS)
+		if err != nil {
+			return
+		}
+		var printed []string
+		for _, d := range got {
+			if !d.Net.Addr().Is4() || d.Net != d.Net.Masked() {
+				t.Fatalf("%q gave %v", list, d)
+			}
+			printed = append(printed, d.String())
+		}
+		again, err := launcher.ParseDestinations(context.Background(), strings.Join(printed, ","), noDNS)
+		if err != nil || len(again) != len(got) {
+			t.Fatalf("%q gave %v, which parses to %v (%v)", list, got, again, err)
+		}
+		for i := range got {
+			if again[i] != got[i] {
+				t.Fatalf("%q gave %v, which parses to %v", list, got, again)
+			}
+		}
+	})
+}

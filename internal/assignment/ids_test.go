@@ -1,0 +1,61 @@
+package assignment
+
+import (
+	"errors"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestParseForgeURL(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"https://gitea.example.com/", "https://gitea.example.com"},
+		{"http://10.0.0.2:3000", "http://10.0.0.2:3000"},
+		{"https://example.com/gitea/", "https://example.com/gitea"},
+		{"http://[2001:db8::1]:3000/", "http://[2001:db8::1]:3000"},
+	} {
+		got, err := ParseForgeURL(tc.in)
+		require.NoError(t, err, tc.in)
+		assert.Equal(t, tc.want, got.String())
+	}
+	for _, bad := range []string{
+		"", "gitea.example.com", "ftp://gitea.example.com", "https://", "https://:3000",
+		"https://user:pass@gitea.example.com", "https://gitea.example.com/?x=1", "https://gitea.example.com/#f",
+		"https://gitea.example.com/a b", "javascript:alert(1)", "https://gitea.example.com\n/x",
+	} {
+		_, err := ParseForgeURL(bad)
+		assert.ErrorIs(t, err, ErrInvalidID, "%q", bad)
+	}
+}
+
+// FuzzParseForgeURL: whatever the forge puts in a task's server_url, an accepted URL is an
+// absolute http(s) URL with a host and without credentials, query or fragment, and parsing it
+// again gives it back.
+func FuzzParseForgeURL(f *testing.F) {
+	for _, s := range []string{"https://gitea.example.com/", "http://10.0.0.2:3000", "https://u:p@h/", "http://h/p?q#f", "http://h:99999/"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := ParseForgeURL(s)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidID) {
+				t.Fatalf("error %v is not ErrInvalidID", err)
+			}
+			return
+		}
+		u, perr := url.Parse(got.String())
+		if perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			t.Fatalf("accepted %q as %q (%+v, %v)", s, got, u, perr)
+		}
+		if strings.HasSuffix(got.String(), "/") || strings.ContainsAny(got.String(), " \t\r\n") {
+			t.Fatalf("accepted %q as %q", s, got)
+		}
+		again, err := ParseForgeURL(got.String())
+		if err != nil || again != got {
+			t.Fatalf("%q parses to %q, which parses to %q (%v)", s, got, again, err)
+		}
+	})
+}
