@@ -106,6 +106,7 @@ var ExecutorVars = []Var{
 	{"DYNRUNNER_EPOCH", "", "Fencing epoch of the assignment."},
 	{"DYNRUNNER_SECRETS_DIR", "", "Directory with the capability token (and, without a Workload API, the SVID files)."},
 	{"DYNRUNNER_WORK_DIR", "", "Work directory of the runner and the job."},
+	{"DYNRUNNER_FORGE_URL", "", "The forge's own URL, the job's server URL (the assignment's forge_url)."},
 	{"DYNRUNNER_LABELS", "self-hosted:host,pod:host", "Labels the runner declares (name:host,...)."},
 	{"DYNRUNNER_RENEW_SECS", "100", "Lease renewal interval."},
 	{"SPIFFE_ENDPOINT_SOCKET", "", "Workload API socket; unset: SVID files in DYNRUNNER_SECRETS_DIR."},
