@@ -168,11 +168,11 @@ func vmLeftovers(root string) string {
 // (deploy/vm-image/build.sh) and, as the baseline, the launcher's busybox test guest.
 func BenchmarkVMBootToRegistered(b *testing.B) {
 	tools := needTools(b)
-	b.Run("image=debian", func(b *testing.B) {
+	b.Run("debian", func(b *testing.B) {
 		img := vmImage(b)
 		benchVMBoot(b, tools, vmEnv(b, img, "drbench0", "10.213.78.1/24"))
 	})
-	b.Run("image=busybox", func(b *testing.B) {
+	b.Run("busybox", func(b *testing.B) {
 		img := busyboxImage(b)
 		cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
 		if err != nil {
