@@ -240,13 +240,15 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 // persistFor bounds how long a claim is retried against an unavailable JetStream.
 const persistFor = time.Minute
 
-// persist retries fn (an idempotent write) with backoff for up to persistFor.
+// persist retries fn (an idempotent write) with backoff for up to persistFor. An error that
+// no retry can change (the task is larger than the event bus takes; the claim is invalid) ends
+// it at once, so one such task holds up no other.
 func (s *Scheduler) persist(ctx context.Context, fn func() error) error {
 	deadline := time.Now().Add(persistFor)
 	wait := 100 * time.Millisecond
 	for {
 		err := fn()
-		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) || terminal(err) {
 			return err
 		}
 		s.cfg.Log.Warn().Err(err).Dur("retry_in", wait).Msg("persist assignment")
@@ -259,6 +261,11 @@ func (s *Scheduler) persist(ctx context.Context, fn func() error) error {
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
+}
+
+// terminal reports whether err cannot go away on retry.
+func terminal(err error) bool {
+	return errors.Is(err, eventlog.ErrTooLarge) || errors.Is(err, assignment.ErrInvalidTransition)
 }
 
 func mustMarshal(m proto.Message) []byte {

@@ -104,6 +104,34 @@ func TestSchedulerClaimsPersistsAndDispatches(t *testing.T) {
 	}
 }
 
+// TestSchedulerFailsOversizeTasksAtOnce: a task too large for the event bus (a 5 MB env in
+// its secrets here) can never be stored. It is failed upstream at once, saying why, and the
+// next task is claimed right after it, not after persistFor.
+func TestSchedulerFailsOversizeTasksAtOnce(t *testing.T) {
+	e := newEnv(t)
+	e.runScheduler(&clock{now: time.Now()})
+	big := taskWithRunsOn(31, "[self-hosted, pod]")
+	big.Secrets["HUGE"] = strings.Repeat("x", 5<<20)
+	e.forge.push(big)
+	e.forge.push(taskWithRunsOn(32, "[self-hosted, pod]"))
+	began := time.Now()
+	eventually(t, "the oversize task failed upstream", func() bool { return e.forge.result(31) == runnerv1.Result_RESULT_FAILURE })
+	eventually(t, "the next task claimed", func() bool { _, err := e.log.Get(t.Context(), 32); return err == nil })
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("the next task waited %s behind the oversize one", took)
+	}
+	log := strings.Join(e.forge.log(31), "\n")
+	if !strings.Contains(log, "dynrunner: this job was not run") || !strings.Contains(log, "max_payload") {
+		t.Fatalf("the oversize task's log does not say why it was not run: %q", log)
+	}
+	if _, err := e.log.Get(t.Context(), 31); !errors.Is(err, assignment.ErrNotFound) {
+		t.Fatalf("the oversize task got an assignment: %v", err)
+	}
+	if _, err := e.log.GetTask(t.Context(), 31); !errors.Is(err, assignment.ErrNotFound) {
+		t.Fatalf("the oversize task is stored: %v", err)
+	}
+}
+
 func TestSchedulerRejectsUnroutableJobs(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
