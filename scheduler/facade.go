@@ -408,22 +408,14 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: report for task %d from the environment of task %d", id, c.task))
 	}
 	final := req.Msg.GetState().GetResult() != runnerv1.Result_RESULT_UNSPECIFIED
-	if st.Phase != assignment.Running {
-		if st, err = f.fresh(ctx, c); err != nil {
-			return nil, err
-		}
-	}
-	switch {
-	case st.Phase == assignment.Completed && final:
-		// A retried final report after a lost response: forward again, Gitea is idempotent.
-	case st.Phase != assignment.Running:
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))
+	if err := f.reporting(ctx, c, &st); err != nil {
+		return nil, err
 	}
 	resp, err := f.forge.UpdateTask(ctx, req.Msg)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
-	if final && st.Phase == assignment.Running {
+	if final {
 		result := strings.ToLower(strings.TrimPrefix(req.Msg.GetState().GetResult().String(), "RESULT_"))
 		if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Completed, Task: c.task, Epoch: c.epoch, Result: result}, &st); err != nil && !errors.Is(err, assignment.ErrNoChange) {
 			return nil, err
@@ -431,6 +423,29 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 		f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Str("result", result).Msg("job completed")
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// reporting lets a report through only while the assignment runs: the forge hears nothing in
+// an environment's name, with the resident runner's credentials, once its job has ended
+// (completed, failed or closed) — not a late log, not a second final state with other outputs.
+// A retried final report whose first answer was lost is refused too: the forge has it. *st is
+// read again from JetStream when the view does not say running.
+func (f *Facade) reporting(ctx context.Context, c caller, st *assignment.State) error {
+	if st.Phase != assignment.Running {
+		fresh, err := f.fresh(ctx, c)
+		if err != nil {
+			return err
+		}
+		*st = fresh
+	}
+	switch st.Phase {
+	case assignment.Running:
+		return nil
+	case assignment.Completed, assignment.Failed, assignment.Closed:
+		return f.refuse("ended", connect.CodeFailedPrecondition,
+			fmt.Errorf("dynrunner facade: task %d has %s; nothing more is forwarded for it", c.task, st.Phase))
+	}
+	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))
 }
 
 // UpdateLog forwards log rows upstream.
@@ -446,13 +461,8 @@ func (f *Facade) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.Up
 	if req.Msg.GetTaskId() != int64(c.task) {
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: log for task %d from the environment of task %d", req.Msg.GetTaskId(), c.task))
 	}
-	if st.Phase != assignment.Running && st.Phase != assignment.Completed {
-		if st, err = f.fresh(ctx, c); err != nil {
-			return nil, err
-		}
-	}
-	if st.Phase != assignment.Running && st.Phase != assignment.Completed {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))
+	if err := f.reporting(ctx, c, &st); err != nil {
+		return nil, err
 	}
 	resp, err := f.forge.UpdateLog(ctx, req.Msg)
 	if err != nil {

@@ -154,6 +154,27 @@ func TestFacadeLifecycle(t *testing.T) {
 	if err != nil || !ren.Msg.GetEnded() {
 		t.Fatalf("renew after the end = %v, %v; want ended", ren, err)
 	}
+
+	// The attack: after the end, the environment (or the job inside it, which can read the
+	// runner's credentials) reports again — a second final state with injected outputs, a late
+	// log. Nothing is forwarded with the resident runner's credentials.
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{
+		State:   &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS},
+		Outputs: map[string]string{"injected": "by the job after its end"},
+	}))
+	if codeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "nothing more is forwarded") {
+		t.Fatalf("a final report after the end: %v, want it refused", err)
+	}
+	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Index: 1, Rows: []*runnerv1.LogRow{{Content: "late"}}}))
+	if codeOf(err) != connect.CodeFailedPrecondition {
+		t.Fatalf("a log after the end: %v, want it refused", err)
+	}
+	if n := e.forge.reports(42); n != 1 {
+		t.Fatalf("the forge got %d state reports for task 42, want the one final report", n)
+	}
+	if got := e.forge.log(42); len(got) != 1 {
+		t.Fatalf("upstream log after the end = %q", got)
+	}
 }
 
 // TestFacadeRefusesForeignCA: a client whose SVID comes from another CA fails the handshake.

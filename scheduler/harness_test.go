@@ -71,6 +71,13 @@ func (f *fakeForge) UpdateTask(_ context.Context, req *runnerv1.UpdateTaskReques
 	return &runnerv1.UpdateTaskResponse{State: st}, nil
 }
 
+// reports is how many state reports the forge got for task id.
+func (f *fakeForge) reports(id int64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.states[id])
+}
+
 func (f *fakeForge) UpdateLog(_ context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
