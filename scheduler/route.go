@@ -79,13 +79,15 @@ func runsOn(n *yaml.Node) ([]string, error) {
 }
 
 // Route picks the isolation tier of a job: `pod` or `vm`, exactly one of them, and only a
-// tier that is enabled. Anything else is an ErrUnroutable whose message tells the workflow
-// author what is accepted. A job is never silently run with weaker isolation than it asked for.
+// tier that is enabled. A label named twice counts once. Anything else is an ErrUnroutable
+// whose message tells the workflow author what is accepted; it quotes at most a few of the
+// job's labels, shortened, whatever the job sends. A job is never silently run with weaker
+// isolation than it asked for.
 func Route(runsOn []string, enabled []assignment.Backend) (assignment.Backend, error) {
 	var tiers []assignment.Backend
 	var unknown []string
-	for _, l := range runsOn {
-		switch strings.TrimSpace(l) {
+	for _, l := range UniqueLabels(runsOn) {
+		switch l {
 		case LabelSelfHosted:
 		case string(assignment.BackendPod):
 			tiers = append(tiers, assignment.BackendPod)
@@ -96,26 +98,63 @@ func Route(runsOn []string, enabled []assignment.Backend) (assignment.Backend, e
 		}
 	}
 	accepted := acceptedLabels(enabled)
+	asked := quoteLabels(runsOn)
 	switch {
 	case len(unknown) > 0:
-		return "", fmt.Errorf("%w: runs-on %v names label(s) %v that dynrunner does not serve; accepted: %s", ErrUnroutable, runsOn, unknown, accepted)
+		return "", fmt.Errorf("%w: runs-on %s names label(s) %s that dynrunner does not serve; accepted: %s", ErrUnroutable, asked, quoteLabels(unknown), accepted)
 	case len(tiers) == 0:
-		return "", fmt.Errorf("%w: runs-on %v names no isolation label; accepted: %s", ErrUnroutable, runsOn, accepted)
+		return "", fmt.Errorf("%w: runs-on %s names no isolation label; accepted: %s", ErrUnroutable, asked, accepted)
 	case len(tiers) > 1:
-		return "", fmt.Errorf("%w: runs-on %v names both pod and vm; a job runs in exactly one isolation tier; accepted: %s", ErrUnroutable, runsOn, accepted)
+		return "", fmt.Errorf("%w: runs-on %s names both pod and vm; a job runs in exactly one isolation tier; accepted: %s", ErrUnroutable, asked, accepted)
 	case !slices.Contains(enabled, tiers[0]):
-		return "", fmt.Errorf("%w: runs-on %v asks for %s, but no %s backend is enabled here (it never runs in another tier); accepted: %s", ErrUnroutable, runsOn, tiers[0], tiers[0], accepted)
+		return "", fmt.Errorf("%w: runs-on %s asks for %s, but no %s backend is enabled here (it never runs in another tier); accepted: %s", ErrUnroutable, asked, tiers[0], tiers[0], accepted)
 	}
 	return tiers[0], nil
+}
+
+// UniqueLabels returns the labels trimmed, each once, in the order they first appear: what a
+// claim records of a job's runs-on.
+func UniqueLabels(runsOn []string) []string {
+	var out []string
+	seen := map[string]bool{}
+	for _, l := range runsOn {
+		l = strings.TrimSpace(l)
+		if !seen[l] {
+			seen[l] = true
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// quoteLabels renders labels for a message: at most maxQuoted of them, each at most
+// maxLabelLen bytes, and how many more there were.
+func quoteLabels(labels []string) string {
+	const maxQuoted, maxLabelLen = 8, 64
+	shown := make([]string, 0, min(len(labels), maxQuoted))
+	for i, l := range labels {
+		if i == maxQuoted {
+			break
+		}
+		if len(l) > maxLabelLen {
+			l = strings.ToValidUTF8(l[:maxLabelLen], "") + "..."
+		}
+		shown = append(shown, l)
+	}
+	s := "[" + strings.Join(shown, ", ")
+	if more := len(labels) - len(shown); more > 0 {
+		s += fmt.Sprintf(", ... (%d more)", more)
+	}
+	return s + "]"
 }
 
 func acceptedLabels(enabled []assignment.Backend) string {
 	var parts []string
 	for _, b := range enabled {
-		parts = append(parts, fmt.Sprintf("[%s, %s]", LabelSelfHosted, b))
+		parts = append(parts, fmt.Sprintf("[%s, %s] or [%s]", LabelSelfHosted, b, b))
 	}
 	if len(parts) == 0 {
 		return "none (no backend is enabled)"
 	}
-	return strings.Join(parts, " or ")
+	return strings.Join(parts, "; ")
 }

@@ -2,6 +2,8 @@ package scheduler
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -18,6 +20,8 @@ func TestRoute(t *testing.T) {
 	}{
 		{"pod", []string{"self-hosted", "pod"}, pod, assignment.BackendPod},
 		{"pod alone", []string{"pod"}, pod, assignment.BackendPod},
+		{"pod twice", []string{"self-hosted", "pod", "pod"}, pod, assignment.BackendPod},
+		{"vm twice, padded", []string{" vm", "vm ", "self-hosted"}, both, assignment.BackendVM},
 		{"vm enabled", []string{"self-hosted", "vm"}, both, assignment.BackendVM},
 		{"vm not enabled", []string{"self-hosted", "vm"}, pod, ""},
 		{"both", []string{"self-hosted", "pod", "vm"}, both, ""},
@@ -37,6 +41,23 @@ func TestRoute(t *testing.T) {
 				t.Fatalf("Route = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// The message names what is accepted, every form Route takes, and quotes a flood of labels
+// in bounded space.
+func TestRouteMessages(t *testing.T) {
+	_, err := Route([]string{"self-hosted"}, []assignment.Backend{assignment.BackendPod, assignment.BackendVM})
+	if err == nil || !strings.HasSuffix(err.Error(), "accepted: [self-hosted, pod] or [pod]; [self-hosted, vm] or [vm]") {
+		t.Fatalf("message %v", err)
+	}
+	flood := make([]string, 80000)
+	for i := range flood {
+		flood[i] = fmt.Sprintf("label-%d-%s", i, strings.Repeat("x", 100))
+	}
+	_, err = Route(flood, []assignment.Backend{assignment.BackendPod})
+	if err == nil || len(err.Error()) > 2000 || !strings.Contains(err.Error(), "(79992 more)") {
+		t.Fatalf("an 80,000-label runs-on gives a %d-byte message: %.300s", len(err.Error()), err)
 	}
 }
 

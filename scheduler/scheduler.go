@@ -212,7 +212,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		var err error
 		st, err = s.log.Apply(ctx, assignment.Event{
 			Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
-			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: job.RunsOn, ForgeURL: s.forgeURLOf(task, logger),
+			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: UniqueLabels(job.RunsOn), ForgeURL: s.forgeURLOf(task, logger),
 			TaskDigest: hex.EncodeToString(sum[:]), Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
 		}, nil)
 		if errors.Is(err, assignment.ErrExists) {

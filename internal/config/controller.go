@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dynrunner/dynrunner/internal/assignment"
+
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
@@ -169,8 +171,13 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	if c.Has(Scheduler) || c.Has(Facade) {
 		if c.GiteaURL == "" {
 			e.fail("GITEA_URL is required with the scheduler and the facade")
-		} else if u, err := url.Parse(c.GiteaURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			e.fail("GITEA_URL=%q: want http(s)://host[:port]", c.GiteaURL)
+		} else if u, err := url.Parse(c.GiteaURL); err != nil {
+			// Not even a URL: quote none of it, it may hold a password.
+			e.fail("GITEA_URL is not a URL; want http(s)://host[:port][/path]")
+		} else if u.User != nil {
+			e.fail("GITEA_URL=%q: must not hold credentials (the resident runner's come from GITEA_RUNNER_*_FILE)", u.Redacted())
+		} else if _, err := assignment.ParseForgeURL(c.GiteaURL); err != nil {
+			e.fail("GITEA_URL=%q: want http(s)://host[:port][/path], without query or fragment", c.GiteaURL)
 		}
 	}
 	if (c.GiteaRunnerUUIDFile == "") != (c.GiteaRunnerTokenFile == "") {

@@ -60,6 +60,7 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"pickup above lease", map[string]string{"PICKUP_SECS": "200", "LEASE_SECS": "150"}, "PICKUP_SECS"},
 		{"pickup below floor", map[string]string{"PICKUP_SECS": "30"}, "PICKUP_SECS"},
 		{"no gitea url", map[string]string{"GITEA_URL": ""}, "GITEA_URL"},
+		{"gitea url with a query", map[string]string{"GITEA_URL": "https://gitea.example/?x=1"}, "GITEA_URL"},
 		{"runner binary without its hash", map[string]string{"GITEA_RUNNER_SHA256": ""}, "GITEA_RUNNER_SHA256"},
 		{"runner without binary", map[string]string{"GITEA_RUNNER_BIN": ""}, "GITEA_RUNNER_BIN"},
 		{"unknown component", map[string]string{"COMPONENTS": "scheduler,frobnicator"}, "COMPONENTS"},
@@ -84,6 +85,8 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"split facade with a registration token", map[string]string{"COMPONENTS": "facade", "GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/r"}, "GITEA_RUNNER_UUID_FILE"},
 		{"replicas on the embedded server", map[string]string{"NATS_REPLICAS": "3"}, "NATS_REPLICAS"},
 		{"bad fetch interval", map[string]string{"FETCH_INTERVAL": "fast"}, "FETCH_INTERVAL"},
+		{"gitea url with credentials", map[string]string{"GITEA_URL": "https://admin:hunter2-secret@gitea.example"}, "must not hold credentials"},
+		{"gitea url with credentials, not even a URL", map[string]string{"GITEA_URL": "https://admin:hunter2-secret@gitea.example:port"}, "GITEA_URL is not a URL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := base()
@@ -93,6 +96,9 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 			_, err := LoadController(envOf(env))
 			if err == nil {
 				t.Fatal("configuration accepted")
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("the error echoes a password: %v", err)
 			}
 			if !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("error %q does not name %s", err, tc.want)
