@@ -44,14 +44,17 @@ type FacadeConfig struct {
 	Log       zerolog.Logger
 	Now       func() time.Time
 	Metrics   *Metrics
+	// Limits bound what one caller can make the facade hold (see Server).
+	Limits ServerLimits
 }
 
 // Facade is the RunnerService that environments talk to.
 type Facade struct {
-	cfg   FacadeConfig
-	forge Forge
-	log   *eventlog.Log
-	view  *eventlog.View
+	cfg    FacadeConfig
+	limits ServerLimits
+	forge  Forge
+	log    *eventlog.Log
+	view   *eventlog.View
 }
 
 var (
@@ -68,7 +71,7 @@ func NewFacade(cfg FacadeConfig, forge Forge, log *eventlog.Log, view *eventlog.
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Facade{cfg: cfg, forge: forge, log: log, view: view}
+	return &Facade{cfg: cfg, limits: cfg.Limits.withDefaults(), forge: forge, log: log, view: view}
 }
 
 // Handler serves the RunnerService (at the path the Gitea runner uses, /api/actions/...), the
@@ -101,13 +104,14 @@ func (f *Facade) GuestHandler() http.Handler {
 
 func (f *Facade) mux() *http.ServeMux {
 	// Most messages are small; compressing them costs more than it saves. Log batches compress.
-	opt := connect.WithCompressMinBytes(1024)
+	// Every message is bounded after decompression: a small gzip body cannot inflate in memory.
+	opts := connect.WithHandlerOptions(connect.WithCompressMinBytes(1024), connect.WithReadMaxBytes(f.limits.MaxMessageBytes))
 	mux := http.NewServeMux()
-	p, h := runnerv1connect.NewRunnerServiceHandler(f, opt)
+	p, h := runnerv1connect.NewRunnerServiceHandler(f, opts)
 	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
-	p, h = pingv1connect.NewPingServiceHandler(f, opt)
+	p, h = pingv1connect.NewPingServiceHandler(f, opts)
 	mux.Handle("/api/actions"+p, http.StripPrefix("/api/actions", h))
-	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f, opt)
+	p, h = dynrunnerv1connect.NewLeaseServiceHandler(f, opts)
 	mux.Handle(p, h)
 	return mux
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"io"
-	"log"
 	"net"
 	"net/http"
 	"sync"
@@ -123,6 +122,10 @@ type env struct {
 	ca     *workload.DevCA
 	td     spiffeid.TrustDomain
 	forge  *fakeForge
+	// limits and logw configure the facade servers serve starts (zero: the defaults, the
+	// test's log).
+	limits scheduler.ServerLimits
+	logw   io.Writer
 }
 
 func newEnv(t *testing.T) *env {
@@ -171,9 +174,13 @@ func (e *env) guestServer() server { return e.serve(true) }
 
 func (e *env) serve(guest bool) server {
 	e.t.Helper()
+	logw := e.logw
+	if logw == nil {
+		logw = zerolog.NewTestWriter(e.t)
+	}
 	f := scheduler.NewFacade(scheduler.FacadeConfig{
 		Actor: "facade-test", TrustDomain: e.td, Lease: 5 * time.Minute, Issuer: e.issuer,
-		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)),
+		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(logw), Limits: e.limits,
 	}, e.forge, e.log, e.view)
 	src, err := e.ca.ServerSource(workload.FacadeID(e.td), time.Hour, workload.LocalHosts())
 	if err != nil {
@@ -183,10 +190,9 @@ func (e *env) serve(guest bool) server {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	hs := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src), ErrorLog: log.New(io.Discard, "", 0)}
+	hs := f.Server(f.Handler(), workload.ServerTLSConfig(src))
 	if guest {
-		hs.Handler = f.GuestHandler()
-		hs.TLSConfig = workload.GuestServerTLSConfig(src)
+		hs = f.Server(f.GuestHandler(), workload.GuestServerTLSConfig(src))
 	}
 	done := make(chan struct{})
 	go func() { defer close(done); _ = hs.ServeTLS(ln, "", "") }()

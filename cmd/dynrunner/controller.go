@@ -220,7 +220,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		if err != nil {
 			return fmt.Errorf("RUNNER_FACADE_LISTEN: %w", err)
 		}
-		srv := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(facadeSrc), ReadHeaderTimeout: 10 * time.Second}
+		srv := f.Server(f.Handler(), workload.ServerTLSConfig(facadeSrc))
 		facadeReady := make(chan struct{})
 		close(facadeReady)
 		ready = append(ready, facadeReady)
@@ -240,7 +240,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			if err != nil {
 				return fmt.Errorf("RUNNER_FACADE_GUEST_LISTEN: %w", err)
 			}
-			gsrv := &http.Server{Handler: onlyFrom(cfg.VM.GuestNet, f.GuestHandler()), TLSConfig: workload.GuestServerTLSConfig(facadeSrc), ReadHeaderTimeout: 10 * time.Second}
+			gsrv := f.Server(onlyFrom(cfg.VM.GuestNet, f.GuestHandler()), workload.GuestServerTLSConfig(facadeSrc))
 			g.Go(func() error { return serve(gctx, gsrv, gln, true) })
 			log.Info().Str("listen", gln.Addr().String()).Msg("facade serving microVM guests (token-authenticated TLS, vm assignments only)")
 		}
