@@ -20,10 +20,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/netnstest"
 )
 
@@ -234,4 +237,31 @@ func envOf(c *controller, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestReadyzSeesADeletedStream: someone with the NATS password deletes the assignments stream
+// under a running controller; /readyz turns red and names it, instead of staying green while
+// every job fails.
+func TestReadyzSeesADeletedStream(t *testing.T) {
+	tools := needTools(t)
+	f := startForge(t, tools)
+	c := newController(t, tools, f, "", leaseEnv, pickupEnv)
+	c.start()
+	state := strings.TrimPrefix(envOf(c, "STATE_DIR"), "STATE_DIR=")
+	pw, err := os.ReadFile(filepath.Join(state, "nats.password"))
+	require.NoError(t, err)
+	nc, err := nats.Connect("nats://"+strings.TrimPrefix(envOf(c, "NATS_EMBEDDED_LISTEN"), "NATS_EMBEDDED_LISTEN="),
+		nats.UserInfo("dynrunner", strings.TrimSpace(string(pw))))
+	require.NoError(t, err)
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.NoError(t, js.DeleteStream(t.Context(), eventlog.StreamAssignments))
+
+	resp, err := http.Get(c.httpURL + "/readyz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Contains(t, string(body), eventlog.StreamAssignments+" is missing")
 }

@@ -300,9 +300,16 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	})
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
 		if !isReady.Load() {
 			http.Error(w, "not ready\n", http.StatusServiceUnavailable)
+			return
+		}
+		// Ready means usable: a stream or bucket deleted under the controller fails every job.
+		cctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+		defer cancel()
+		if err := evlog.Check(cctx); err != nil {
+			http.Error(w, "not ready: "+err.Error()+"\n", http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = w.Write([]byte("ready\n"))

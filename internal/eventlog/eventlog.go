@@ -124,6 +124,24 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	return &Log{cfg: cfg, js: js, asg: asg, tasks: tasks}, nil
 }
 
+// Check reports whether the topology is usable: every stream and bucket exists and its
+// leader answers. A stream deleted or a bucket removed behind the controller's back makes
+// every job fail; /readyz shows it with Check's error, which names what is missing.
+func (l *Log) Check(ctx context.Context) error {
+	var errs []error
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks} {
+		if _, err := l.js.Stream(ctx, name); err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)
+			} else {
+				err = fmt.Errorf("eventlog: stream %s: %w", name, err)
+			}
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Config returns the topology's configuration.
 func (l *Log) Config() Config { return l.cfg }
 

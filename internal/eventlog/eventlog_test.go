@@ -3,6 +3,7 @@ package eventlog_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -262,4 +263,31 @@ func FuzzParseDispatch(f *testing.F) {
 			t.Fatalf("accepted %+v", m)
 		}
 	})
+}
+
+// TestCheckSeesMissingStreams: an operator (or an attacker with the NATS password) deletes the
+// assignments stream or the tasks bucket; Check names what is missing.
+func TestCheckSeesMissingStreams(t *testing.T) {
+	l, closeLog := openLog(t, t.TempDir())
+	defer closeLog()
+	ctx := t.Context()
+	if err := l.Check(ctx); err != nil {
+		t.Fatalf("Check on a fresh topology: %v", err)
+	}
+	js := l.JetStream()
+	if err := js.DeleteStream(ctx, eventlog.StreamAssignments); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteKeyValue(ctx, eventlog.BucketTasks); err != nil {
+		t.Fatal(err)
+	}
+	err := l.Check(ctx)
+	if err == nil {
+		t.Fatal("Check passes with the assignments stream and the tasks bucket deleted")
+	}
+	for _, want := range []string{eventlog.StreamAssignments + " is missing", "KV_" + eventlog.BucketTasks + " is missing"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Check's error %q does not say %q", err, want)
+		}
+	}
 }
