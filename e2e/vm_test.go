@@ -92,7 +92,12 @@ func TestVMJobBootsUnderQEMU(t *testing.T) {
 	const bridge = "dre2e0"
 	env := vmEnv(t, img, bridge, "10.213.77.1/24", "VM_CONCURRENCY=2")
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, env...)...)
-	state := filepath.Dir(strings.TrimPrefix(env[len(env)-1], "VM_LAUNCHER_ROOT="))
+	var launchers string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "VM_LAUNCHER_ROOT="); ok {
+			launchers = v
+		}
+	}
 	c.start()
 
 	res := runWorkflow(t, f, repo, `name: vm
@@ -132,7 +137,7 @@ jobs:
 	// Nothing of the VM remains: no launcher, no qemu, no TAP device, no per-VM directory.
 	deadline := time.Now().Add(time.Minute)
 	for {
-		left := vmLeftovers(filepath.Join(state, "vms"))
+		left := vmLeftovers(launchers)
 		if left == "" {
 			break
 		}

@@ -81,7 +81,7 @@ var flagDefs = []flagDef{
 			return nil
 		}},
 	{name: "dns", usage: "comma-separated IPv4 name servers the guest resolves with (network-config nameservers; optional)",
-		def: func(c Config) string { return joinAddrs(c.DNS) },
+		def: func(c Config) string { return JoinAddrs(c.DNS) },
 		set: func(c *Config, s string) error {
 			c.DNS = nil
 			for _, f := range strings.Split(s, ",") {
@@ -178,7 +178,8 @@ func ParseFlags(args []string, getenv func(string) string, out io.Writer) (Confi
 	return c, nil
 }
 
-func joinAddrs(as []netip.Addr) string {
+// JoinAddrs writes addresses as --dns (DYNRUNNER_LAUNCH_DNS) takes them.
+func JoinAddrs(as []netip.Addr) string {
 	s := make([]string, len(as))
 	for i, a := range as {
 		s[i] = a.String()

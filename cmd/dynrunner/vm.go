@@ -118,7 +118,7 @@ func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonc
 		"DYNRUNNER_LAUNCH_DISK_GIB":    fmt.Sprint(cfg.VM.DiskGiB),
 		"DYNRUNNER_LAUNCH_BRIDGE":      cfg.VM.Bridge,
 		"DYNRUNNER_LAUNCH_BRIDGE_CIDR": cfg.VM.BridgeCIDR.String(),
-		"DYNRUNNER_LAUNCH_DNS":         joinAddrs(cfg.VM.DNS),
+		"DYNRUNNER_LAUNCH_DNS":         launcher.JoinAddrs(cfg.VM.DNS),
 		"DYNRUNNER_LAUNCH_ROOT":        cfg.VM.LauncherRoot,
 		"DYNRUNNER_LAUNCH_DEADLINE":    "6h",
 	}
@@ -207,12 +207,4 @@ func removeVMFirewall(cfg config.Controller, log zerolog.Logger) {
 	if err := launcher.RemoveFirewall(ctx, cfg.VM.Bridge); err != nil {
 		log.Warn().Err(err).Msg("remove the microVM guests' firewall")
 	}
-}
-
-func joinAddrs(as []netip.Addr) string {
-	s := make([]string, len(as))
-	for i, a := range as {
-		s[i] = a.String()
-	}
-	return strings.Join(s, ",")
 }

@@ -49,7 +49,7 @@ type ForgeURL string
 // It returns the URL without its trailing slash.
 func ParseForgeURL(s string) (ForgeURL, error) {
 	u, err := url.Parse(s)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Hostname() == "" ||
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" ||
 		u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.Opaque != "" || strings.ContainsAny(s, " \t\r\n") {
 		return "", fmt.Errorf("assignment: forge URL %q: want http(s)://host[:port][/path]: %w", s, ErrInvalidID)
 	}

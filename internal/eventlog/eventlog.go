@@ -217,7 +217,7 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		if err != nil {
 			return assignment.State{}, fmt.Errorf("eventlog: encode record: %w", err)
 		}
-		if max := l.MaxPayload(); int64(len(data)) > max-taskOverhead {
+		if max := l.MaxPayload(); int64(len(data)) > max-msgOverhead {
 			return assignment.State{}, fmt.Errorf("eventlog: the %s record of task %d is %d bytes, more than the %d bytes a message to the NATS server may hold: %w",
 				ev.Transition, ev.Task, len(data), max, ErrTooLarge)
 		}
@@ -314,9 +314,9 @@ func taskKey(task assignment.TaskID) string { return "task." + task.String() }
 
 // PutTask stores a sealed task.
 func (l *Log) PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error {
-	if max := l.MaxPayload(); int64(len(sealed)) > max-taskOverhead {
+	if max := l.MaxPayload(); int64(len(sealed)) > max-msgOverhead {
 		return fmt.Errorf("eventlog: task %d is %d bytes sealed, more than the %d bytes a message to the NATS server may hold (its max_payload, less %d for the message's headers): %w",
-			task, len(sealed), max, taskOverhead, ErrTooLarge)
+			task, len(sealed), max, msgOverhead, ErrTooLarge)
 	}
 	if _, err := l.tasks.Put(ctx, taskKey(task), sealed); err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
@@ -330,8 +330,8 @@ func (l *Log) PutTask(ctx context.Context, task assignment.TaskID, sealed []byte
 // ErrTooLarge: a record or task does not fit into one NATS message. Retrying cannot help.
 var ErrTooLarge = errors.New("too large for the event bus")
 
-// taskOverhead is what a stored task's message needs besides the task: subject and headers.
-const taskOverhead = 1024
+// msgOverhead is what a message needs besides its payload: subject and headers.
+const msgOverhead = 1024
 
 // MaxPayload is the largest message the NATS server accepts (its max_payload; 1 MiB unless
 // configured otherwise).

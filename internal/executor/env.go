@@ -1,6 +1,7 @@
 package executor
 
 import (
+	"net/url"
 	"os"
 	"strings"
 
@@ -39,12 +40,15 @@ func planRunner(forge assignment.ForgeURL, px *proxy, base []string, home string
 		env = append(env, "HOME="+home)
 		plan.home = home
 	}
-	if forge == "" || isLoopback(forge.URL()) {
+	var u *url.URL
+	if forge != "" {
+		u = forge.URL()
+	}
+	if u == nil || isLoopback(u) {
 		plan.address, plan.forwarded = px.URL(), true
 		plan.env = env
 		return plan
 	}
-	u := forge.URL()
 	plan.address = forge.String()
 	key := "HTTP_PROXY"
 	if u.Scheme == "https" {

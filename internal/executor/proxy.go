@@ -109,8 +109,11 @@ func startProxy(cfg proxyConfig) (*proxy, error) {
 	p.toFacade = &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
 			r.Out.URL.Scheme, r.Out.URL.Host, r.Out.Host = cfg.Facade.Scheme, cfg.Facade.Host, cfg.Facade.Host
-			// The facade serves the runner API at its root, whatever path the forge has.
-			r.Out.URL.Path = strings.TrimRight(cfg.Facade.Path, "/") + apiPath + strings.TrimPrefix(r.Out.URL.Path, p.apiPrefix())
+			// The facade serves the runner API at its root, whatever path the forge has: the
+			// method is what follows apiPath (below the forge's path through the proxy, the
+			// root through the forwarder).
+			_, method, _ := strings.Cut(r.Out.URL.Path, apiPath)
+			r.Out.URL.Path = strings.TrimRight(cfg.Facade.Path, "/") + apiPath + method
 			r.Out.URL.RawPath = ""
 		},
 		Transport: cfg.FacadeTransport, ErrorHandler: fail("facade"),
@@ -167,8 +170,8 @@ func (p *proxy) Close() {
 	p.wg.Wait()
 }
 
-// apiPrefix is the path of the runner API below the forge's path as the runner addresses it:
-// the forge's own path through the proxy, the root through the forwarder.
+// apiPrefix is the path of the runner API below the forge's path, as the runner addresses it
+// through the proxy.
 func (p *proxy) apiPrefix() string {
 	if p.forge == nil {
 		return apiPath
@@ -214,8 +217,6 @@ func (p *proxy) serveForge(w http.ResponseWriter, r *http.Request) {
 // that is the forwarder itself.
 func (p *proxy) forward(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, apiPath) {
-		r.URL.Path = p.apiPrefix() + strings.TrimPrefix(r.URL.Path, apiPath)
-		r.URL.RawPath = ""
 		p.toFacade.ServeHTTP(w, r)
 		return
 	}

@@ -28,6 +28,7 @@ type Host struct {
 	Name string
 	// Addr is the namespace's address; Gateway the test namespace's end of the link.
 	Addr, Gateway netip.Addr
+	bits          int
 	link          string
 }
 
@@ -61,30 +62,14 @@ func New(t testing.TB) *Host {
 	Need(t)
 	var b [2]byte
 	_, _ = rand.Read(b[:])
-	n := seq.Add(1)
-	id := fmt.Sprintf("%d%02x%02x", n%100, b[0], b[1])
 	// 10.215.0.0/16 in /30 links; the random part keeps parallel test binaries apart.
 	base := netip.AddrFrom4([4]byte{10, 215, b[0], b[1] &^ 3})
-	h := &Host{Name: "drt-" + id, link: "drt" + id, Gateway: base.Next(), Addr: base.Next().Next()}
-	t.Cleanup(h.remove)
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("netnstest: ip %s: %v: %s", strings.Join(args, " "), err, out)
-		}
+	gw := base.Next()
+	if out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output(); strings.Contains(string(out), " "+gw.String()+"/") {
+		t.Fatalf("netnstest: %s is in use; run again", gw)
 	}
-	if out, _ := exec.Command("ip", "-o", "-4", "addr", "show").Output(); strings.Contains(string(out), " "+h.Gateway.String()+"/") {
-		t.Fatalf("netnstest: %s is in use; run again", h.Gateway)
-	}
-	run("netns", "add", h.Name)
-	run("link", "add", h.link, "type", "veth", "peer", "name", h.link+"n")
-	run("link", "set", h.link+"n", "netns", h.Name)
-	run("addr", "add", h.Gateway.String()+"/30", "dev", h.link)
-	run("link", "set", h.link, "up")
-	run("-n", h.Name, "link", "set", "lo", "up")
-	run("-n", h.Name, "addr", "add", h.Addr.String()+"/30", "dev", h.link+"n")
-	run("-n", h.Name, "link", "set", h.link+"n", "up")
-	run("-n", h.Name, "route", "add", "default", "via", h.Gateway.String())
+	h := newHost(t, netip.PrefixFrom(gw.Next(), 30), gw)
+	h.setUp(t, []string{"addr", "add", gw.String() + "/30", "dev", h.link})
 	return h
 }
 
@@ -94,27 +79,40 @@ func New(t testing.TB) *Host {
 func NewOnBridge(t testing.TB, bridge string, addr netip.Prefix, gateway netip.Addr) *Host {
 	t.Helper()
 	Need(t)
+	h := newHost(t, addr, gateway)
+	h.setUp(t, []string{"link", "set", h.link, "master", bridge})
+	return h
+}
+
+// newHost names a host with addr (and its prefix) and gateway; it is removed when the test ends.
+func newHost(t testing.TB, addr netip.Prefix, gateway netip.Addr) *Host {
 	var b [2]byte
 	_, _ = rand.Read(b[:])
 	id := fmt.Sprintf("%d%02x%02x", seq.Add(1)%100, b[0], b[1])
-	h := &Host{Name: "drt-" + id, link: "drt" + id, Gateway: gateway, Addr: addr.Addr()}
+	h := &Host{Name: "drt-" + id, link: "drt" + id, Gateway: gateway, Addr: addr.Addr(), bits: addr.Bits()}
 	t.Cleanup(h.remove)
+	return h
+}
+
+// setUp creates the namespace and its veth pair; attach is the ip command that connects the
+// test namespace's end (an address on it, or a bridge port).
+func (h *Host) setUp(t testing.TB, attach []string) {
+	t.Helper()
 	for _, args := range [][]string{
 		{"netns", "add", h.Name},
 		{"link", "add", h.link, "type", "veth", "peer", "name", h.link + "n"},
 		{"link", "set", h.link + "n", "netns", h.Name},
-		{"link", "set", h.link, "master", bridge},
+		attach,
 		{"link", "set", h.link, "up"},
 		{"-n", h.Name, "link", "set", "lo", "up"},
-		{"-n", h.Name, "addr", "add", addr.String(), "dev", h.link + "n"},
+		{"-n", h.Name, "addr", "add", netip.PrefixFrom(h.Addr, h.bits).String(), "dev", h.link + "n"},
 		{"-n", h.Name, "link", "set", h.link + "n", "up"},
-		{"-n", h.Name, "route", "add", "default", "via", gateway.String()},
+		{"-n", h.Name, "route", "add", "default", "via", h.Gateway.String()},
 	} {
 		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
 			t.Fatalf("netnstest: ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
-	return h
 }
 
 // in runs fn with the calling goroutine's thread inside the host's namespace. Sockets fn
