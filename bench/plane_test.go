@@ -82,7 +82,9 @@ func newPlane(b *testing.B) *plane {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err := eventlog.Open(b.Context(), js, eventlog.DefaultConfig())
+	elCfg := eventlog.DefaultConfig()
+	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	l, err := eventlog.Open(b.Context(), js, elCfg)
 	if err != nil {
 		b.Fatal(err)
 	}

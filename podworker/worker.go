@@ -184,7 +184,7 @@ func wait(ctx context.Context, d time.Duration) {
 
 // handle processes one dispatch message and reports whether an environment now holds the slot.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
-	d, err := eventlog.ParseDispatch(msg.Data())
+	d, err := w.log.ParseDispatch(msg)
 	if err != nil {
 		w.cfg.Log.Error().Err(err).Msg("poison dispatch message")
 		w.deadLetter(ctx, msg, err.Error())

@@ -182,6 +182,7 @@ func newRig(t *testing.T) *rig {
 		t.Fatal(err)
 	}
 	cfg := eventlog.DefaultConfig()
+	cfg.Key = []byte("0123456789abcdef0123456789abcdef")
 	cfg.DispatchMaxDeliver = 3
 	l, err := eventlog.Open(t.Context(), js, cfg)
 	if err != nil {

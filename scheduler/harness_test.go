@@ -139,7 +139,9 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := eventlog.Open(t.Context(), js, eventlog.DefaultConfig())
+	elCfg := eventlog.DefaultConfig()
+	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	l, err := eventlog.Open(t.Context(), js, elCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

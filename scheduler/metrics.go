@@ -10,6 +10,8 @@ type Metrics struct {
 	Live        prometheus.Gauge
 	Reports     *prometheus.CounterVec
 	Refused     *prometheus.CounterVec
+	// RejectedRecords counts event bus messages rejected as unauthenticated or malformed.
+	RejectedRecords *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not registered).
@@ -33,9 +35,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynrunner_facade_refused_total", Help: "Facade requests refused, by reason.",
 		}, []string{"reason"}),
+		RejectedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynrunner_eventlog_rejected_total", Help: "Messages on the event bus rejected (not written with the event log's key, or malformed), by reason.",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Claimed, m.Rejected, m.FetchErrors, m.Live, m.Reports, m.Refused)
+		reg.MustRegister(m.Claimed, m.Rejected, m.FetchErrors, m.Live, m.Reports, m.Refused, m.RejectedRecords)
 	}
 	return m
 }

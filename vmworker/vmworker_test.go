@@ -40,7 +40,9 @@ func newRig(t *testing.T) rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := eventlog.Open(t.Context(), js, eventlog.DefaultConfig())
+	elCfg := eventlog.DefaultConfig()
+	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	l, err := eventlog.Open(t.Context(), js, elCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

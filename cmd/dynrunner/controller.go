@@ -55,7 +55,10 @@ const (
 )
 
 // keys loads (or, with the embedded NATS, generates) the capability and task keys.
-func keys(cfg config.Controller, log zerolog.Logger) (*captoken.Issuer, []byte, *sealbox.Box, error) {
+// keys loads the controller's keys: the capability token issuer, the facade's runner token
+// key, the task box and the event log's record key. The last two derive from
+// TASK_ENCRYPTION_KEY_FILE, the first two from RUNNER_FACADE_CAPABILITY_KEY_FILE.
+func keys(cfg config.Controller, log zerolog.Logger) (*captoken.Issuer, []byte, *sealbox.Box, []byte, error) {
 	load := func(path, name string) ([]byte, error) {
 		if cfg.GenerateKeys {
 			k, created, err := secretfile.LoadOrCreate(path, 32)
@@ -75,23 +78,26 @@ func keys(cfg config.Controller, log zerolog.Logger) (*captoken.Issuer, []byte, 
 	}
 	capKey, err := load(cfg.CapabilityKeyFile, "RUNNER_FACADE_CAPABILITY_KEY_FILE")
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	issuer, err := captoken.NewIssuer(capKey)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("RUNNER_FACADE_CAPABILITY_KEY_FILE: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("RUNNER_FACADE_CAPABILITY_KEY_FILE: %w", err)
 	}
 	taskKey, err := load(cfg.TaskKeyFile, "TASK_ENCRYPTION_KEY_FILE")
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, nil, nil, err
 	}
 	box, err := sealbox.New(taskKey)
 	if err != nil {
-		return nil, nil, nil, fmt.Errorf("TASK_ENCRYPTION_KEY_FILE: %w", err)
+		return nil, nil, nil, nil, fmt.Errorf("TASK_ENCRYPTION_KEY_FILE: %w", err)
 	}
 	// The facade's runner tokens use a key derived from the capability key, never the key itself.
 	runnerKey := deriveKey(capKey, "dynrunner facade runner tokens v1")
-	return issuer, runnerKey, box, nil
+	// Records are authenticated with a key derived from the task key: every component that
+	// may write to the event log holds it, nobody who holds only the NATS password does.
+	recordKey := deriveKey(taskKey, "dynrunner event log records v1")
+	return issuer, runnerKey, box, recordKey, nil
 }
 
 // controller runs the configured components until ctx ends.
@@ -99,7 +105,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("STATE_DIR: %w", err)
 	}
-	issuer, runnerKey, box, err := keys(cfg, log)
+	issuer, runnerKey, box, recordKey, err := keys(cfg, log)
 	if err != nil {
 		return err
 	}
@@ -140,17 +146,19 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := scheduler.NewMetrics(reg)
+
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Replicas = cfg.NATSReplicas
+	elCfg.Key = recordKey
+	elCfg.OnReject = rejectionReporter(log, metrics)
 	evlog, err := eventlog.Open(ctx, js, elCfg)
 	if err != nil {
 		return err
 	}
 	view := eventlog.NewView()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := scheduler.NewMetrics(reg)
 
 	var ready []<-chan struct{}
 	g, gctx := errgroup.WithContext(ctx)
@@ -366,4 +374,22 @@ func serve(ctx context.Context, srv *http.Server, ln net.Listener, tls bool) err
 		return err
 	}
 	return nil
+}
+
+// rejectionReporter logs every message the event log refused to believe (once each) and counts
+// it. The message's content is not logged: whoever wrote it chose it.
+func rejectionReporter(log zerolog.Logger, m *scheduler.Metrics) func(eventlog.Rejection) {
+	return func(r eventlog.Rejection) {
+		reason := "unauthenticated"
+		if errors.Is(r.Err, eventlog.ErrMalformed) {
+			reason = "malformed"
+		}
+		m.RejectedRecords.WithLabelValues(reason).Inc()
+		ev := log.Error().Str("stream", r.Stream).Str("subject", r.Subject).Uint64("seq", r.Seq).Str("reason", reason).AnErr("cause", r.Err)
+		if r.Quarantined {
+			ev.Str("quarantined_to", eventlog.SubjectQuarantine).Msg("rejected a message on the event bus that this controller did not write; moved it to quarantine")
+			return
+		}
+		ev.AnErr("quarantine_error", r.QuarantineErr).Msg("rejected a message on the event bus that this controller did not write; it could not be moved, readers skip it")
+	}
 }

@@ -67,7 +67,7 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	filter, envFilter := eventlog.SubjectAssignment+"*", eventlog.SubjectEnvironment+"*"
+	filter, envFilter := eventlog.AllRecords, eventlog.SubjectEnvironment+"*"
 	if *task > 0 {
 		filter, envFilter = eventlog.Subject(assignment.TaskID(*task)), eventlog.EnvironmentSubject(assignment.TaskID(*task))
 	}

@@ -37,7 +37,9 @@ func TestEventsShowsEnvironments(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	l, err := eventlog.Open(ctx, js, eventlog.DefaultConfig())
+	elCfg := eventlog.DefaultConfig()
+	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	l, err := eventlog.Open(ctx, js, elCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

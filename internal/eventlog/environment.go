@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -72,8 +73,11 @@ func (l *Log) RecordEnvironment(ctx context.Context, rec EnvironmentRecord) erro
 	if err != nil {
 		return fmt.Errorf("eventlog: encode environment record: %w", err)
 	}
-	id := fmt.Sprintf("env-%d-%d-%s-%s", rec.Task, rec.Epoch, rec.PodUID, rec.Phase)
-	if _, err := l.js.Publish(ctx, EnvironmentSubject(rec.Task), data, jetstream.WithMsgID(id)); err != nil {
+	msg := nats.NewMsg(EnvironmentSubject(rec.Task))
+	msg.Data = data
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("env-%d-%d-%s-%s", rec.Task, rec.Epoch, rec.PodUID, rec.Phase))
+	l.sign.sign(msg)
+	if _, err := l.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("eventlog: record %s of %s for task %d: %w", rec.Phase, rec.Env, rec.Task, err)
 	}
 	return nil

@@ -2,9 +2,13 @@ package eventlog
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,7 +26,9 @@ const (
 	StreamEnvironments = "DYNRUNNER_ENVIRONMENTS"
 	BucketTasks        = "dynrunner_tasks"
 
-	SubjectAssignment  = "dynrunner.assignment."
+	SubjectAssignment = "dynrunner.assignment."
+	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
+	AllRecords         = SubjectAssignment + "*.*"
 	SubjectDispatch    = "dynrunner.dispatch."
 	SubjectDead        = "dynrunner.dead."
 	SubjectEnvironment = "dynrunner.environment."
@@ -38,6 +44,12 @@ type Config struct {
 	DispatchMaxDeliver int
 	// DispatchAckWait is how long a worker may hold a dispatch message without InProgress.
 	DispatchAckWait time.Duration
+	// Key authenticates every record, environment record and dispatch message the log writes,
+	// and every one it reads back (HeaderMAC): at least MinKeySize bytes, the same in every
+	// component. A message without a valid MAC is rejected, quarantined and reported.
+	Key []byte
+	// OnReject, when set, hears of every message the log rejected, once per message.
+	OnReject func(Rejection)
 }
 
 // DefaultConfig is the single-node topology.
@@ -47,21 +59,28 @@ func DefaultConfig() Config {
 
 // Log appends and reads assignment transitions.
 type Log struct {
-	cfg   Config
-	js    jetstream.JetStream
-	asg   jetstream.Stream
-	tasks jetstream.KeyValue
+	cfg      Config
+	js       jetstream.JetStream
+	asg      jetstream.Stream
+	envs     jetstream.Stream
+	tasks    jetstream.KeyValue
+	sign     signer
+	rejected seen
 }
 
 // Open ensures the topology exists (creating or updating streams and buckets) and returns a Log.
+// A key shorter than MinKeySize fails with ErrShortKey.
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
 	}
-	asg, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if len(cfg.Key) < MinKeySize {
+		return nil, fmt.Errorf("%w: %d bytes, at least %d are required", ErrShortKey, len(cfg.Key), MinKeySize)
+	}
+	asg, err := ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        StreamAssignments,
-		Description: "dynrunner assignment transitions, one subject per forge task",
-		Subjects:    []string{SubjectAssignment + "*"},
+		Description: "dynrunner assignment transitions, one subject per forge task and transition",
+		Subjects:    []string{AllRecords},
 		Retention:   jetstream.LimitsPolicy,
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
@@ -75,7 +94,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamAssignments, err)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        StreamDispatch,
 		Description: "dynrunner dispatch work queue, one subject per backend",
 		Subjects:    []string{SubjectDispatch + "*"},
@@ -86,7 +105,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	}); err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamDispatch, err)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	if _, err := ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        StreamDead,
 		Description: "dynrunner dispatch messages that exhausted their deliveries",
 		Subjects:    []string{SubjectDead + "*"},
@@ -97,7 +116,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	}); err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamDead, err)
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	envs, err := ensureStream(ctx, js, jetstream.StreamConfig{
 		Name:        StreamEnvironments,
 		Description: "dynrunner environment observations (Pod phases), one subject per forge task",
 		Subjects:    []string{SubjectEnvironment + "*"},
@@ -106,7 +125,8 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 		Replicas:    cfg.Replicas,
 		MaxAge:      cfg.Retention,
 		Duplicates:  2 * time.Minute,
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamEnvironments, err)
 	}
 	tasks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -121,7 +141,25 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketTasks, err)
 	}
-	return &Log{cfg: cfg, js: js, asg: asg, tasks: tasks}, nil
+	key := hmac.New(sha256.New, cfg.Key)
+	key.Write([]byte("dynrunner event records v1"))
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, sign: signer{key: key.Sum(nil)}}, nil
+}
+
+// ensureStream returns the stream as configured, creating or updating it only when it is
+// missing or differs: a component whose NATS user may only look streams up (docs/security.md)
+// opens the log once the streams exist.
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig) (jetstream.Stream, error) {
+	s, err := js.Stream(ctx, want.Name)
+	if err == nil {
+		have := s.CachedInfo().Config
+		if have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) && have.Retention == want.Retention &&
+			have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxAge == want.MaxAge &&
+			have.Duplicates == want.Duplicates && have.AllowDirect == want.AllowDirect {
+			return s, nil
+		}
+	}
+	return js.CreateOrUpdateStream(ctx, want)
 }
 
 // Check reports whether the topology is usable: every stream and bucket exists and its
@@ -148,27 +186,71 @@ func (l *Log) Config() Config { return l.cfg }
 // JetStream returns the JetStream handle the log uses.
 func (l *Log) JetStream() jetstream.JetStream { return l.js }
 
-// Subject returns the assignment subject of a task.
-func Subject(task assignment.TaskID) string { return SubjectAssignment + task.String() }
+// Subject returns the subjects of a task's records: dynrunner.assignment.<task_id>.*, one
+// per transition (RecordSubject).
+func Subject(task assignment.TaskID) string { return SubjectAssignment + task.String() + ".*" }
 
 // Get reads the current state of a task's assignment; assignment.ErrNotFound if it has none.
+// Records the log rejects are skipped (and quarantined): the state is the last authentic one.
 func (l *Log) Get(ctx context.Context, task assignment.TaskID) (assignment.State, error) {
-	msg, err := l.asg.GetLastMsgForSubject(ctx, Subject(task))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return assignment.State{}, fmt.Errorf("eventlog: task %d: %w", task, assignment.ErrNotFound)
-	}
-	if err != nil {
-		return assignment.State{}, fmt.Errorf("eventlog: read task %d: %w", task, err)
-	}
-	return decodeState(msg.Data, msg.Sequence)
+	st, _, err := l.read(ctx, task)
+	return st, err
 }
 
-func decodeState(data []byte, seq uint64) (assignment.State, error) {
-	var rec assignment.Record
-	if err := json.Unmarshal(data, &rec); err != nil {
-		return assignment.State{}, fmt.Errorf("eventlog: decode record %d: %w", seq, err)
+// maxScan bounds how many messages of one task read walks when its last record is rejected.
+const maxScan = 1024
+
+// read is Get, and also returns the sequence of the task's last message, authentic or not:
+// the compare-and-swap of the next append expects it.
+func (l *Log) read(ctx context.Context, task assignment.TaskID) (assignment.State, uint64, error) {
+	subject := Subject(task)
+	msg, err := l.asg.GetLastMsgForSubject(ctx, subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return assignment.State{}, 0, fmt.Errorf("eventlog: task %d: %w", task, assignment.ErrNotFound)
 	}
-	return assignment.State{Record: rec, Seq: seq}, nil
+	if err != nil {
+		return assignment.State{}, 0, fmt.Errorf("eventlog: read task %d: %w", task, err)
+	}
+	msgSubject, msgSeq, err := l.origin(msg)
+	st, derr := assignment.State{}, err
+	if err == nil {
+		st, derr = l.decodeRecord(msgSubject, msg.Header, msg.Data, msgSeq)
+	}
+	if derr == nil {
+		return st, msgSeq, nil
+	}
+	l.quarantine(ctx, l.asg, StreamAssignments, msgSubject, msgSeq, msg.Data, derr)
+	// Walk the task's messages for the last authentic record.
+	head := msgSeq
+	var last *assignment.State
+	for seq, n := uint64(1), 0; seq <= head; n++ {
+		if n == maxScan {
+			return assignment.State{}, head, fmt.Errorf("eventlog: task %d: more than %d messages since its last authentic record: %w", task, maxScan, ErrRejected)
+		}
+		m, err := l.asg.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return assignment.State{}, head, fmt.Errorf("eventlog: read task %d: %w", task, err)
+		}
+		subj, mseq, err := l.origin(m)
+		if err == nil {
+			var s assignment.State
+			if s, err = l.decodeRecord(subj, m.Header, m.Data, mseq); err == nil {
+				last = &s
+			}
+		}
+		if err != nil {
+			l.quarantine(ctx, l.asg, StreamAssignments, subj, mseq, m.Data, err)
+		}
+		head = max(head, mseq) // appended meanwhile
+		seq = mseq + 1
+	}
+	if last == nil {
+		return assignment.State{}, head, fmt.Errorf("eventlog: task %d holds no authentic record: %w", task, assignment.ErrNotFound)
+	}
+	return *last, head, nil
 }
 
 // maxConflicts bounds the retries of one Apply against concurrent appends to the same task.
@@ -191,16 +273,17 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 	if skipRead {
 		fresh = false
 	}
+	var head uint64 // the task's last sequence, when it is not cur's (rejected records follow)
 	for range maxConflicts {
 		if cur == nil && !skipRead {
-			s, err := l.Get(ctx, ev.Task)
+			s, h, err := l.read(ctx, ev.Task)
 			switch {
 			case err == nil:
 				cur = &s
 			case !errors.Is(err, assignment.ErrNotFound):
 				return assignment.State{}, err
 			}
-			fresh = true
+			head, fresh = h, true
 		}
 		rec, err := assignment.Decide(cur, ev)
 		if err != nil {
@@ -221,13 +304,18 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 			return assignment.State{}, fmt.Errorf("eventlog: the %s record of task %d is %d bytes, more than the %d bytes a message to the NATS server may hold: %w",
 				ev.Transition, ev.Task, len(data), max, ErrTooLarge)
 		}
-		var last uint64
+		last := head
 		if cur != nil {
-			last = cur.Seq
+			last = max(last, cur.Seq)
 		}
-		ack, err := l.js.Publish(ctx, Subject(ev.Task), data, jetstream.WithExpectLastSequencePerSubject(last))
+		msg := nats.NewMsg(RecordSubject(ev.Task, rec.Transition))
+		msg.Data = data
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, strconv.FormatUint(last, 10))
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqSubjHeader, Subject(ev.Task))
+		l.sign.sign(msg)
+		ack, err := l.js.PublishMsg(ctx, msg)
 		if isConflict(err) {
-			cur, skipRead, fresh = nil, false, false
+			cur, skipRead, fresh, head = nil, false, false, 0
 			continue
 		}
 		if err != nil {
@@ -236,6 +324,40 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		return assignment.State{Record: rec, Seq: ack.Sequence}, nil
 	}
 	return assignment.State{}, fmt.Errorf("eventlog: append %s for task %d: %w", ev.Transition, ev.Task, ErrContention)
+}
+
+// The headers a direct get answers with. A message stored with any of them was published by
+// someone trying to pass it off as another: nats.go reads the first value of each, which is
+// the stored one, and the server's comes after it.
+var originHeaders = []string{jetstream.StreamHeader, jetstream.SequenceHeader, jetstream.SubjectHeader, jetstream.TimeStampHeaer}
+
+// origin returns the subject and sequence the server gave m, read back from the assignments
+// stream, and an ErrUnauthenticated error when m was stored with headers that pretend to be
+// the server's.
+func (l *Log) origin(m *jetstream.RawStreamMsg) (string, uint64, error) {
+	direct := l.asg.CachedInfo().Config.AllowDirect
+	subject, seq, spoofed := m.Subject, m.Sequence, false
+	for _, h := range originHeaders {
+		vs := m.Header.Values(h)
+		if (direct && len(vs) > 1) || (!direct && len(vs) > 0) {
+			spoofed = true
+		}
+	}
+	if !spoofed {
+		return subject, seq, nil
+	}
+	if direct {
+		// The server's values are the last ones.
+		if vs := m.Header.Values(jetstream.SubjectHeader); len(vs) > 0 {
+			subject = vs[len(vs)-1]
+		}
+		if vs := m.Header.Values(jetstream.SequenceHeader); len(vs) > 0 {
+			if n, err := strconv.ParseUint(vs[len(vs)-1], 10, 64); err == nil {
+				seq = n
+			}
+		}
+	}
+	return subject, seq, fmt.Errorf("eventlog: message %d on %s was stored with headers that pretend to be the server's: %w", seq, subject, ErrUnauthenticated)
 }
 
 // ErrContention: an append lost the compare-and-swap race too often.
@@ -259,17 +381,27 @@ type DispatchMsg struct {
 // Dispatch publishes the work item for a claimed assignment on its backend's subject,
 // deduplicated by task and epoch so a republish after a crash is harmless.
 func (l *Log) Dispatch(ctx context.Context, backend assignment.Backend, task assignment.TaskID, epoch assignment.Epoch) error {
-	data, _ := json.Marshal(DispatchMsg{Task: task, Epoch: epoch})
-	_, err := l.js.Publish(ctx, SubjectDispatch+string(backend), data,
-		jetstream.WithMsgID(fmt.Sprintf("dispatch-%d-%d", task, epoch)))
-	if err != nil {
+	msg := nats.NewMsg(SubjectDispatch + string(backend))
+	msg.Data, _ = json.Marshal(DispatchMsg{Task: task, Epoch: epoch})
+	msg.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("dispatch-%d-%d", task, epoch))
+	l.sign.sign(msg)
+	if _, err := l.js.PublishMsg(ctx, msg); err != nil {
 		return fmt.Errorf("eventlog: dispatch task %d to %s: %w", task, backend, err)
 	}
 	return nil
 }
 
-// ParseDispatch decodes a dispatch message body.
-func ParseDispatch(data []byte) (DispatchMsg, error) {
+// ParseDispatch verifies and decodes a dispatch message: one without a valid MAC fails with
+// ErrUnauthenticated, a body that is not a dispatch (ParseDispatchBody) with its error.
+func (l *Log) ParseDispatch(msg jetstream.Msg) (DispatchMsg, error) {
+	if err := l.sign.verify(msg.Subject(), msg.Headers(), msg.Data()); err != nil {
+		return DispatchMsg{}, err
+	}
+	return ParseDispatchBody(msg.Data())
+}
+
+// ParseDispatchBody decodes a dispatch message body.
+func ParseDispatchBody(data []byte) (DispatchMsg, error) {
 	var m DispatchMsg
 	dec := json.NewDecoder(strings.NewReader(string(data)))
 	dec.DisallowUnknownFields()

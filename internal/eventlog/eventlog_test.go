@@ -25,7 +25,9 @@ func openLog(t *testing.T, dir string) (*eventlog.Log, func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := eventlog.Open(t.Context(), js, eventlog.DefaultConfig())
+	elCfg := eventlog.DefaultConfig()
+	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	l, err := eventlog.Open(t.Context(), js, elCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +249,7 @@ func TestParseDispatch(t *testing.T) {
 		{"garbage", `{`, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := eventlog.ParseDispatch([]byte(tc.in))
+			_, err := eventlog.ParseDispatchBody([]byte(tc.in))
 			if (err == nil) != tc.ok {
 				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
 			}
@@ -258,7 +260,7 @@ func TestParseDispatch(t *testing.T) {
 func FuzzParseDispatch(f *testing.F) {
 	f.Add([]byte(`{"task_id":3,"epoch":9}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		m, err := eventlog.ParseDispatch(data)
+		m, err := eventlog.ParseDispatchBody(data)
 		if err == nil && (m.Task <= 0 || m.Epoch == 0) {
 			t.Fatalf("accepted %+v", m)
 		}

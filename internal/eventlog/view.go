@@ -120,7 +120,7 @@ func (l *Log) Watch(ctx context.Context, v *View) error {
 		v.once.Do(func() { close(v.ready) })
 	}
 	c, err := l.asg.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{SubjectAssignment + "*"},
+		FilterSubjects: []string{AllRecords},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
@@ -145,9 +145,17 @@ func (l *Log) Watch(ctx context.Context, v *View) error {
 		if err != nil {
 			continue
 		}
-		s, err := decodeState(msg.Data(), md.Sequence.Stream)
+		s, err := l.decodeRecord(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
 		if err == nil {
 			v.Observe(s)
+		} else {
+			// Not believed: quarantined, and the task's state read again without it.
+			l.quarantine(ctx, l.asg, StreamAssignments, msg.Subject(), md.Sequence.Stream, msg.Data(), err)
+			if task, _, perr := parseRecordSubject(msg.Subject()); perr == nil {
+				if s, gerr := l.Get(ctx, task); gerr == nil {
+					v.Observe(s)
+				}
+			}
 		}
 		if md.NumPending == 0 {
 			v.once.Do(func() { close(v.ready) })

@@ -41,7 +41,7 @@ func (e *env) testPodSpec(t *testing.T) {
 			t.Errorf("label %s = %q, want %q", k, p.Labels[k], v)
 		}
 	}
-	if got := p.Annotations[kube.AnnotationAssignment]; got != "dynrunner.assignment.61" {
+	if got := p.Annotations[kube.AnnotationAssignment]; got != "dynrunner.assignment.61.*" {
 		t.Errorf("annotation %s = %q", kube.AnnotationAssignment, got)
 	}
 	s := p.Spec
