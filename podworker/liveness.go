@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 )
 
@@ -34,7 +35,7 @@ const heartbeatsPerTTL = 3
 
 // openWorkers ensures the liveness bucket.
 func openWorkers(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (jetstream.KeyValue, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := eventlog.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      BucketWorkers,
 		Description: "dynrunner workers that are alive (base64url of the actor) and the environments they watch (env.<task>.<epoch>)",
 		History:     1,

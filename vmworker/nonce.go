@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 )
 
@@ -46,7 +47,7 @@ type nonceRecord struct {
 
 // OpenNonces ensures the nonce bucket. Records expire after ttl (unredeemed nonces included).
 func OpenNonces(ctx context.Context, js jetstream.JetStream, box *sealbox.Box, replicas int, ttl time.Duration) (*Nonces, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	kv, err := eventlog.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      BucketNonces,
 		Description: "dynrunner single-use microVM nonces (sealed)",
 		History:     1,

@@ -129,7 +129,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamEnvironments, err)
 	}
-	tasks, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+	tasks, err := EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      BucketTasks,
 		Description: "dynrunner sealed forge tasks (AES-GCM), purged when the assignment ends",
 		History:     1,
@@ -155,11 +155,28 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		have := s.CachedInfo().Config
 		if have.Description == want.Description && slices.Equal(have.Subjects, want.Subjects) && have.Retention == want.Retention &&
 			have.Storage == want.Storage && have.Replicas == want.Replicas && have.MaxAge == want.MaxAge &&
-			have.Duplicates == want.Duplicates && have.AllowDirect == want.AllowDirect {
+			(want.Duplicates == 0 || have.Duplicates == want.Duplicates) && have.AllowDirect == want.AllowDirect {
 			return s, nil
 		}
 	}
 	return js.CreateOrUpdateStream(ctx, want)
+}
+
+// EnsureKeyValue is jetstream's CreateOrUpdateKeyValue that only looks the bucket up when it
+// exists as configured, so a component whose NATS user may not change buckets binds to one.
+func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	if kv, err := js.KeyValue(ctx, want.Bucket); err == nil {
+		if st, err := kv.Status(ctx); err == nil {
+			if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
+				have := s.StreamInfo().Config
+				if have.Description == want.Description && have.MaxMsgsPerSubject == max(int64(want.History), 1) && have.MaxAge == want.TTL &&
+					have.Replicas == max(want.Replicas, 1) && have.Storage == want.Storage {
+					return kv, nil
+				}
+			}
+		}
+	}
+	return js.CreateOrUpdateKeyValue(ctx, want)
 }
 
 // Check reports whether the topology is usable: every stream and bucket exists and its

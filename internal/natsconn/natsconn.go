@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -49,6 +50,9 @@ func Connect(cfg Config) (*Conn, error) {
 		if cfg.Password != "" {
 			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 		}
+		if p := InboxPrefix(cfg.User); p != "" {
+			opts = append(opts, nats.CustomInboxPrefix(p))
+		}
 		nc, err := nats.Connect(cfg.URL, opts...)
 		if err != nil {
 			return nil, fmt.Errorf("natsconn: connect %s: %w", redactURL(cfg.URL), err)
@@ -68,6 +72,20 @@ func Connect(cfg Config) (*Conn, error) {
 		return nil, fmt.Errorf("natsconn: connect to the embedded server: %w", err)
 	}
 	return &Conn{NC: nc, Server: s}, nil
+}
+
+// InboxPrefix is where a connection as user gets its replies on an external NATS:
+// "_INBOX_<user>", so that each component's user may subscribe to its own replies only
+// (deploy/nats/permissions.conf). It is "" (nats' shared "_INBOX") for no user, or a user name
+// that is not a single subject token.
+func InboxPrefix(user string) string {
+	token := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_'
+	}
+	if user == "" || strings.ContainsFunc(user, func(r rune) bool { return !token(r) }) {
+		return ""
+	}
+	return "_INBOX_" + user
 }
 
 // Embed starts an in-process nats-server with JetStream storing under dir. With listen empty

@@ -1,0 +1,201 @@
+package eventlog_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/natsconn"
+)
+
+// permissionsFile is the per-component users configuration operators include in their NATS
+// servers; the test runs the event log against exactly it.
+const permissionsFile = "../../deploy/nats/permissions.conf"
+
+// component is one component's connection to a server configured with permissionsFile.
+type component struct {
+	log *eventlog.Log
+	js  jetstream.JetStream
+
+	mu     sync.Mutex
+	denied []string // permission violations the server reported
+}
+
+func (c *component) violations() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.denied, "\n")
+}
+
+func permissionedServer(t *testing.T) *server.Server {
+	t.Helper()
+	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER"} {
+		t.Setenv("DYNRUNNER_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
+	}
+	opts, err := server.ProcessConfigFile(permissionsFile)
+	require.NoError(t, err)
+	opts.Host, opts.Port = "127.0.0.1", -1
+	opts.JetStream, opts.StoreDir = true, t.TempDir()
+	opts.NoSigs, opts.NoLog = true, true
+	s, err := server.NewServer(opts)
+	require.NoError(t, err)
+	go s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+func connectAs(t *testing.T, s *server.Server, user, password string) *component {
+	t.Helper()
+	c, err := natsconn.Connect(natsconn.Config{URL: s.ClientURL(), User: user, Password: password, Name: user})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	comp := &component{}
+	c.NC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		comp.mu.Lock()
+		defer comp.mu.Unlock()
+		comp.denied = append(comp.denied, err.Error())
+	})
+	comp.js, err = jetstream.New(c.NC)
+	require.NoError(t, err)
+	cfg := eventlog.DefaultConfig()
+	cfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	comp.log, err = eventlog.Open(ctx, comp.js, cfg)
+	require.NoError(t, err, "%s opens the event log: %s", user, comp.violations())
+	return comp
+}
+
+// denied runs op, which the server must refuse, bounded by a short deadline (a refused
+// publish is answered asynchronously, so the call itself only times out).
+func denied(t *testing.T, c *component, what string, op func(ctx context.Context) error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	require.Error(t, op(ctx), what)
+	require.Eventually(t, func() bool { return strings.Contains(c.violations(), "Permissions Violation") }, 5*time.Second, 10*time.Millisecond,
+		"%s: the server reported no permission violation", what)
+	c.mu.Lock()
+	c.denied = nil
+	c.mu.Unlock()
+}
+
+// TestPerComponentUsers runs one job's transitions through the event log, each component as its
+// own NATS user from deploy/nats/permissions.conf, and shows what each user is refused: a pod
+// worker's user cannot append a claim nor a completion, nor read a sealed task; the facade's
+// cannot claim; nobody can delete a stream.
+func TestPerComponentUsers(t *testing.T) {
+	s := permissionedServer(t)
+	sched := connectAs(t, s, "dynrunner-scheduler", "pw-scheduler") // creates the topology
+	facade := connectAs(t, s, "dynrunner-facade", "pw-facade")
+	pod := connectAs(t, s, "dynrunner-pod-worker", "pw-pod_worker")
+	vm := connectAs(t, s, "dynrunner-vm-worker", "pw-vm_worker")
+	ctx := t.Context()
+
+	for name, c := range map[string]*component{"scheduler": sched, "facade": facade, "pod": pod, "vm": vm} {
+		view := eventlog.NewView()
+		wctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = c.log.Watch(wctx, view) }()
+		select {
+		case <-view.Ready():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the view did not catch up: %s", name, c.violations())
+		}
+		require.NoError(t, c.log.Check(ctx), name)
+	}
+
+	// The scheduler claims, seals the task and dispatches.
+	st, err := sched.log.Apply(ctx, claim(5), nil)
+	require.NoError(t, err)
+	require.NoError(t, sched.log.PutTask(ctx, 5, []byte("sealed")))
+	require.NoError(t, sched.log.Dispatch(ctx, assignment.BackendPod, 5, st.Epoch()))
+
+	// The pod worker takes the dispatch, records it, starts the environment, records its phase.
+	cons, err := pod.log.Consumer(ctx, assignment.BackendPod)
+	require.NoError(t, err, pod.violations())
+	msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	require.NoError(t, err, pod.violations())
+	d, err := pod.log.ParseDispatch(msg)
+	require.NoError(t, err)
+	require.Equal(t, st.Epoch(), d.Epoch)
+	require.NoError(t, msg.Ack())
+	ev := func(tr assignment.Transition) assignment.Event {
+		return assignment.Event{Transition: tr, Task: 5, Epoch: st.Epoch(), At: t0.Add(time.Minute), Actor: "test",
+			Handle: []byte(`{"id":"x"}`), TokenID: "tok", RunnerUUID: "r", Lease: time.Minute, Result: "success"}
+	}
+	for _, tr := range []assignment.Transition{assignment.Dispatched, assignment.Started} {
+		st, err = pod.log.Apply(ctx, ev(tr), &st)
+		require.NoError(t, err, "pod worker %s: %s", tr, pod.violations())
+	}
+	require.NoError(t, pod.log.RecordEnvironment(ctx, eventlog.EnvironmentRecord{Task: 5, Epoch: st.Epoch(), Backend: "docker",
+		Env: "x", Phase: eventlog.EnvRunning, At: t0, Actor: "test"}), pod.violations())
+	require.NoError(t, pod.log.DeadLetter(ctx, assignment.BackendPod, []byte("{}"), "test"), pod.violations())
+	workers, err := eventlog.EnsureKeyValue(ctx, pod.js, jetstream.KeyValueConfig{Bucket: "dynrunner_workers", History: 1, TTL: time.Minute, Storage: jetstream.FileStorage})
+	require.NoError(t, err, pod.violations())
+	_, err = workers.Put(ctx, "env.5.1", []byte("pod-worker"))
+	require.NoError(t, err, pod.violations())
+	_, err = workers.Get(ctx, "env.5.1")
+	require.NoError(t, err, pod.violations())
+
+	// The facade reads the sealed task and records what the environment reports.
+	sealed, err := facade.log.GetTask(ctx, 5)
+	require.NoError(t, err, facade.violations())
+	assert.Equal(t, "sealed", string(sealed))
+	for _, tr := range []assignment.Transition{assignment.Registered, assignment.Running, assignment.Renewed} {
+		st, err = facade.log.Apply(ctx, ev(tr), &st)
+		require.NoError(t, err, "facade %s: %s", tr, facade.violations())
+	}
+
+	// What each user is refused.
+	denied(t, pod, "a pod worker appends a claim", func(ctx context.Context) error {
+		_, err := pod.log.Apply(ctx, claim(6), nil)
+		return err
+	})
+	_, err = sched.log.Get(ctx, 6)
+	require.ErrorIs(t, err, assignment.ErrNotFound, "the pod worker's claim was stored")
+	denied(t, pod, "a pod worker appends a completion", func(ctx context.Context) error {
+		_, err := pod.log.Apply(ctx, ev(assignment.Completed), &st)
+		return err
+	})
+	denied(t, pod, "a pod worker reads a sealed task", func(ctx context.Context) error {
+		_, err := pod.log.GetTask(ctx, 5)
+		return err
+	})
+	denied(t, pod, "a pod worker consumes the vm tier's dispatches", func(ctx context.Context) error {
+		_, err := pod.log.Consumer(ctx, assignment.BackendVM)
+		return err
+	})
+	denied(t, pod, "a pod worker deletes the assignments stream", func(ctx context.Context) error {
+		return pod.js.DeleteStream(ctx, eventlog.StreamAssignments)
+	})
+	denied(t, facade, "the facade appends a claim", func(ctx context.Context) error {
+		_, err := facade.log.Apply(ctx, claim(7), nil)
+		return err
+	})
+	denied(t, vm, "a vm worker appends a claim", func(ctx context.Context) error {
+		_, err := vm.log.Apply(ctx, claim(8), nil)
+		return err
+	})
+	denied(t, sched, "the scheduler appends a registration", func(ctx context.Context) error {
+		_, err := sched.log.Apply(ctx, ev(assignment.Completed), &st)
+		return err
+	})
+
+	// The facade records the end; the scheduler drops the sealed task.
+	st, err = facade.log.Apply(ctx, ev(assignment.Completed), &st)
+	require.NoError(t, err, facade.violations())
+	assert.Equal(t, assignment.Completed, st.Phase)
+	require.NoError(t, sched.log.DropTask(ctx, 5), sched.violations())
+}
