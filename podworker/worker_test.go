@@ -14,6 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
@@ -576,4 +578,51 @@ func liveActors(t *testing.T, kv jetstream.KeyValue) map[string]bool {
 		out[string(e.Value())] = true
 	}
 	return out
+}
+
+// TestWorkerIgnoresForgedRecords: someone with the NATS password but not the record key appends
+// a `failed` record over a running environment and a dispatch for a task never claimed, through
+// its own connection. The environment keeps running, nothing is started for the dispatch, and
+// the dispatch ends as a dead letter.
+func TestWorkerIgnoresForgedRecords(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	r.run(mem)
+	st := r.claim(1)
+	id := fmt.Sprintf("1-%d", st.Epoch())
+	eventually(t, "started", func() bool { return r.phase(1).Phase == assignment.Started })
+
+	nc, err := nats.Connect("", nats.InProcessServer(r.conn.Server))
+	require.NoError(t, err)
+	defer nc.Close()
+	attacker, err := jetstream.New(nc)
+	require.NoError(t, err)
+	rec := r.phase(1).Record
+	rec.Transition, rec.Phase, rec.Reason = assignment.Failed, assignment.Failed, "forged"
+	data, err := json.Marshal(rec)
+	require.NoError(t, err)
+	_, err = attacker.Publish(t.Context(), eventlog.RecordSubject(1, assignment.Failed), data)
+	require.NoError(t, err)
+	_, err = attacker.Publish(t.Context(), eventlog.SubjectDispatch+"pod", []byte(`{"task_id":2,"epoch":1}`))
+	require.NoError(t, err)
+
+	// Nothing but the worker's view reads task 1 until the view quarantined the record.
+	dead, err := r.js.Stream(t.Context(), eventlog.StreamDead)
+	require.NoError(t, err)
+	eventually(t, "the view quarantined the forged record", func() bool {
+		_, err := dead.GetLastMsgForSubject(t.Context(), eventlog.SubjectQuarantine)
+		return err == nil
+	})
+	eventually(t, "the forged dispatch dead-lettered", func() bool {
+		_, err := dead.GetLastMsgForSubject(t.Context(), eventlog.SubjectDead+"pod")
+		return err == nil
+	})
+	v, ok := r.view.Get(1)
+	require.True(t, ok)
+	assert.Equal(t, assignment.Started, v.Phase)
+	assert.Equal(t, assignment.Started, r.phase(1).Phase)
+	assert.True(t, mem.has(id), "the forged failure destroyed the environment")
+	mem.mu.Lock()
+	assert.Equal(t, 1, mem.starts, "an environment was started for the forged dispatch")
+	mem.mu.Unlock()
 }
