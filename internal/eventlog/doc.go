@@ -3,14 +3,18 @@
 //
 // Streams and subjects (see docs/events.md):
 //
-//	DYNRUNNER_ASSIGNMENTS   dynrunner.assignment.<task_id>   every transition, JSON, limits retention
+//	DYNRUNNER_ASSIGNMENTS   dynrunner.assignment.<task_id>.<transition>  every transition, JSON, limits retention
 //	DYNRUNNER_DISPATCH      dynrunner.dispatch.<backend>     work queue, one durable consumer per backend
 //	DYNRUNNER_DEAD          dynrunner.dead.<backend>         dispatch messages that exhausted MaxDeliver
+//	                        dynrunner.dead.record            rejected messages, quarantined
 //	DYNRUNNER_ENVIRONMENTS  dynrunner.environment.<task_id>  environment observations (Pod phases), JSON, limits retention
 //	KV dynrunner_tasks      task.<task_id>                   the sealed forge task (AES-GCM), purged at the end
 //
-// Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence on
-// the task's subject; the claim's stream sequence is the assignment's fencing epoch.
+// Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence over
+// the task's subjects; the claim's stream sequence is the assignment's fencing epoch. Every
+// message the log writes carries a MAC (HeaderMAC) under Config.Key, and every one it reads
+// must: a message without one is not believed, but quarantined (SubjectQuarantine) and
+// reported (Config.OnReject).
 // Environment records are plain appends (RecordEnvironment), deduplicated by message id: they
 // are an audit trail beside the assignment's, never an input to its state machine.
 package eventlog
