@@ -237,8 +237,8 @@ func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 // controller does with POD_BACKEND=local and no SPIFFE_ENDPOINT_SOCKET.
 type devIdentity struct{ ca *workload.DevCA }
 
-func (d devIdentity) Files(task assignment.TaskID, epoch assignment.Epoch) (map[string][]byte, error) {
-	svid, err := d.ca.Issue(workload.AssignmentID(d.ca.TrustDomain(), task, epoch), 8*time.Hour)
+func (d devIdentity) Files(task assignment.TaskID, epoch assignment.Epoch, notAfter time.Time) (map[string][]byte, error) {
+	svid, err := d.ca.Issue(workload.AssignmentID(d.ca.TrustDomain(), task, epoch), time.Until(notAfter))
 	if err != nil {
 		return nil, err
 	}

@@ -20,9 +20,10 @@ import (
 )
 
 // Identity gives an environment its identity material: the files (SVID, bundle) it needs to
-// prove who it is. Backends whose environments get SVIDs elsewhere (SPIRE) return none.
+// prove who it is, valid until notAfter (the end of the assignment's lease) and no longer.
+// Backends whose environments get SVIDs elsewhere (SPIRE) return none.
 type Identity interface {
-	Files(task assignment.TaskID, epoch assignment.Epoch) (map[string][]byte, error)
+	Files(task assignment.TaskID, epoch assignment.Epoch, notAfter time.Time) (map[string][]byte, error)
 }
 
 // TokenFile is the name of the capability token file in an environment's secrets directory.
@@ -305,7 +306,7 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 	}
 	files := map[string][]byte{TokenFile: []byte(tok.Secret())}
 	if w.cfg.Identity != nil {
-		idf, err := w.cfg.Identity.Files(st.Task, st.Epoch())
+		idf, err := w.cfg.Identity.Files(st.Task, st.Epoch(), st.LeaseExpires)
 		if err != nil {
 			return Handle{}, "", fmt.Errorf("podworker: identity: %w", err)
 		}
@@ -459,6 +460,35 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 	})
 }
 
+// Refresher is implemented by backends that can replace an environment's secret files while
+// it runs, atomically, each file at a time. The worker renews a development-CA SVID with every
+// lease renewal through it, so no SVID outlives the lease.
+type Refresher interface {
+	Refresh(ctx context.Context, h Handle, files map[string][]byte) error
+}
+
+// refresh gives the environment h new identity files valid until st's lease ends. It runs on
+// the view's goroutine (a signature and a few small files); on error the environment's current
+// SVID stays valid until the lease it was issued for ends, and the next renewal tries again.
+func (w *Worker) refresh(st assignment.State, h Handle) {
+	r, ok := w.backend.(Refresher)
+	if !ok || w.cfg.Identity == nil {
+		return
+	}
+	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str(logkey.Env, h.ID).Logger()
+	files, err := w.cfg.Identity.Files(st.Task, st.Epoch(), st.LeaseExpires)
+	if err == nil && len(files) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err = r.Refresh(ctx, h, files)
+	}
+	if err != nil {
+		logger.Warn().Err(err).Msg("renew the environment's identity files with its lease")
+		return
+	}
+	logger.Debug().Time("not_after", st.LeaseExpires).Msg("identity files renewed with the lease")
+}
+
 func (w *Worker) forget(task assignment.TaskID) {
 	w.mu.Lock()
 	delete(w.envs, task)
@@ -484,14 +514,18 @@ func (w *Worker) watching(task assignment.TaskID, e *env) bool {
 }
 
 // onChange ends the environment of an assignment that ended or failed elsewhere (a lease
-// expired, the job was cancelled): Wait returns, and watch cleans up.
+// expired, the job was cancelled): Wait returns, and watch cleans up. A renewed lease renews
+// the environment's identity files with it.
 func (w *Worker) onChange(st assignment.State) {
-	if st.Live() && st.Phase != assignment.Failed {
-		return
-	}
 	w.mu.Lock()
 	e, ok := w.envs[st.Task]
 	w.mu.Unlock()
+	if st.Live() && st.Phase != assignment.Failed {
+		if ok && e.h.ID != "" && e.h.Epoch == st.Epoch() && st.Transition == assignment.Renewed {
+			w.refresh(st, e.h)
+		}
+		return
+	}
 	// A reservation without a handle is still starting: its `started` append fails on the
 	// ended assignment and the start path destroys the environment itself.
 	if ok && e.h.ID != "" && st.Phase != assignment.Completed {

@@ -626,3 +626,59 @@ func TestWorkerIgnoresForgedRecords(t *testing.T) {
 	assert.Equal(t, 1, mem.starts, "an environment was started for the forged dispatch")
 	mem.mu.Unlock()
 }
+
+// refreshing is a memBackend whose environments' secret files can be replaced.
+type refreshing struct {
+	*memBackend
+	mu        sync.Mutex
+	refreshed map[string][]time.Time // notAfter of each refresh, by environment
+}
+
+func (r *refreshing) Refresh(_ context.Context, h podworker.Handle, files map[string][]byte) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.refreshed[h.ID] = append(r.refreshed[h.ID], mustTime(string(files["not-after"])))
+	return nil
+}
+
+func (r *refreshing) refreshes(id string) []time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]time.Time(nil), r.refreshed[id]...)
+}
+
+func mustTime(s string) time.Time {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+// leaseIdentity issues "identity files" naming the time they are valid until.
+type leaseIdentity struct{}
+
+func (leaseIdentity) Files(_ assignment.TaskID, _ assignment.Epoch, notAfter time.Time) (map[string][]byte, error) {
+	return map[string][]byte{"not-after": []byte(notAfter.Format(time.RFC3339Nano))}, nil
+}
+
+// TestWorkerRenewsIdentityWithTheLease: an environment's identity is issued for its lease and
+// issued again, for the new lease, every time the lease is renewed; so no SVID outlives it.
+func TestWorkerRenewsIdentityWithTheLease(t *testing.T) {
+	r := newRig(t)
+	b := &refreshing{memBackend: newMem(), refreshed: map[string][]time.Time{}}
+	r.runWorker(r.log, b, podworker.Config{Actor: "worker-test", Reap: time.Hour, Identity: leaseIdentity{}})
+	st := r.claim(1)
+	id := fmt.Sprintf("1-%d", st.Epoch())
+	eventually(t, "started", func() bool { return r.phase(1).Phase == assignment.Started })
+	cur := r.phase(1)
+	for i := 1; i <= 2; i++ {
+		next, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Renewed, Task: 1, Epoch: st.Epoch(),
+			At: time.Now().Add(time.Duration(i) * time.Minute), Actor: "facade", Lease: 5 * time.Minute}, &cur)
+		require.NoError(t, err)
+		require.True(t, next.LeaseExpires.After(cur.LeaseExpires))
+		cur = next
+		eventually(t, "identity renewed", func() bool { return len(b.refreshes(id)) == i })
+		assert.True(t, b.refreshes(id)[i-1].Equal(cur.LeaseExpires), "renewed identity valid until %s, the lease ends %s", b.refreshes(id)[i-1], cur.LeaseExpires)
+	}
+}

@@ -50,11 +50,12 @@ type FacadeConfig struct {
 
 // Facade is the RunnerService that environments talk to.
 type Facade struct {
-	cfg    FacadeConfig
-	limits ServerLimits
-	forge  Forge
-	log    *eventlog.Log
-	view   *eventlog.View
+	cfg     FacadeConfig
+	limits  ServerLimits
+	forge   Forge
+	log     *eventlog.Log
+	view    *eventlog.View
+	started time.Time
 }
 
 var (
@@ -71,7 +72,7 @@ func NewFacade(cfg FacadeConfig, forge Forge, log *eventlog.Log, view *eventlog.
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Facade{cfg: cfg, limits: cfg.Limits.withDefaults(), forge: forge, log: log, view: view}
+	return &Facade{cfg: cfg, limits: cfg.Limits.withDefaults(), forge: forge, log: log, view: view, started: cfg.Now()}
 }
 
 // Handler serves the RunnerService (at the path the Gitea runner uses, /api/actions/...), the
@@ -84,6 +85,15 @@ func (f *Facade) Handler() http.Handler {
 		if err != nil {
 			f.cfg.Metrics.Refused.WithLabelValues("no_identity").Inc()
 			http.Error(w, "dynrunner facade: a client SVID is required", http.StatusUnauthorized)
+			return
+		}
+		// The handshake checked the SVID; a connection kept open outlives it. Development-CA
+		// SVIDs end with their assignment's lease: past it, the connection speaks for nobody.
+		if leaf := r.TLS.PeerCertificates[0]; f.cfg.Now().After(leaf.NotAfter) {
+			f.cfg.Metrics.Refused.WithLabelValues("svid_expired").Inc()
+			w.Header().Set("Connection", "close")
+			http.Error(w, fmt.Sprintf("dynrunner facade: the client SVID %s expired at %s; connect again with the current one",
+				id, leaf.NotAfter.UTC().Format(time.RFC3339)), http.StatusUnauthorized)
 			return
 		}
 		mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, id)))
@@ -204,8 +214,25 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 		return st, f.refuse("bad_runner_token", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: runner %s is not the one registered for task %d", uuid, c.task))
 	}
+	if f.leaseOver(st) {
+		return st, f.refuse("lease_expired", connect.CodeUnauthenticated,
+			fmt.Errorf("dynrunner facade: the runner credentials of task %d expired with its lease at %s", c.task, st.LeaseExpires.UTC().Format(time.RFC3339)))
+	}
 	return st, nil
 }
+
+// leaseOver reports whether st's lease has ended: the runner credentials and the SVID issued
+// for it end with it. A facade that started less than restartGrace ago lets environments
+// renew a lease that ran out while no facade was up, as the scheduler does.
+func (f *Facade) leaseOver(st assignment.State) bool {
+	now := f.cfg.Now()
+	return now.After(st.LeaseExpires) && now.Sub(f.started) >= restartGrace(f.cfg.Lease)
+}
+
+// restartGrace is how long after a start the scheduler and the facade let environments reach
+// them again before enforcing deadlines that passed while they were down: two renewal
+// intervals.
+func restartGrace(lease time.Duration) time.Duration { return 2 * lease / 3 }
 
 // current reads the assignment from JetStream and checks the caller's epoch against it.
 //
@@ -497,6 +524,10 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 	}
 	if !st.Live() || st.Phase == assignment.Failed {
 		return connect.NewResponse(&dynrunnerv1.RenewResponse{Ended: true, LeaseExpiresAt: timestamppb.New(st.LeaseExpires)}), nil
+	}
+	if f.leaseOver(st) {
+		return nil, f.refuse("lease_expired", connect.CodeFailedPrecondition,
+			fmt.Errorf("dynrunner facade: the lease of task %d ended at %s; it cannot be renewed", c.task, st.LeaseExpires.UTC().Format(time.RFC3339)))
 	}
 	next, err := f.apply(ctx, assignment.Event{Transition: assignment.Renewed, Task: c.task, Epoch: c.epoch, Lease: f.cfg.Lease}, &st)
 	if err != nil {

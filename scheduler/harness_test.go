@@ -126,6 +126,8 @@ type env struct {
 	// test's log).
 	limits scheduler.ServerLimits
 	logw   io.Writer
+	// now is the facades' clock (zero: time.Now).
+	now func() time.Time
 }
 
 func newEnv(t *testing.T) *env {
@@ -182,7 +184,7 @@ func (e *env) serve(guest bool) server {
 	}
 	f := scheduler.NewFacade(scheduler.FacadeConfig{
 		Actor: "facade-test", TrustDomain: e.td, Lease: 5 * time.Minute, Issuer: e.issuer,
-		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(logw), Limits: e.limits,
+		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(logw), Limits: e.limits, Now: e.now,
 	}, e.forge, e.log, e.view)
 	src, err := e.ca.ServerSource(workload.FacadeID(e.td), time.Hour, workload.LocalHosts())
 	if err != nil {

@@ -14,12 +14,15 @@ import (
 // devIdentity issues local environments their SVID files from the development CA.
 type devIdentity struct{ ca *workload.DevCA }
 
-// devSVIDTTL bounds the life of a local environment's SVID; the files are not rotated, so it
-// covers the longest job (the runner's own timeout is 6h).
-const devSVIDTTL = 8 * time.Hour
-
-func (d devIdentity) Files(task assignment.TaskID, epoch assignment.Epoch) (map[string][]byte, error) {
-	svid, err := d.ca.Issue(workload.AssignmentID(d.ca.TrustDomain(), task, epoch), devSVIDTTL)
+// Files issues the environment's SVID, valid until notAfter: the end of the assignment's
+// lease. The pod worker issues it again with every renewal of the lease (podworker.Refresher),
+// so an SVID never outlives the lease it was issued under.
+func (d devIdentity) Files(task assignment.TaskID, epoch assignment.Epoch, notAfter time.Time) (map[string][]byte, error) {
+	ttl := time.Until(notAfter)
+	if ttl <= 0 {
+		return nil, fmt.Errorf("the lease of task %d ended at %s: no SVID for it", task, notAfter.UTC().Format(time.RFC3339))
+	}
+	svid, err := d.ca.Issue(workload.AssignmentID(d.ca.TrustDomain(), task, epoch), ttl)
 	if err != nil {
 		return nil, err
 	}

@@ -201,6 +201,10 @@ func Run(ctx context.Context, cfg Config) error {
 				continue
 			}
 			renew.Reset(cfg.Renew)
+			// The SVID is issued again with every renewal and lives no longer than the lease:
+			// connections opened with an older one are closed once idle, so the next request
+			// presents the current one.
+			transport.CloseIdleConnections()
 			if resp.Msg.GetEnded() {
 				stopOnce.Do(func() { stop("the assignment ended") })
 				continue

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // MaxSize is the largest credential file Read accepts.
@@ -199,4 +201,60 @@ func LoadOrCreate(path string, n int) (secret []byte, created bool, err error) {
 		return nil, false, err
 	}
 	return text[:len(text):len(text)], true, nil
+}
+
+// ReplaceIn replaces files in the directory sub of dir while a reader may be using them: each
+// is written to a temporary file with mode 0600 (owned by uid:gid when the process is root
+// and uid >= 0), synced and renamed over its name, so a reader sees the old or the new
+// content, never a part. Nothing is followed out of dir: a symbolic link under it leading
+// outside fails. File names must not contain a separator.
+func ReplaceIn(dir, sub string, files map[string][]byte, uid, gid int) error {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("secretfile: %w", err)
+	}
+	defer root.Close()
+	sr, err := root.OpenRoot(sub)
+	if err != nil {
+		return fmt.Errorf("secretfile: %w", err)
+	}
+	defer sr.Close()
+	var b [8]byte
+	for name, data := range files {
+		if name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00") {
+			return fmt.Errorf("secretfile: file name %q", name)
+		}
+		_, _ = rand.Read(b[:])
+		tmp := "." + name + ".tmp-" + hex.EncodeToString(b[:])
+		if err := writeIn(sr, tmp, data, uid, gid); err != nil {
+			_ = sr.Remove(tmp)
+			return fmt.Errorf("secretfile: write %s: %w", name, err)
+		}
+		if err := sr.Rename(tmp, name); err != nil {
+			_ = sr.Remove(tmp)
+			return fmt.Errorf("secretfile: %w", err)
+		}
+	}
+	return syncDir(filepath.Join(dir, sub))
+}
+
+func writeIn(r *os.Root, name string, data []byte, uid, gid int) error {
+	f, err := r.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Chmod(0o600)
+	if err == nil && uid >= 0 && os.Geteuid() == 0 {
+		err = f.Chown(uid, gid)
+	}
+	if err == nil {
+		_, err = f.Write(data)
+	}
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,6 +12,9 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const content = "s3cr3t-value-that-must-not-leak"
@@ -529,4 +533,56 @@ func FuzzRead(f *testing.F) {
 			t.Fatalf("Read(%q) = %q, want %q", data, got, want)
 		}
 	})
+}
+
+func TestReplaceIn(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "secrets"), 0o700))
+	old := filepath.Join(dir, "secrets", "svid.pem")
+	require.NoError(t, os.WriteFile(old, []byte("old"), 0o600))
+	f, err := os.Open(old) // a reader holding the old file keeps reading the old content
+	require.NoError(t, err)
+	defer f.Close()
+
+	require.NoError(t, ReplaceIn(dir, "secrets", map[string][]byte{"svid.pem": []byte("new"), "bundle.pem": []byte("b")}, -1, -1))
+	got, err := os.ReadFile(old)
+	require.NoError(t, err)
+	assert.Equal(t, "new", string(got))
+	held, err := io.ReadAll(f)
+	require.NoError(t, err)
+	assert.Equal(t, "old", string(held))
+	for _, name := range []string{"svid.pem", "bundle.pem"} {
+		fi, err := os.Stat(filepath.Join(dir, "secrets", name))
+		require.NoError(t, err)
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), name)
+	}
+	entries, err := os.ReadDir(filepath.Join(dir, "secrets"))
+	require.NoError(t, err)
+	assert.Len(t, entries, 2, "a temporary file was left")
+}
+
+// TestReplaceInFollowsNothingOut: the environment owns its secrets directory and may replace
+// it, or a file in it, by a symbolic link; nothing is written outside the environment then.
+func TestReplaceInFollowsNothingOut(t *testing.T) {
+	outside := t.TempDir()
+	target := filepath.Join(outside, "passwd")
+	require.NoError(t, os.WriteFile(target, []byte("root:x:0:0"), 0o644))
+
+	dir := t.TempDir()
+	require.NoError(t, os.Symlink(outside, filepath.Join(dir, "secrets")))
+	err := ReplaceIn(dir, "secrets", map[string][]byte{"passwd": []byte("pwned")}, -1, -1)
+	require.Error(t, err)
+
+	dir = t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "secrets"), 0o700))
+	require.NoError(t, os.Symlink(target, filepath.Join(dir, "secrets", "svid.pem")))
+	require.NoError(t, ReplaceIn(dir, "secrets", map[string][]byte{"svid.pem": []byte("new")}, -1, -1))
+	fi, err := os.Lstat(filepath.Join(dir, "secrets", "svid.pem"))
+	require.NoError(t, err)
+	assert.True(t, fi.Mode().IsRegular(), "the link was followed instead of replaced")
+	got, err := os.ReadFile(target)
+	require.NoError(t, err)
+	assert.Equal(t, "root:x:0:0", string(got))
+
+	require.Error(t, ReplaceIn(dir, "secrets", map[string][]byte{"../x": []byte("y")}, -1, -1))
 }
