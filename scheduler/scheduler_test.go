@@ -2,6 +2,7 @@ package scheduler_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -10,8 +11,11 @@ import (
 
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/scheduler"
 )
 
@@ -231,4 +235,43 @@ func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the second claim", func() bool { _, err := e.log.Get(t.Context(), 52); return err == nil })
+}
+
+// TestSchedulerIsNotWedgedByForgedRecords: someone with the NATS password appends a malformed
+// record and a forged `failed` with its own text to a claimed assignment. Neither is believed:
+// the forge's log gets none of the attacker's text, the assignment ends by its real deadline,
+// and its sealed task is dropped.
+func TestSchedulerIsNotWedgedByForgedRecords(t *testing.T) {
+	e := newEnv(t)
+	clk := &clock{now: time.Now()}
+	e.runScheduler(clk)
+	e.forge.push(taskWithRunsOn(31, "[self-hosted, pod]"))
+	var st assignment.State
+	eventually(t, "the claim", func() bool {
+		var err error
+		st, err = e.log.Get(t.Context(), 31)
+		return err == nil
+	})
+	js := e.log.JetStream()
+	_, err := js.Publish(t.Context(), eventlog.RecordSubject(31, assignment.Renewed), []byte(`{"transition":"renewed","task_id":"31"`))
+	require.NoError(t, err)
+	forged := st.Record
+	forged.Transition, forged.Phase, forged.Reason = assignment.Failed, assignment.Failed, "ATTACKER TEXT"
+	data, err := json.Marshal(forged)
+	require.NoError(t, err)
+	_, err = js.Publish(t.Context(), eventlog.RecordSubject(31, assignment.Failed), data)
+	require.NoError(t, err)
+
+	clk.Advance(3*time.Minute + 30*time.Second)
+	eventually(t, "the closed record", func() bool {
+		st, err := e.log.Get(t.Context(), 31)
+		return err == nil && st.Phase == assignment.Closed
+	})
+	log := strings.Join(e.forge.log(31), "\n")
+	assert.Contains(t, log, "PICKUP_SECS")
+	assert.NotContains(t, log, "ATTACKER TEXT")
+	eventually(t, "the sealed task dropped", func() bool {
+		_, err := e.log.GetTask(t.Context(), 31)
+		return errors.Is(err, assignment.ErrNotFound)
+	})
 }
