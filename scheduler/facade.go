@@ -56,6 +56,8 @@ type Facade struct {
 	log     *eventlog.Log
 	view    *eventlog.View
 	started time.Time
+	// logLimit holds back refusal log lines beyond one per kind and HandshakeLogEvery.
+	logLimit *logLimit
 }
 
 var (
@@ -72,7 +74,9 @@ func NewFacade(cfg FacadeConfig, forge Forge, log *eventlog.Log, view *eventlog.
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
-	return &Facade{cfg: cfg, limits: cfg.Limits.withDefaults(), forge: forge, log: log, view: view, started: cfg.Now()}
+	f := &Facade{cfg: cfg, limits: cfg.Limits.withDefaults(), forge: forge, log: log, view: view, started: cfg.Now()}
+	f.logLimit = &logLimit{every: f.limits.HandshakeLogEvery}
+	return f
 }
 
 // Handler serves the RunnerService (at the path the Gitea runner uses, /api/actions/...), the
@@ -167,7 +171,9 @@ func (f *Facade) caller(ctx context.Context, method string, h http.Header) (call
 
 func (f *Facade) refuse(reason string, code connect.Code, err error) error {
 	f.cfg.Metrics.Refused.WithLabelValues(reason).Inc()
-	f.cfg.Log.Warn().Str("reason", reason).Err(err).Msg("facade refused a request")
+	if ok, suppressed := f.logLimit.allow(reason); ok {
+		f.cfg.Log.Warn().Str("reason", reason).Err(err).Int("suppressed", suppressed).Msg("facade refused a request")
+	}
 	return connect.NewError(code, err)
 }
 

@@ -29,8 +29,9 @@ type ServerLimits struct {
 	// PerIdentity is how many requests one environment (one SPIFFE ID; a guest: one address)
 	// may have in flight; more are refused at once.
 	PerIdentity int
-	// HandshakeLogEvery is the least time between two log lines about refused TLS handshakes;
-	// the refusals in between are counted into the next line.
+	// HandshakeLogEvery is the least time between two log lines about refused TLS handshakes,
+	// and between two about refused requests of one reason; the refusals in between are
+	// counted into the next line (and all of them into dynrunner_facade_refused_total).
 	HandshakeLogEvery time.Duration
 }
 
@@ -77,7 +78,7 @@ func (f *Facade) Server(h http.Handler, tlsConfig *tls.Config) *http.Server {
 		WriteTimeout:      l.WriteTimeout,
 		IdleTimeout:       l.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          log.New(&handshakeLog{log: f.cfg.Log, every: l.HandshakeLogEvery, metrics: f.cfg.Metrics}, "", 0),
+		ErrorLog:          log.New(&handshakeLog{log: f.cfg.Log, metrics: f.cfg.Metrics, limit: f.logLimit}, "", 0),
 	}
 }
 
@@ -91,7 +92,10 @@ func (f *Facade) bounded(h http.Handler) http.Handler {
 		if inFlight[who] >= f.limits.PerIdentity {
 			mu.Unlock()
 			f.cfg.Metrics.Refused.WithLabelValues("too_many_requests").Inc()
-			f.cfg.Log.Warn().Str("caller", who).Int("in_flight", f.limits.PerIdentity).Msg("facade refused a request: too many in flight from one caller")
+			if ok, suppressed := f.logLimit.allow("too_many_requests"); ok {
+				f.cfg.Log.Warn().Str("caller", who).Int("in_flight", f.limits.PerIdentity).Int("suppressed", suppressed).
+					Msg("facade refused a request: too many in flight from one caller")
+			}
 			http.Error(w, fmt.Sprintf("dynrunner facade: %d requests of yours are in flight already", f.limits.PerIdentity), http.StatusTooManyRequests)
 			return
 		}
@@ -123,17 +127,41 @@ func requester(r *http.Request) string {
 	return "guest at " + host
 }
 
+// logLimit lets one log line of each kind through per interval and counts the ones it held
+// back, so no caller can flood the controller's log with refusals (the metrics count all).
+type logLimit struct {
+	every time.Duration
+
+	mu         sync.Mutex
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+// allow reports whether a line of kind may be logged now, and how many were held back since
+// the last one. Kinds are a fixed set (refusal reasons), never caller input.
+func (l *logLimit) allow(kind string) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last, l.suppressed = map[string]time.Time{}, map[string]int{}
+	}
+	now := time.Now()
+	if last, ok := l.last[kind]; ok && now.Sub(last) < l.every {
+		l.suppressed[kind]++
+		return false, 0
+	}
+	n := l.suppressed[kind]
+	l.last[kind], l.suppressed[kind] = now, 0
+	return true, n
+}
+
 // handshakeLog turns the HTTP server's error lines into structured ones: refused TLS
 // handshakes (a wrong or missing SVID, a scanner) as one warning per HandshakeLogEvery with a
 // count of those suppressed since; anything else as it comes.
 type handshakeLog struct {
 	log     zerolog.Logger
-	every   time.Duration
 	metrics *Metrics
-
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
+	limit   *logLimit
 }
 
 func (h *handshakeLog) Write(p []byte) (int, error) {
@@ -145,16 +173,10 @@ func (h *handshakeLog) Write(p []byte) (int, error) {
 	}
 	h.metrics.Refused.WithLabelValues("handshake").Inc()
 	remote, reason, _ := strings.Cut(rest, ": ")
-	h.mu.Lock()
-	now := time.Now()
-	if !h.last.IsZero() && now.Sub(h.last) < h.every {
-		h.suppressed++
-		h.mu.Unlock()
+	ok, suppressed := h.limit.allow("handshake")
+	if !ok {
 		return len(p), nil
 	}
-	suppressed := h.suppressed
-	h.last, h.suppressed = now, 0
-	h.mu.Unlock()
 	h.log.Warn().Str("remote", remote).Str("reason", reason).Int("suppressed", suppressed).
 		Msg("facade refused a TLS handshake")
 	return len(p), nil
