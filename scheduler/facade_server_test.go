@@ -15,6 +15,8 @@ import (
 	"time"
 
 	pingv1 "code.gitea.io/actions-proto-go/ping/v1"
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"connectrpc.com/connect"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
@@ -220,4 +222,23 @@ func TestFacadeLogsRefusedHandshakesStructured(t *testing.T) {
 	require.Len(t, lines, 1, "one line for 20 refused handshakes within the interval:\n%s", logs.String())
 	assert.True(t, strings.HasPrefix(lines[0], "{") && strings.Contains(lines[0], `"remote":"127.0.0.1:`), "structured: %s", lines[0])
 	assert.NotContains(t, logs.String(), "http: TLS handshake error", "no plain-text line")
+}
+
+// TestFacadeLogsRefusedRequestsBounded: a caller sending request after request the facade
+// refuses (a wrong runner token) gets one log line per interval, however many it sends; the
+// metric counts them all.
+func TestFacadeLogsRefusedRequestsBounded(t *testing.T) {
+	e := newEnv(t)
+	var logs syncBuffer
+	e.logw = &logs
+	e.limits = scheduler.ServerLimits{HandshakeLogEvery: time.Hour}
+	srv := e.facadeServer()
+	st := e.claim(sampleTask(42))
+	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
+	for range 50 {
+		_, err := runnerClient(hc, srv.URL, "some-uuid", "wrong").FetchTask(t.Context(), connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+		require.Equal(t, connect.CodeUnauthenticated, connect.CodeOf(err))
+	}
+	n := strings.Count(logs.String(), `"reason":"bad_runner_token"`)
+	assert.Equal(t, 1, n, "50 refused requests within the interval:\n%s", logs.String())
 }
