@@ -20,6 +20,7 @@ const (
 	dataPGID      = "pgid"
 	dataStartTime = "start_time"
 	dataDir       = "dir"
+	dataUID       = "uid" // with Config.Users: the uid (and gid) the environment runs as
 )
 
 // Names inside an environment directory.

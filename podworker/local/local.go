@@ -59,6 +59,14 @@ type Config struct {
 	Grace time.Duration
 	// PollInterval is how often Wait checks an adopted process (DefaultPollInterval when zero).
 	PollInterval time.Duration
+	// Users, when set, runs each environment under a uid of its own from its range, with no
+	// access to the controller's files or to other environments (see the package
+	// documentation). It needs root. Nil: environments run as the controller's user.
+	Users *Users
+	// Programs are further executables the environments run, for example the Gitea runner.
+	// With Users, New copies them, as it does the executor, where the environments' users can
+	// run them; Program returns the path environments use.
+	Programs []string
 	// Log receives the backend's events.
 	Log zerolog.Logger
 }
@@ -73,6 +81,10 @@ type Backend struct {
 	grace   time.Duration
 	poll    time.Duration
 	log     zerolog.Logger
+	// users is nil when environments run as the controller's user.
+	users *Users
+	// programs maps Config.Programs to the paths environments run them at.
+	programs map[string]string
 
 	mu       sync.Mutex
 	children map[string]*child // by environment ID: processes this Backend started
@@ -114,8 +126,37 @@ func New(cfg Config) (*Backend, error) {
 		return nil, errors.New("local: negative grace or poll interval")
 	}
 	root := filepath.Clean(cfg.Root)
+	var users *Users
+	if cfg.Users != nil {
+		u, err := checkUsers(*cfg.Users)
+		if err != nil {
+			return nil, err
+		}
+		users = &u
+	}
 	if err := os.MkdirAll(filepath.Join(root, locksDir), 0o700); err != nil {
 		return nil, fmt.Errorf("local: root: %w", err)
+	}
+	programs := make(map[string]string, len(cfg.Programs))
+	for _, p := range cfg.Programs {
+		programs[p] = p
+	}
+	if users != nil {
+		// The environments' users pass through the root (not list it) to their own directories.
+		if err := os.Chmod(root, 0o711); err != nil {
+			return nil, fmt.Errorf("local: root: %w", err)
+		}
+		if err := checkReachable(root); err != nil {
+			return nil, err
+		}
+		shared, err := shareExecutables(root, append([]string{path}, cfg.Programs...))
+		if err != nil {
+			return nil, fmt.Errorf("local: %w", err)
+		}
+		path = shared[path]
+		for _, p := range cfg.Programs {
+			programs[p] = shared[p]
+		}
 	}
 	b := &Backend{
 		root:     root,
@@ -125,6 +166,8 @@ func New(cfg Config) (*Backend, error) {
 		grace:    cfg.Grace,
 		poll:     cfg.PollInterval,
 		log:      cfg.Log.With().Str(logKeyBackend, backendName).Logger(),
+		users:    users,
+		programs: programs,
 		children: make(map[string]*child),
 	}
 	if b.grace == 0 {
@@ -138,6 +181,15 @@ func New(cfg Config) (*Backend, error) {
 
 // Name returns "local".
 func (b *Backend) Name() string { return backendName }
+
+// Program returns the path at which environments run p, one of Config.Programs: a copy they
+// can execute with Config.Users, else p itself.
+func (b *Backend) Program(p string) string {
+	if c, ok := b.programs[p]; ok {
+		return c
+	}
+	return p
+}
 
 // checkHandle validates h and returns its environment ID.
 func (b *Backend) checkHandle(h podworker.Handle) (string, error) {
@@ -202,8 +254,12 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 	}
 	running := ref.alive
 	if !hasRef {
+		uid, err := b.uidOf(ctx, b.dir(id))
+		if err != nil {
+			return podworker.Exit{}, errorf("wait", id, err)
+		}
 		running = func() bool {
-			procs, err := scanProcs(b.marker(id))
+			procs, err := scanProcs(b.marker(id), uid)
 			if err != nil {
 				return false
 			}
@@ -297,7 +353,13 @@ func (b *Backend) destroyLocked(ctx context.Context, id string, refs []procRef) 
 	if c != nil {
 		refs = append(refs, c.ref)
 	}
-	stopped, err := b.stop(ctx, id, refs)
+	// The uid is the environment's while the registry says so, which it does until the
+	// directory is gone: every process of it is the environment's.
+	uid, err := b.uidOf(context.WithoutCancel(ctx), b.dir(id))
+	if err != nil {
+		return false, err
+	}
+	stopped, err := b.stop(ctx, id, refs, uid)
 	if err != nil {
 		return true, err
 	}
@@ -316,5 +378,8 @@ func (b *Backend) destroyLocked(ctx context.Context, id string, refs []procRef) 
 		b.mu.Unlock()
 	}
 	removed, err := removeEnvDir(b.root, id)
-	return stopped > 0 || removed || c != nil, err
+	if err == nil {
+		err = b.releaseUID(context.WithoutCancel(ctx), uid, b.dir(id))
+	}
+	return stopped > 0 || removed || c != nil || uid != noUID, err
 }

@@ -82,6 +82,30 @@ func fakeExecutor(mode string) int {
 			return fail("%v", err)
 		}
 		return 0
+	case "attack":
+		if err := attack(); err != nil {
+			return fail("%v", err)
+		}
+		return 0
+	case "escape-clean":
+		// A child in a session of its own with none of the environment's variables: only
+		// its uid says whose it is. (os.Args[0] is the original test binary, which the
+		// environment's user may not reach.)
+		exe, err := os.Executable()
+		if err != nil {
+			return fail("%v", err)
+		}
+		cmd := exec.Command(exe)
+		cmd.Env = []string{fakeEnv + "=forever"}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+		if err := cmd.Start(); err != nil {
+			return fail("%v", err)
+		}
+		if err := writeAtomic(filepath.Join(os.Getenv("DYNRUNNER_WORK_DIR"), childPIDFile),
+			[]byte(strconv.Itoa(cmd.Process.Pid))); err != nil {
+			return fail("%v", err)
+		}
+		sleepForever()
 	case "stray", "escape":
 		// stray: a child in the executor's process group that ignores SIGTERM, then exit.
 		// escape: a child in a session of its own, then run on.

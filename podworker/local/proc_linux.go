@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"syscall"
 )
@@ -72,8 +73,9 @@ type procInfo struct {
 
 // scanProcs lists the processes that run (zombies left out), except this one. When marker is
 // not empty it also reads each one's initial environment and sets marked when it has an entry
-// equal to marker. Processes it may not read are reported unmarked.
-func scanProcs(marker string) ([]procInfo, error) {
+// equal to marker; when uid is not noUID it also marks each process whose real, effective,
+// saved or file-system uid is uid. Processes it may not read are reported unmarked.
+func scanProcs(marker string, uid int) ([]procInfo, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, err
@@ -93,7 +95,67 @@ func scanProcs(marker string) ([]procInfo, error) {
 		if marker != "" {
 			p.marked = environHas(pid, marker)
 		}
+		if !p.marked && uid != noUID {
+			ids, err := procUIDs(pid)
+			p.marked = err == nil && slices.Contains(ids[:], uint32(uid))
+		}
 		out = append(out, p)
+	}
+	return out, nil
+}
+
+// procUIDs reads the real, effective, saved and file-system uid of pid from
+// /proc/<pid>/status.
+func procUIDs(pid int) ([4]uint32, error) {
+	var ids [4]uint32
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return ids, err
+	}
+	for line := range bytes.SplitSeq(b, []byte{'\n'}) {
+		rest, ok := bytes.CutPrefix(line, []byte("Uid:"))
+		if !ok {
+			continue
+		}
+		f := bytes.Fields(rest)
+		if len(f) != 4 {
+			break
+		}
+		for i := range f {
+			n, err := strconv.ParseUint(string(f[i]), 10, 32)
+			if err != nil {
+				return ids, fmt.Errorf("pid %d: %w", pid, errBadStat)
+			}
+			ids[i] = uint32(n)
+		}
+		return ids, nil
+	}
+	return ids, fmt.Errorf("pid %d: no uids in status: %w", pid, errBadStat)
+}
+
+// scanUIDs returns every uid a running process has as its real, effective, saved or
+// file-system uid. Processes that end meanwhile are left out.
+func scanUIDs() (map[uint32]bool, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uint32]bool)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		if st, err := readStat(pid); err != nil || st.exited() {
+			continue
+		}
+		ids, err := procUIDs(pid)
+		if err != nil {
+			continue
+		}
+		for _, u := range ids {
+			out[u] = true
+		}
 	}
 	return out, nil
 }

@@ -26,6 +26,7 @@ type procInfo struct {
 var errNoProc = errors.New("/proc is not available")
 
 func readStat(int) (procStat, error)               { return procStat{}, errNoProc }
-func scanProcs(string) ([]procInfo, error)         { return nil, errNoProc }
+func scanProcs(string, int) ([]procInfo, error)    { return nil, errNoProc }
+func scanUIDs() (map[uint32]bool, error)           { return nil, errNoProc }
 func signalGroup(int, syscall.Signal) error        { return errNoProc }
 func signalProc(int, uint64, syscall.Signal) error { return errNoProc }

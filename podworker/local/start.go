@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -44,7 +45,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 		unlock(true)
 		return podworker.Handle{}, errorf("start", id, err)
 	}
-	h, err = b.create(id, spec)
+	h, err = b.create(ctx, id, spec)
 	if err != nil {
 		unlock(true)
 		return podworker.Handle{}, errorf("start", id, err)
@@ -77,11 +78,18 @@ func (b *Backend) running(id string) (podworker.Handle, bool) {
 	return h, ref.alive()
 }
 
-// create builds the directory of environment id and starts the executor. On error it leaves
-// nothing behind.
-func (b *Backend) create(id string, spec podworker.Spec) (h podworker.Handle, err error) {
+// create builds the directory of environment id and starts the executor, under a uid of its
+// own with Config.Users. On error it leaves nothing behind.
+func (b *Backend) create(ctx context.Context, id string, spec podworker.Spec) (h podworker.Handle, err error) {
 	dir := b.dir(id)
-	if err := os.Mkdir(dir, 0o700); err != nil {
+	uid := noUID
+	if b.users != nil {
+		u, err := b.claimDir(ctx, dir)
+		if err != nil {
+			return h, err
+		}
+		uid = int(u)
+	} else if err := os.Mkdir(dir, 0o700); err != nil {
 		return h, err
 	}
 	var c *child
@@ -96,17 +104,44 @@ func (b *Backend) create(id string, spec podworker.Spec) (h podworker.Handle, er
 			delete(b.children, id)
 			b.mu.Unlock()
 		}
+		if uid != noUID {
+			// The executor may have forked before it was killed.
+			if _, serr := b.stop(context.WithoutCancel(ctx), id, nil, uid); serr != nil {
+				err = errors.Join(err, fmt.Errorf("clean up: %w", serr))
+				return // keep the claim: the uid may still run something
+			}
+		}
 		if _, rerr := removeEnvDir(b.root, id); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
+			return
+		}
+		if rerr := b.releaseUID(context.WithoutCancel(ctx), uid, dir); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
 		}
 	}()
+	// The environment's user owns these four and nothing else: the directory above them, and
+	// handle.json, exit.json and executor.log in it, stay the controller's.
+	own := func(p string) error {
+		if uid == noUID {
+			return nil
+		}
+		return os.Lchown(p, uid, uid)
+	}
 	for _, sub := range []string{secretsDir, workDir, homeDir, tmpDir} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o700); err != nil {
+		p := filepath.Join(dir, sub)
+		if err := os.Mkdir(p, 0o700); err != nil {
+			return h, err
+		}
+		if err := own(p); err != nil {
 			return h, err
 		}
 	}
 	for name, data := range spec.Files {
-		if err := writeSecret(filepath.Join(dir, secretsDir, name), data); err != nil {
+		p := filepath.Join(dir, secretsDir, name)
+		if err := writeSecret(p, data); err != nil {
+			return h, fmt.Errorf("secret %q: %w", name, err)
+		}
+		if err := own(p); err != nil {
 			return h, fmt.Errorf("secret %q: %w", name, err)
 		}
 	}
@@ -129,6 +164,9 @@ func (b *Backend) create(id string, spec podworker.Spec) (h podworker.Handle, er
 		// controller.
 		SysProcAttr: &syscall.SysProcAttr{Setsid: true},
 	}
+	if uid != noUID {
+		cmd.SysProcAttr.Credential = credential(uint32(uid))
+	}
 	if err := cmd.Start(); err != nil {
 		return h, err
 	}
@@ -150,6 +188,9 @@ func (b *Backend) create(id string, spec podworker.Spec) (h podworker.Handle, er
 		Task:    spec.Task,
 		Epoch:   spec.Epoch,
 		Data:    c.ref.data(dir),
+	}
+	if uid != noUID {
+		h.Data[dataUID] = strconv.Itoa(uid)
 	}
 	data, err := json.Marshal(h)
 	if err != nil {

@@ -10,15 +10,16 @@ import (
 // stop ends every process of environment id: the process groups of refs whose leader still is
 // that process (a zombie leader included), the groups of refs whose leader is gone but where a
 // process carrying the environment's marker remains (strays), and any other process carrying
-// the marker (it left the group, or its handle was never written). It sends SIGTERM, waits up
-// to the grace period, then SIGKILL. Zombies count as gone. It returns how many processes it
-// found at first.
+// the marker (it left the group, or its handle was never written) or running as uid, the
+// environment's own (noUID: none; such a process may have cleared its environment). It sends
+// SIGTERM, waits up to the grace period, then SIGKILL. Zombies count as gone. It returns how
+// many processes it found at first.
 //
 // A process group id cannot be reused while any member lives, so a group proven ours stays
 // ours as long as every scan finds a member. A group whose leader is gone is proven through a
 // marked member; without that proof the number may belong to a new group of a reused pid, and
 // stop leaves it alone.
-func (b *Backend) stop(ctx context.Context, id string, refs []procRef) (int, error) {
+func (b *Backend) stop(ctx context.Context, id string, refs []procRef, uid int) (int, error) {
 	marker := b.marker(id)
 	groups := make(map[int]bool) // pgid of a ref -> proven ours
 	for _, r := range refs {
@@ -27,7 +28,7 @@ func (b *Backend) stop(ctx context.Context, id string, refs []procRef) (int, err
 	}
 	// targets lists what still runs: members of proven groups, and marked processes outside them.
 	targets := func() (pgids []int, procs []procInfo, n int, err error) {
-		all, err := scanProcs(marker)
+		all, err := scanProcs(marker, uid)
 		if err != nil {
 			return nil, nil, 0, err
 		}
