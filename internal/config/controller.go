@@ -58,6 +58,7 @@ type Controller struct {
 	DevCA                    bool
 	PodBackend               string
 	Docker                   DockerPod
+	Local                    LocalPod
 	Kube                     KubePod
 	PodConcurrency           int
 	VMConcurrency            int
@@ -268,6 +269,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	}
 
 	c.PodConcurrency = e.integer("POD_CONCURRENCY", 4, 1)
+	c.Local = loadLocal(e, c)
 	c.VMConcurrency = e.integer("VM_CONCURRENCY", 1, 1)
 	c.Lease = e.seconds("LEASE_SECS", 300, 90)
 	c.Pickup = e.seconds("PICKUP_SECS", 120, 60)
