@@ -88,7 +88,8 @@ func shareExecutable(dir, p string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	name := hex.EncodeToString(h.Sum(nil))[:16] + "-" + strings.TrimPrefix(filepath.Base(p), ".")
+	// The name first: it is what ps shows of the process.
+	name := strings.TrimPrefix(filepath.Base(p), ".") + "-" + hex.EncodeToString(h.Sum(nil))[:16]
 	c := filepath.Join(dir, name)
 	if fi, err := os.Lstat(c); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm() == 0o555 {
 		now := time.Now()

@@ -16,7 +16,7 @@
 //	<root>/<task>-<epoch>/tmp/           TMPDIR
 //	<root>/.locks/<task>-<epoch>         flock(2) file serialising Start and Destroy of one
 //	                                     environment across goroutines and processes
-//	<root>/.bin/<sha256>-<name>          with Config.Users: copies of the executor and of
+//	<root>/.bin/<name>-<sha256>          with Config.Users: copies of the executor and of
 //	                                     Config.Programs the environments' users can run
 //
 // The executor's environment is exactly Config.BaseEnv, then Spec.Env, then DYNRUNNER_ENV_DIR,
