@@ -90,6 +90,11 @@ type controller struct {
 func newController(t testing.TB, tools devforge.Tools, forge *devforge.Forge, scope string, extra ...string) *controller {
 	t.Helper()
 	dir := t.TempDir()
+	// As root, local environments run under uids of their own, which must pass through every
+	// directory above STATE_DIR; t.TempDir's parent is 0700.
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		t.Fatal(err)
+	}
 	tok, err := forge.RunnerRegistrationToken(t.Context(), scope)
 	if err != nil {
 		t.Fatal(err)

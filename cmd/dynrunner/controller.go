@@ -183,6 +183,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		log.Info().Str("gitea", cfg.GiteaURL).Strs("labels", labels).Msg("resident runner declared")
 	}
 
+	warns := &bootWarnings{}
 	var facadeSrc workload.Source
 	var devCA *workload.DevCA
 	if cfg.Has(config.Facade) || cfg.Has(config.PodWorker) {
@@ -191,7 +192,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			if err != nil {
 				return err
 			}
-			log.Warn().Str("ca", filepath.Join(cfg.StateDir, "ca")).Msg("DEVELOPMENT ONLY: SPIFFE_ENDPOINT_SOCKET is unset, so a built-in CA issues the SVIDs of the facade and of local environments; production uses SPIRE")
+			warns.warn(log.With().Str("ca", filepath.Join(cfg.StateDir, "ca")).Logger(), "DEVELOPMENT ONLY: SPIFFE_ENDPOINT_SOCKET is unset, so a built-in CA issues the SVIDs of the facade and of local environments; production uses SPIRE")
 		}
 	}
 
@@ -266,7 +267,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			return fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
 		}
 		plog := log.With().Str("component", "pod-worker").Str("backend", cfg.PodBackend).Logger()
-		backend, runnerBin, err := podBackend(ctx, cfg, exe, plog, phaseRecorder(evlog, "pod-worker@"+actor, time.Now, plog))
+		backend, runnerBin, err := podBackend(ctx, cfg, exe, plog, warns, phaseRecorder(evlog, "pod-worker@"+actor, time.Now, plog))
 		if err != nil {
 			return err
 		}
@@ -322,6 +323,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
+	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: cfg.Components, PodBackend: podBackendOf(cfg)}, &isReady, warns))
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	hln, err := net.Listen("tcp", cfg.HTTPListen)
 	if err != nil {
@@ -392,4 +394,12 @@ func rejectionReporter(log zerolog.Logger, m *scheduler.Metrics) func(eventlog.R
 		}
 		ev.AnErr("quarantine_error", r.QuarantineErr).Msg("rejected a message on the event bus that this controller did not write; it could not be moved, readers skip it")
 	}
+}
+
+// podBackendOf names the pod backend this process runs, or "" without the pod worker.
+func podBackendOf(cfg config.Controller) string {
+	if !cfg.Has(config.PodWorker) {
+		return ""
+	}
+	return cfg.PodBackend
 }

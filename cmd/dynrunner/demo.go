@@ -127,6 +127,17 @@ func runDemo(ctx context.Context, args []string) error {
 		return err
 	}
 	state := filepath.Join(dir, "controller")
+	if os.Geteuid() == 0 {
+		// As root the local environments run under uids of their own, which must pass through
+		// every directory above STATE_DIR; a home directory (/root) does not let them.
+		if state, err = os.MkdirTemp("", "dynrunner-demo-controller-"); err != nil {
+			return err
+		}
+		if !*keep {
+			defer os.RemoveAll(state)
+		}
+		log.Info().Str("state_dir", state).Msg("controller state outside the demo directory: the jobs' uids must reach it")
+	}
 	regFile := filepath.Join(dir, "registration-token")
 	if err := secretfile.WriteNew(regFile, []byte(regToken)); err != nil {
 		return err

@@ -27,6 +27,7 @@ Usage:
   dynrunner guest           run one job inside a microVM (reads the NoCloud seed), then power off
   dynrunner identity        register job Pods (or docker job containers) with SPIRE, one entry each, deleted when they end
   dynrunner events [--json] follow the audit streams: assignment transitions and Pod phases
+  dynrunner status [--json] print a running controller's components, readiness and warnings (from HTTP_LISTEN)
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
   dynrunner version         print the version
 
@@ -55,6 +56,8 @@ func main() {
 		err = runIdentity(ctx, args)
 	case "events":
 		err = runEvents(ctx, args, os.Stdout)
+	case "status":
+		err = runStatus(ctx, args, os.Getenv, os.Stdout)
 	case "demo":
 		err = runDemo(ctx, args)
 	case "version", "--version":

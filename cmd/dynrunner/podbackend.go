@@ -23,20 +23,15 @@ import (
 
 // podBackend builds the pod worker's backend from POD_BACKEND, and returns the path of the
 // Gitea runner as the environments see it (GITEA_RUNNER_BIN of the executor). onPhase
-// receives the Pod phases of the kubernetes backend.
-func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger,
+// receives the Pod phases of the kubernetes backend. Warnings about what jobs can reach go
+// to warns.
+func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger, warns *bootWarnings,
 	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podworker.Backend, string, error) {
 	if cfg.PodBackend == "kubernetes" {
-		return kubeBackend(ctx, cfg, log, onPhase)
+		return kubeBackend(ctx, cfg, log, warns, onPhase)
 	}
 	if cfg.PodBackend != "docker" {
-		b, err := local.New(local.Config{
-			Root:    filepath.Join(cfg.StateDir, "envs"),
-			Command: []string{exe, "executor"},
-			BaseEnv: []string{"PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"},
-			Log:     log,
-		})
-		return b, cfg.GiteaRunnerBin, err
+		return localBackend(cfg, exe, log, warns)
 	}
 	d := cfg.Docker
 	b, err := docker.New(docker.Config{
@@ -61,7 +56,7 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 		return nil, "", fmt.Errorf("POD_EXECUTOR_IMAGE %s holds a Gitea runner with SHA-256 %s, but GITEA_RUNNER_SHA256 is %s", d.Image, sha, cfg.GiteaRunnerSHA256)
 	}
 	if d.Privileged {
-		log.Warn().Msg("POD_DOCKER_PRIVILEGED=true: job containers run privileged, as root, with every capability and device; a job can take over this host")
+		warns.warn(log, "POD_DOCKER_PRIVILEGED=true: job containers run privileged, as root, with every capability and device; a job can take over this host")
 	}
 	if d.Network == "host" {
 		log.Info().Msg("job containers share the host's network (POD_DOCKER_NETWORK=host): they reach services on loopback")
@@ -71,9 +66,79 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 	return b, docker.RunnerBin, nil
 }
 
+// localBackend builds the local pod backend. A root controller runs each environment under a
+// uid of its own; any other says loudly that jobs run as its user.
+func localBackend(cfg config.Controller, exe string, log zerolog.Logger, warns *bootWarnings) (podworker.Backend, string, error) {
+	users, warning := localUsers(cfg, os.Geteuid())
+	if users != nil {
+		if err := openStateDir(cfg.StateDir, log); err != nil {
+			return nil, "", fmt.Errorf("POD_BACKEND=local: %w", err)
+		}
+	} else {
+		warns.warn(log, warning)
+	}
+	b, err := local.New(local.Config{
+		Root:     filepath.Join(cfg.StateDir, "envs"),
+		Command:  []string{exe, "executor"},
+		BaseEnv:  []string{"PATH=" + os.Getenv("PATH"), "LANG=C.UTF-8"},
+		Users:    users,
+		Programs: []string{cfg.GiteaRunnerBin},
+		Log:      log,
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("POD_BACKEND=local: %w", err)
+	}
+	if users != nil {
+		log.Info().Uint32("uid_first", users.First).Uint32("uid_count", users.Count).
+			Msg("local pod backend ready: each environment runs under a uid of its own")
+	}
+	return b, b.Program(cfg.GiteaRunnerBin), nil
+}
+
+// localUsers decides whose uid local environments run as: each its own from POD_LOCAL_UID_*
+// when the controller is root (euid 0), else the controller's, with the warning that says so.
+func localUsers(cfg config.Controller, euid int) (*local.Users, string) {
+	if euid == 0 {
+		return &local.Users{First: cfg.Local.UIDBase, Count: cfg.Local.UIDCount}, ""
+	}
+	return nil, fmt.Sprintf("POD_BACKEND=local and the controller is not root: every job runs as the controller's user (uid %d) "+
+		"and can read its secrets: the keys and NATS password in STATE_DIR, the resident runner's credentials, other jobs' secrets and, "+
+		"through them, their tasks. Run the controller as root to give each job a uid of its own, or use the docker or kubernetes backend", euid)
+}
+
+// openStateDir makes the state directory 0711, so that environments under their own uids pass
+// through it to STATE_DIR/envs, and takes every access for other users from its other
+// entries (the controller creates them without any; this catches what someone else put there).
+func openStateDir(dir string, log zerolog.Logger) error {
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return fmt.Errorf("STATE_DIR: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("STATE_DIR: %w", err)
+	}
+	for _, e := range entries {
+		if e.Name() == "envs" || e.Type()&os.ModeSymlink != 0 {
+			continue
+		}
+		fi, err := e.Info()
+		if err != nil {
+			return fmt.Errorf("STATE_DIR: %w", err)
+		}
+		if perm := fi.Mode().Perm(); perm&0o007 != 0 {
+			p := filepath.Join(dir, e.Name())
+			if err := os.Chmod(p, perm&^0o007); err != nil {
+				return fmt.Errorf("STATE_DIR: %w", err)
+			}
+			log.Warn().Str("path", p).Str("was", fmt.Sprintf("%04o", perm)).Msg("took other users' access away from an entry of STATE_DIR: local environments pass through STATE_DIR")
+		}
+	}
+	return nil
+}
+
 // kubeBackend builds the kubernetes pod backend from KUBECONFIG (or the in-cluster
 // configuration) and checks its permissions at boot.
-func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger,
+func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger, warns *bootWarnings,
 	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podworker.Backend, string, error) {
 	k := cfg.Kube
 	var rc *rest.Config
@@ -104,7 +169,7 @@ func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger,
 		return nil, "", fmt.Errorf("POD_BACKEND=kubernetes: %w", err)
 	}
 	if privileged {
-		log.Warn().Msg("POD_PRIVILEGED=true (the default): job Pods are privileged so workflows can set up Docker, BuildKit or kind; run them in a dedicated namespace on dedicated nodes")
+		warns.warn(log, "POD_PRIVILEGED=true (the default): job Pods are privileged so workflows can set up Docker, BuildKit or kind; run them in a dedicated namespace on dedicated nodes")
 	}
 	log.Info().Str("namespace", k.Namespace).Str("image", k.Image).Bool("spiffe_csi", k.SpiffeCSI).Msg("kubernetes pod backend ready")
 	return b, kube.RunnerBin, nil
