@@ -3,8 +3,14 @@ package scheduler
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -87,14 +93,64 @@ func TestParseJob(t *testing.T) {
 }
 
 func FuzzParseJob(f *testing.F) {
-	f.Add([]byte("jobs:\n  a:\n    runs-on: [self-hosted, pod]\n"))
-	f.Add([]byte("jobs:\n  a:\n    runs-on:\n      labels: pod\n"))
-	f.Fuzz(func(t *testing.T, payload []byte) {
-		job, err := ParseJob(payload)
-		if err != nil {
-			return
+	f.Add([]byte("jobs:\n  a:\n    runs-on: [self-hosted, pod]\n"), "self-hosted\x00pod")
+	f.Add([]byte("jobs:\n  a:\n    runs-on:\n      labels: pod\n"), "vm\x00 vm \x00self-hosted")
+	f.Add([]byte("jobs: {a: {runs-on: [pod, vm]}}"), "pod\x00vm")
+	f.Fuzz(func(t *testing.T, payload []byte, labelList string) {
+		enabled := []assignment.Backend{assignment.BackendPod, assignment.BackendVM}
+		// Whatever a payload holds, routing it agrees with the reference and its refusal is
+		// bounded, whatever the labels.
+		if job, err := ParseJob(payload); err == nil {
+			checkRoute(t, job.RunsOn, enabled)
+			checkRoute(t, job.RunsOn, enabled[:1])
 		}
-		// Whatever parses routes or fails cleanly; it never panics.
-		_, _ = Route(job.RunsOn, []assignment.Backend{assignment.BackendPod})
+		// Round trip: a workflow naming labels parses back to exactly those labels.
+		labels := strings.Split(labelList, "\x00")
+		wf, err := yaml.Marshal(map[string]any{"jobs": map[string]any{"build": map[string]any{"runs-on": labels}}})
+		require.NoError(t, err)
+		var generic any
+		if !utf8.ValidString(labelList) || yaml.Unmarshal(wf, &generic) != nil {
+			return // YAML holds text only; and yaml.v3 emits some block scalars it cannot read back
+		}
+		job, err := ParseJob(wf)
+		require.NoError(t, err, "%s", wf)
+		assert.Equal(t, labels, job.RunsOn)
+		checkRoute(t, job.RunsOn, enabled)
 	})
+}
+
+// checkRoute compares Route with a reference: the trimmed labels, each once, must all be
+// self-hosted, pod or vm, with exactly one of pod and vm, and that one enabled. A refusal is an
+// ErrUnroutable of bounded length.
+func checkRoute(t *testing.T, runsOn []string, enabled []assignment.Backend) {
+	t.Helper()
+	var tiers []assignment.Backend
+	valid := true
+	seen := map[string]bool{}
+	for _, l := range runsOn {
+		l = strings.TrimSpace(l)
+		if seen[l] {
+			continue
+		}
+		seen[l] = true
+		switch l {
+		case "self-hosted":
+		case "pod", "vm":
+			tiers = append(tiers, assignment.Backend(l))
+		default:
+			valid = false
+		}
+	}
+	want := assignment.Backend("")
+	if valid && len(tiers) == 1 && slices.Contains(enabled, tiers[0]) {
+		want = tiers[0]
+	}
+	got, err := Route(runsOn, enabled)
+	assert.Equal(t, want, got, "runs-on %q", runsOn)
+	if want == "" {
+		require.ErrorIs(t, err, ErrUnroutable)
+		assert.Less(t, len(err.Error()), 2048, "a refusal quotes labels in bounded space")
+	} else {
+		require.NoError(t, err)
+	}
 }

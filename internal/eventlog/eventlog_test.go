@@ -2,6 +2,7 @@ package eventlog_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"sync"
@@ -261,8 +262,19 @@ func FuzzParseDispatch(f *testing.F) {
 	f.Add([]byte(`{"task_id":3,"epoch":9}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m, err := eventlog.ParseDispatchBody(data)
-		if err == nil && (m.Task <= 0 || m.Epoch == 0) {
+		if err != nil {
+			return
+		}
+		if m.Task <= 0 || m.Epoch == 0 {
 			t.Fatalf("accepted %+v", m)
+		}
+		// What is accepted round-trips: the scheduler's encoding of it parses to the same.
+		again, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if back, err := eventlog.ParseDispatchBody(again); err != nil || back != m {
+			t.Fatalf("round trip of %+v: %+v, %v", m, back, err)
 		}
 	})
 }

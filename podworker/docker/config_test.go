@@ -2,12 +2,16 @@ package docker
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -139,8 +143,29 @@ func FuzzDemux(f *testing.F) {
 	f.Add(frame(2, "partial"))
 	f.Add([]byte{2, 0, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _ = io.ReadAll(demux(bytes.NewReader(data), 2))
+		got, err := io.ReadAll(demux(bytes.NewReader(data), 2))
+		require.NoError(t, err)
+		assert.Equal(t, refDemux(data, 2), got, "demux disagrees with the reference on %x", data)
 	})
+}
+
+// refDemux is the engine's multiplexed log format decoded whole: frames of an 8-byte header
+// (stream, 3 zero bytes, big-endian length) and that many bytes; the payloads of stream, a cut
+// last frame's part included, concatenated; an incomplete header ends it.
+func refDemux(data []byte, stream byte) []byte {
+	out := []byte{}
+	for len(data) >= 8 {
+		n := int(binary.BigEndian.Uint32(data[4:8]))
+		payload := data[8:]
+		if n < len(payload) {
+			payload = payload[:n]
+		}
+		if data[0] == stream {
+			out = append(out, payload...)
+		}
+		data = data[8+len(payload):]
+	}
+	return out
 }
 
 func TestDemux(t *testing.T) {
