@@ -59,3 +59,27 @@ func FuzzParseForgeURL(f *testing.F) {
 		}
 	})
 }
+
+// FuzzParseIDs: task ids and epochs parse only in canonical form (a positive decimal without
+// sign or leading zero), so what parses prints back exactly; everything else is ErrInvalidID.
+func FuzzParseIDs(f *testing.F) {
+	for _, s := range []string{"1", "42", "0", "-1", "+1", "01", "9223372036854775807", "18446744073709551615", "1e3", " 1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if task, err := ParseTaskID(s); err == nil {
+			assert.Positive(t, int64(task))
+			assert.Equal(t, s, task.String())
+		} else {
+			require.ErrorIs(t, err, ErrInvalidID)
+			assert.Zero(t, task)
+		}
+		if epoch, err := ParseEpoch(s); err == nil {
+			assert.NotZero(t, uint64(epoch))
+			assert.Equal(t, s, epoch.String())
+		} else {
+			require.ErrorIs(t, err, ErrInvalidID)
+			assert.Zero(t, epoch)
+		}
+	})
+}
