@@ -305,3 +305,27 @@ func TestCheckSeesMissingStreams(t *testing.T) {
 		}
 	}
 }
+
+// TestViewOnChangeWhileWatching: components register with a view the controller already
+// watches; under -race this shows the registration does not race with the delivery.
+func TestViewOnChangeWhileWatching(t *testing.T) {
+	v := eventlog.NewView()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	seen := 0
+	wg.Go(func() {
+		for i := range 200 {
+			v.Observe(assignment.State{Record: assignment.Record{Task: assignment.TaskID(i + 1)}, Seq: uint64(i + 1)})
+		}
+	})
+	for range 20 {
+		v.OnChange(func(assignment.State) { mu.Lock(); seen++; mu.Unlock() })
+	}
+	wg.Wait()
+	v.Observe(assignment.State{Record: assignment.Record{Task: 1000}, Seq: 1000})
+	mu.Lock()
+	defer mu.Unlock()
+	if seen < 20 {
+		t.Fatalf("%d calls, want at least one per subscriber for the last state", seen)
+	}
+}

@@ -27,9 +27,14 @@ func NewView() *View {
 	return &View{states: make(map[assignment.TaskID]assignment.State), ready: make(chan struct{})}
 }
 
-// OnChange registers fn to be called (from the watch goroutine) with every state the view
-// learns, including the initial replay. Register before Watch starts.
-func (v *View) OnChange(fn func(assignment.State)) { v.subs = append(v.subs, fn) }
+// OnChange registers fn to be called (from the watch goroutine, or the goroutine of an
+// Observe) with every state the view learns from then on, the initial replay included when it
+// is registered before Watch starts. It is safe to call while Watch runs.
+func (v *View) OnChange(fn func(assignment.State)) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.subs = append(v.subs, fn)
+}
 
 // Ready is closed once the view has caught up with the stream.
 func (v *View) Ready() <-chan struct{} { return v.ready }
@@ -101,9 +106,10 @@ func (v *View) Observe(s assignment.State) {
 		// stream's retention bounds how many a restart reloads.
 		v.states[s.Task] = s
 	}
+	subs := v.subs // appends never change the elements a copy of the header sees
 	v.mu.Unlock()
 	if newer {
-		for _, fn := range v.subs {
+		for _, fn := range subs {
 			fn(s)
 		}
 	}
