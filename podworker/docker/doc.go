@@ -41,12 +41,21 @@
 //
 // # Network
 //
-// Config.Network defaults to "host": the container shares the host's network namespace, so the
-// executor reaches a facade and a forge that listen on loopback (the single-host default and the
-// tests). The price: a job can reach every service of the host that listens on loopback (the
-// embedded NATS server, which needs a password; the controller's metrics), sees the host's
-// interfaces and can bind ports on them. For untrusted jobs use a bridge or user-defined network
-// and make RUNNER_FACADE_URL name an address the containers can reach (the bridge gateway).
+// Config.Network defaults to DefaultNetwork, "dynrunner". PrepareNetwork, called at boot,
+// creates a network of that name when it does not exist: a bridge with inter-container
+// communication off (com.docker.network.bridge.enable_icc=false), labelled
+// dynrunner.managed=true, on the subnet the caller gives or one the engine picks. Such a
+// managed network is what Firewall is for: an nftables table through which the host accepts
+// from the bridge only the facade (which the controller serves on the network's gateway) and a
+// forge on the host, so a job cannot reach the host's loopback services, the controller's
+// metrics, or the event bus. Traffic to other hosts is routed as Docker routes it. A network
+// that exists but is not labelled as dynrunner's is used as it is: its owner decides what it
+// reaches.
+//
+// "host" is an explicit choice: the container shares the host's network namespace, so the
+// executor reaches a facade and a forge that listen on loopback, and a job reaches every
+// service of the host that listens on loopback (the embedded NATS server, which needs a
+// password; the controller's metrics), sees the host's interfaces and can bind ports on them.
 //
 // # Privileged
 //

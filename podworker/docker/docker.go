@@ -25,7 +25,7 @@ const backendName = "docker"
 // Defaults for the optional Config fields.
 const (
 	DefaultSocket  = "/var/run/docker.sock"
-	DefaultNetwork = "host"
+	DefaultNetwork = "dynrunner"
 	DefaultMemory  = 4 << 30 // bytes
 	DefaultCPUs    = 2.0
 	DefaultPids    = 4096
@@ -99,8 +99,9 @@ type Config struct {
 	// Image is the executor image, pinned by digest: a local image ID ("sha256:<64 hex>", as
 	// scripts/executor-image.sh prints) or "name@sha256:<64 hex>". A tag alone is refused.
 	Image string
-	// Network is the containers' network (DefaultNetwork "host" when empty); see the package
-	// documentation for the trade-off.
+	// Network is the containers' network (DefaultNetwork when empty): "host", or the name of a
+	// network, which PrepareNetwork creates as an isolated bridge when it does not exist; see
+	// the package documentation.
 	Network string
 	// Memory is each container's memory limit in bytes, swap included (DefaultMemory when
 	// zero). It also bounds each tmpfs.

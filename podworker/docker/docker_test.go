@@ -46,6 +46,7 @@ func newBackend(t *testing.T, image, stateDir, scope string, edit func(*docker.C
 		Image:    image,
 		StateDir: stateDir,
 		Scope:    scope,
+		Network:  docker.HostNetwork, // the fake executor needs none; TestIsolatedNetwork tests the default
 		User:     testUser(),
 		Grace:    5 * time.Second,
 		Memory:   512 << 20,
@@ -219,8 +220,8 @@ func TestHardening(t *testing.T) {
 		t.Errorf("limits: memory %d swap %d nanocpus %d pids %v; want %d, %d, 5e8, %d",
 			hc.Memory, hc.MemorySwap, hc.NanoCpus, hc.PidsLimit, hardenedMemory, hardenedMemory, hardenedPids)
 	}
-	if hc.NetworkMode != docker.DefaultNetwork {
-		t.Errorf("NetworkMode = %q, want %q", hc.NetworkMode, docker.DefaultNetwork)
+	if hc.NetworkMode != docker.HostNetwork {
+		t.Errorf("NetworkMode = %q, want %q", hc.NetworkMode, docker.HostNetwork)
 	}
 	for _, dir := range []string{docker.TmpDir, docker.WorkDir, docker.HomeDir} {
 		if opts, ok := hc.Tmpfs[dir]; !ok || !strings.Contains(opts, "nosuid") || !strings.Contains(opts, "nodev") {

@@ -3,6 +3,7 @@ package docker_test
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -80,6 +81,24 @@ func fakeExecutor(mode string) int {
 			return fail("%v", err)
 		}
 		return 0
+	case "dial":
+		if err := checkDials(); err != nil {
+			return fail("%v", err)
+		}
+		return 0
+	case "listen":
+		ln, err := net.Listen("tcp", ":"+strconv.Itoa(listenPort))
+		if err != nil {
+			return fail("%v", err)
+		}
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return fail("%v", err)
+			}
+			_, _ = c.Write([]byte("hello\n"))
+			c.Close()
+		}
 	case "diagnose":
 		fmt.Println("dynrunner executor: a job line on stdout, never a diagnosis")
 		fmt.Fprintln(os.Stderr, "dynrunner executor: first error")
@@ -123,6 +142,43 @@ func checkHardened() error {
 		return fmt.Errorf("pids limit %q, %w; want %d", pids, err, hardenedPids)
 	}
 	return nil
+}
+
+// Variables of the "dial" mode: comma-separated host:port lists the container must reach, and
+// must not.
+const (
+	dialReachEnv  = "DYNRUNNER_TEST_REACH"
+	dialRefuseEnv = "DYNRUNNER_TEST_REFUSE"
+)
+
+// listenPort is where the "listen" mode answers.
+const listenPort = 9000
+
+// checkDials connects to every address of dialReachEnv, and fails to connect to every address
+// of dialRefuseEnv, each within a few seconds.
+func checkDials() error {
+	var errs []error
+	for _, a := range strings.Split(os.Getenv(dialReachEnv), ",") {
+		if a == "" {
+			continue
+		}
+		c, err := net.DialTimeout("tcp", a, 5*time.Second)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("want to reach %s: %w", a, err))
+			continue
+		}
+		c.Close()
+	}
+	for _, a := range strings.Split(os.Getenv(dialRefuseEnv), ",") {
+		if a == "" {
+			continue
+		}
+		if c, err := net.DialTimeout("tcp", a, 3*time.Second); err == nil {
+			c.Close()
+			errs = append(errs, fmt.Errorf("reached %s, want it refused", a))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // readLimit reads the first of the cgroup v2 or v1 files that exists.
