@@ -19,6 +19,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/spiretest"
 	"github.com/dynrunner/dynrunner/internal/workload"
+	"github.com/dynrunner/dynrunner/podworker/docker"
 )
 
 // dockerSocket is the engine the docker pod backend uses by default.
@@ -42,6 +43,7 @@ func needDocker(t testing.TB) {
 			return
 		}
 	}
+	t.Cleanup(func() { removeJobNetwork(t) }) // after the test's controllers stopped
 	msg := "the Docker engine at " + dockerSocket + " does not answer; start it with `systemctl start docker` and run as root"
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
@@ -65,6 +67,41 @@ func executorImage(t testing.TB) string {
 	}
 	t.Logf("executor image %s built in %s", id[:19], time.Since(began).Round(100*time.Millisecond))
 	return id
+}
+
+// jobNetworkGateway returns the gateway address of a docker job network, as an operator would
+// read it.
+func jobNetworkGateway(t testing.TB, name string) string {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "docker", "network", "inspect", "-f", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", name).CombinedOutput()
+	if err != nil {
+		t.Fatalf("docker network inspect %s: %v\n%s", name, err, out)
+	}
+	gw := strings.TrimSpace(string(out))
+	if net.ParseIP(gw) == nil {
+		t.Fatalf("network %s has gateway %q", name, gw)
+	}
+	return gw
+}
+
+// removeJobNetwork removes the default job network and its firewall once a test is done with
+// them, as an operator retiring the host would: the next test's controller creates them again.
+func removeJobNetwork(t testing.TB) {
+	out, err := exec.Command("docker", "network", "inspect", "-f", "{{.Id}}", "dynrunner").Output()
+	if err != nil {
+		return // none
+	}
+	id := strings.TrimSpace(string(out))
+	if len(id) >= 12 {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := docker.RemoveFirewall(ctx, "br-"+id[:12]); err != nil {
+			t.Errorf("remove the job network's firewall: %v", err)
+		}
+	}
+	if out, err := exec.Command("docker", "network", "rm", "dynrunner").CombinedOutput(); err != nil {
+		t.Errorf("docker network rm dynrunner: %v\n%s", err, out)
+	}
 }
 
 // assertNoContainers waits, for at most 30 s, until no container of the docker backend's
@@ -115,10 +152,18 @@ jobs:
             cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/pids/pids.max
       - name: user
         run: echo "uid=$(id -u) home=$HOME"; echo "the secret is ${{ secrets.E2E_SECRET }}"
+      - name: the host's services
+        run: |
+          for a in @PROBES@; do
+            if timeout 5 bash -c "exec 3<>/dev/tcp/${a%:*}/${a##*:}" 2>/dev/null; then echo "reached $a"; else echo "refused $a"; fi
+          done
 `
 
 // TestDockerBackendHardenedJob runs a job in a container of the docker pod backend, built from
-// the real executor image, and checks from inside the job that the container is hardened.
+// the real executor image on the default (isolated) job network, and checks from inside the
+// job that the container is hardened, and that of the host it reaches the facade alone: not
+// the event bus nor the controller's metrics, which this controller serves on every address
+// of the host, neither at the job network's gateway nor at another address of the host.
 func TestDockerBackendHardenedJob(t *testing.T) {
 	tools := needTools(t)
 	needDocker(t)
@@ -126,7 +171,7 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	if left := managedContainers(t); len(left) > 0 {
 		t.Logf("dynrunner containers left by an earlier run (the controller reaps them): %v", left)
 	}
-	f := startForge(t, tools)
+	f, host := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "docker")
 	if err != nil {
@@ -135,14 +180,27 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
 		t.Fatal(err)
 	}
+	natsPort, facadePort := freePort(t), freePort(t)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
 		"POD_BACKEND=docker",
 		"POD_EXECUTOR_IMAGE="+image,
+		fmt.Sprintf("NATS_EMBEDDED_LISTEN=0.0.0.0:%d", natsPort),
+		fmt.Sprintf("RUNNER_FACADE_LISTEN=127.0.0.1:%d", facadePort),
 	)
+	httpPort := strings.TrimPrefix(c.httpURL, "http://127.0.0.1:")
+	c.env = append(c.env, "HTTP_LISTEN=0.0.0.0:"+httpPort)
 	c.start()
 
+	gateway := jobNetworkGateway(t, "dynrunner")
+	reach := net.JoinHostPort(gateway, fmt.Sprint(facadePort))
+	refuse := []string{
+		net.JoinHostPort(gateway, fmt.Sprint(natsPort)), net.JoinHostPort(gateway, httpPort),
+		net.JoinHostPort(host.Gateway.String(), fmt.Sprint(natsPort)), net.JoinHostPort(host.Gateway.String(), httpPort),
+	}
+	wf := strings.Replace(dockerWorkflow, "@PROBES@", strings.Join(append([]string{reach}, refuse...), " "), 1)
+
 	began := time.Now()
-	res := runWorkflow(t, f, repo, dockerWorkflow, 5*time.Minute)
+	res := runWorkflow(t, f, repo, wf, 5*time.Minute)
 	t.Logf("job ran in %s", time.Since(began).Round(100*time.Millisecond))
 	job, ok := res["hardened"]
 	if !ok {
@@ -161,9 +219,15 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 		regexp.MustCompile(`(?m)^4096$`),       // the default pids limit
 		regexp.MustCompile(`(?m)uid=1000 home=/home/runner$`),
 		regexp.MustCompile(`(?m)the secret is \*\*\*$`),
+		regexp.MustCompile(`(?m)reached ` + regexp.QuoteMeta(reach) + `$`),
 	} {
 		if !want.MatchString(job.log) {
 			t.Errorf("job log lacks %s", want)
+		}
+	}
+	for _, a := range refuse {
+		if !strings.Contains(job.log, "refused "+a+"\n") {
+			t.Errorf("the job was not refused %s (the event bus or the metrics on an address of the host)", a)
 		}
 	}
 	if t.Failed() {
@@ -186,7 +250,7 @@ func TestDockerBackendJavaScriptAction(t *testing.T) {
 		t.Fatalf("node --version in the executor image: %v\n%s", err, out)
 	}
 	nodeVersion := strings.TrimSpace(string(out))
-	f := startForge(t, tools)
+	f, _ := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	action, err := f.CreateRepo(ctx, "greet-action")
 	if err != nil {
@@ -246,7 +310,7 @@ func TestDockerContainerRemovedMidJob(t *testing.T) {
 	tools := needTools(t)
 	needDocker(t)
 	image := executorImage(t)
-	f := startForge(t, tools)
+	f, _ := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "docker-removed")
 	if err != nil {
@@ -295,7 +359,8 @@ func TestDockerControllerSIGKILLMidJob(t *testing.T) {
 	tools := needTools(t)
 	needDocker(t)
 	image := executorImage(t)
-	sigkillMidJob(t, tools, nil, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
+	f, _ := startForgeOnHost(t, tools)
+	sigkillMidJob(t, tools, f, nil, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
 	assertNoContainers(t)
 }
 
@@ -342,7 +407,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 		"IDENTITY_SVID_TTL=5m",
 		"IDENTITY_RESYNC=5s",
 	)
-	f := startForge(t, tools)
+	f, _ := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "docker-spire")
 	if err != nil {

@@ -238,14 +238,13 @@ var lineRe = regexp.MustCompile(`(?m)^count (\d+)$`)
 // job finishes with its complete log, reported once.
 func TestControllerSIGKILLMidJob(t *testing.T) {
 	tools := needTools(t)
-	sigkillMidJob(t, tools, nil)
+	sigkillMidJob(t, tools, startForge(t, tools), nil)
 }
 
 // sigkillMidJob runs a job, SIGKILLs the controller while it runs and starts it again; the job
 // must finish complete and be reported once. running, when not nil, is called once the job
 // runs, before the kill.
-func sigkillMidJob(t *testing.T, tools devforge.Tools, running func(), extra ...string) {
-	f := startForge(t, tools)
+func sigkillMidJob(t *testing.T, tools devforge.Tools, f *devforge.Forge, running func(), extra ...string) {
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "crash")
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/netnstest"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
 
@@ -219,6 +220,20 @@ func startForge(t testing.TB, tools devforge.Tools) *devforge.Forge {
 	}
 	t.Cleanup(func() { _ = f.Close() })
 	return f
+}
+
+// startForgeOnHost starts a development Gitea on a host of its own (a network namespace): not
+// loopback, as in production, so job containers on the isolated job network reach it the way
+// they reach a forge elsewhere.
+func startForgeOnHost(t testing.TB, tools devforge.Tools) (*devforge.Forge, *netnstest.Host) {
+	t.Helper()
+	host := netnstest.New(t)
+	f, err := devforge.Start(t.Context(), tools, devforge.Options{Dir: t.TempDir(), Netns: host.Name, Addr: host.Addr.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f, host
 }
 
 func waitRun(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha string, limit time.Duration) devforge.Run {

@@ -497,7 +497,7 @@ func TestKubeControllerSIGKILLMidJob(t *testing.T) {
 	tools := needTools(t)
 	e := startKube(t)
 	var uid string
-	sigkillMidJob(t, tools, func() { uid = string(e.runningPod(t).UID) }, e.controllerEnv...)
+	sigkillMidJob(t, tools, startForge(t, tools), func() { uid = string(e.runningPod(t).UID) }, e.controllerEnv...)
 	if uid == "" {
 		t.Fatal("no pod was seen running")
 	}

@@ -249,12 +249,10 @@ type parityBed struct {
 
 func newParityBed(t *testing.T, tools devforge.Tools) *parityBed {
 	t.Helper()
-	host := netnstest.New(t)
-	f, err := devforge.Start(t.Context(), tools, devforge.Options{Dir: t.TempDir(), Netns: host.Name, Addr: host.Addr.String()})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = f.Close() })
+	f, host := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	b := &parityBed{forge: f, host: host}
+	var err error
 	for _, r := range []struct {
 		repo  *devforge.Repo
 		name  string

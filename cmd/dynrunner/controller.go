@@ -196,6 +196,20 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		}
 	}
 
+	// The pod tier's backend comes first: the docker backend's job network decides where the
+	// facade listens for its containers.
+	var pods podTier
+	if cfg.Has(config.PodWorker) {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
+		}
+		plog := log.With().Str("component", "pod-worker").Str("backend", cfg.PodBackend).Logger()
+		if pods, err = newPodTier(ctx, cfg, exe, plog, warns, phaseRecorder(evlog, "pod-worker@"+actor, time.Now, plog)); err != nil {
+			return err
+		}
+	}
+
 	if cfg.Has(config.Scheduler) {
 		s := scheduler.New(scheduler.Config{
 			Actor: "scheduler@" + actor, Backends: backends, Lease: cfg.Lease, Pickup: cfg.Pickup,
@@ -212,6 +226,9 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			hosts := facadeHosts(cfg.FacadeURL)
 			if cfg.Has(config.VMWorker) {
 				hosts = append(hosts, facadeHosts(cfg.VM.FacadeGuestURL)...)
+			}
+			if pods.jobNet.Managed {
+				hosts = append(hosts, pods.jobNet.Gateway.String())
 			}
 			facadeSrc, err = devCA.ServerSource(cfg.FacadeID, 24*time.Hour, hosts)
 		} else {
@@ -235,6 +252,15 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		ready = append(ready, facadeReady)
 		g.Go(func() error { return serve(gctx, srv, ln, true) })
 		log.Info().Str("listen", ln.Addr().String()).Str("spiffe_id", cfg.FacadeID.String()).Msg("facade serving mTLS")
+		if addr := pods.jobNet.GatewayListen; addr != "" {
+			jln, err := net.Listen("tcp", addr)
+			if err != nil {
+				return fmt.Errorf("facade on the job network's gateway: %w", err)
+			}
+			jsrv := f.Server(f.Handler(), workload.ServerTLSConfig(facadeSrc))
+			g.Go(func() error { return serve(gctx, jsrv, jln, true) })
+			log.Info().Str("listen", jln.Addr().String()).Str("network", pods.jobNet.Name).Msg("facade serving mTLS to job containers")
+		}
 		if cfg.Has(config.VMWorker) {
 			if cfg.VM.Backend == "local" {
 				if err := launcher.EnsureBridge(ctx, cfg.VM.LauncherRoot, cfg.VM.Bridge, cfg.VM.BridgeCIDR); err != nil {
@@ -255,6 +281,12 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		}
 	}
 
+	withdraw, err := pods.jobNet.installFirewall(ctx, cfg, log)
+	if err != nil {
+		return err
+	}
+	defer withdraw()
+
 	if cfg.Has(config.VMWorker) {
 		if err := startVMWorker(ctx, gctx, g, cfg, log, actor, issuer, box, js, evlog, view, facadeSrc, &ready); err != nil {
 			return err
@@ -262,15 +294,6 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	}
 
 	if cfg.Has(config.PodWorker) {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
-		}
-		plog := log.With().Str("component", "pod-worker").Str("backend", cfg.PodBackend).Logger()
-		backend, runnerBin, err := podBackend(ctx, cfg, exe, plog, warns, phaseRecorder(evlog, "pod-worker@"+actor, time.Now, plog))
-		if err != nil {
-			return err
-		}
 		var ident podworker.Identity
 		if devCA != nil {
 			ident = devIdentity{ca: devCA}
@@ -279,17 +302,17 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			Actor: "pod-worker@" + actor, Tier: assignment.BackendPod, Concurrency: cfg.PodConcurrency,
 			Issuer: issuer, Identity: ident, Log: log.With().Str("component", "pod-worker").Logger(),
 			ExecutorEnv: map[string]string{
-				"DYNRUNNER_FACADE_URL":       cfg.FacadeURL,
+				"DYNRUNNER_FACADE_URL":       pods.facadeURL,
 				"DYNRUNNER_FACADE_SPIFFE_ID": cfg.FacadeID.String(),
 				"DYNRUNNER_RENEW_SECS":       fmt.Sprint(int(cfg.Lease.Seconds()) / 3),
 				"DYNRUNNER_LABELS":           "self-hosted:host,pod:host",
-				"GITEA_RUNNER_BIN":           runnerBin,
+				"GITEA_RUNNER_BIN":           pods.runnerBin,
 				"GITEA_RUNNER_SHA256":        cfg.GiteaRunnerSHA256,
 				"GITEA_RUNNER_VERSION":       cfg.GiteaRunnerVersion,
 				"SPIFFE_ENDPOINT_SOCKET":     cfg.SpiffeEndpointSocket,
 				"LOG_FORMAT":                 cfg.LogFormat,
 			},
-		}, backend, evlog, view)
+		}, pods.backend, evlog, view)
 		g.Go(func() error { return w.Run(gctx) })
 		ready = append(ready, w.Ready())
 	}

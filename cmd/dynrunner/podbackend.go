@@ -21,18 +21,48 @@ import (
 	"github.com/dynrunner/dynrunner/podworker/local"
 )
 
-// podBackend builds the pod worker's backend from POD_BACKEND, and returns the path of the
-// Gitea runner as the environments see it (GITEA_RUNNER_BIN of the executor). onPhase
-// receives the Pod phases of the kubernetes backend. Warnings about what jobs can reach go
-// to warns.
-func podBackend(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger, warns *bootWarnings,
-	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podworker.Backend, string, error) {
-	if cfg.PodBackend == "kubernetes" {
-		return kubeBackend(ctx, cfg, log, warns, onPhase)
+// podTier is the pod worker's backend and what its environments are given.
+type podTier struct {
+	backend podworker.Backend
+	// runnerBin is the path of the Gitea runner as the environments see it (GITEA_RUNNER_BIN
+	// of the executor).
+	runnerBin string
+	// facadeURL is where the environments reach the facade (DYNRUNNER_FACADE_URL).
+	facadeURL string
+	// jobNet is the docker backend's network; zero for the other backends.
+	jobNet jobNetwork
+}
+
+// newPodTier builds the pod worker's backend from POD_BACKEND. onPhase receives the Pod
+// phases of the kubernetes backend. Warnings about what jobs can reach go to warns.
+func newPodTier(ctx context.Context, cfg config.Controller, exe string, log zerolog.Logger, warns *bootWarnings,
+	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podTier, error) {
+	var (
+		t   = podTier{facadeURL: cfg.FacadeURL}
+		err error
+	)
+	switch cfg.PodBackend {
+	case "kubernetes":
+		t.backend, t.runnerBin, err = kubeBackend(ctx, cfg, log, warns, onPhase)
+	case "docker":
+		var b *docker.Backend
+		if b, err = dockerBackend(ctx, cfg, log, warns); err != nil {
+			return t, err
+		}
+		t.backend, t.runnerBin = b, docker.RunnerBin
+		if t.jobNet, err = prepareJobNetwork(ctx, cfg, b, log, warns); err != nil {
+			return t, err
+		}
+		t.facadeURL = t.jobNet.FacadeURL
+		log.Info().Str("network", t.jobNet.Name).Bool("isolated", t.jobNet.Managed).Str("facade_url", t.facadeURL).Msg("job network ready")
+	default:
+		t.backend, t.runnerBin, err = localBackend(cfg, exe, log, warns)
 	}
-	if cfg.PodBackend != "docker" {
-		return localBackend(cfg, exe, log, warns)
-	}
+	return t, err
+}
+
+// dockerBackend builds the docker pod backend and checks the engine and the executor image.
+func dockerBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger, warns *bootWarnings) (*docker.Backend, error) {
 	d := cfg.Docker
 	b, err := docker.New(docker.Config{
 		Socket: d.Socket, Image: d.Image, Network: d.Network,
@@ -43,27 +73,24 @@ func podBackend(ctx context.Context, cfg config.Controller, exe string, log zero
 		Log:          log,
 	})
 	if err != nil {
-		return nil, "", err
+		return nil, err
 	}
 	if err := b.Check(ctx); err != nil {
-		return nil, "", fmt.Errorf("POD_BACKEND=docker: %w", err)
+		return nil, fmt.Errorf("POD_BACKEND=docker: %w", err)
 	}
 	labels, err := b.ImageLabels(ctx)
 	if err != nil {
-		return nil, "", fmt.Errorf("POD_BACKEND=docker: %w", err)
+		return nil, fmt.Errorf("POD_BACKEND=docker: %w", err)
 	}
 	if sha := labels[docker.LabelRunnerSHA256]; sha != "" && sha != cfg.GiteaRunnerSHA256 {
-		return nil, "", fmt.Errorf("POD_EXECUTOR_IMAGE %s holds a Gitea runner with SHA-256 %s, but GITEA_RUNNER_SHA256 is %s", d.Image, sha, cfg.GiteaRunnerSHA256)
+		return nil, fmt.Errorf("POD_EXECUTOR_IMAGE %s holds a Gitea runner with SHA-256 %s, but GITEA_RUNNER_SHA256 is %s", d.Image, sha, cfg.GiteaRunnerSHA256)
 	}
 	if d.Privileged {
 		warns.warn(log, "POD_DOCKER_PRIVILEGED=true: job containers run privileged, as root, with every capability and device; a job can take over this host")
 	}
-	if d.Network == "host" {
-		log.Info().Msg("job containers share the host's network (POD_DOCKER_NETWORK=host): they reach services on loopback")
-	}
 	log.Info().Str("image", d.Image).Str("network", d.Network).Int("memory_mib", d.MemoryMiB).
 		Float64("cpus", d.CPUs).Int("pids", d.Pids).Str("spiffe_socket", cfg.SpiffeEndpointSocket).Msg("docker pod backend ready")
-	return b, docker.RunnerBin, nil
+	return b, nil
 }
 
 // localBackend builds the local pod backend. A root controller runs each environment under a

@@ -334,8 +334,8 @@ func isLoopback(host string) bool {
 	return host == "localhost" || (ip != nil && ip.IsLoopback())
 }
 
-// loopbackURL reports whether the URL u names a loopback host.
-func loopbackURL(u string) bool {
+// LoopbackURL reports whether the URL u names a loopback host.
+func LoopbackURL(u string) bool {
 	parsed, err := url.Parse(u)
 	return err == nil && isLoopback(parsed.Hostname())
 }

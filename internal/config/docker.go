@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net/netip"
 	"regexp"
 	"strconv"
 	"strings"
@@ -8,9 +9,12 @@ import (
 
 // DockerPod configures the docker pod backend (POD_BACKEND=docker).
 type DockerPod struct {
-	Socket     string
-	Image      string
-	Network    string
+	Socket  string
+	Image   string
+	Network string
+	// Subnet is the IPv4 subnet of the job network dynrunner creates when Network does not
+	// exist; zero lets the engine pick one.
+	Subnet     netip.Prefix
 	MemoryMiB  int
 	CPUs       float64
 	Pids       int
@@ -26,17 +30,28 @@ var (
 	dockerScopeRe   = regexp.MustCompile(`^[a-z0-9]{1,32}$`)
 )
 
+// DefaultDockerNetwork is POD_DOCKER_NETWORK's default: the isolated bridge network the
+// controller creates for job containers.
+const DefaultDockerNetwork = "dynrunner"
+
 // loadDocker reads POD_EXECUTOR_IMAGE and the POD_DOCKER_* variables; it checks them only when
 // the pod worker runs the docker backend.
 func loadDocker(e *env, c Controller) DockerPod {
 	d := DockerPod{
 		Socket:    strings.TrimPrefix(e.str("POD_DOCKER_SOCKET", "/var/run/docker.sock"), "unix://"),
 		Image:     e.str("POD_EXECUTOR_IMAGE", ""),
-		Network:   e.str("POD_DOCKER_NETWORK", "host"),
+		Network:   e.str("POD_DOCKER_NETWORK", DefaultDockerNetwork),
 		MemoryMiB: e.integer("POD_DOCKER_MEMORY_MIB", 4096, 64),
 		Pids:      e.integer("POD_DOCKER_PIDS", 4096, 16),
 		User:      e.str("POD_DOCKER_USER", ""),
 		Scope:     e.str("POD_DOCKER_SCOPE", "default"),
+	}
+	if s := e.str("POD_DOCKER_SUBNET", ""); s != "" {
+		p, err := netip.ParsePrefix(s)
+		if err != nil || !p.Addr().Is4() || p.Bits() > 29 || p.Masked() != p {
+			e.fail("POD_DOCKER_SUBNET=%q: want an IPv4 network of at least 8 addresses, such as 10.210.0.0/24", s)
+		}
+		d.Subnet = p
 	}
 	cpus := e.str("POD_DOCKER_CPUS", "2")
 	n, err := strconv.ParseFloat(cpus, 64)
@@ -69,10 +84,11 @@ func loadDocker(e *env, c Controller) DockerPod {
 	if !dockerScopeRe.MatchString(d.Scope) {
 		e.fail("POD_DOCKER_SCOPE=%q: want 1 to 32 lowercase letters and digits", d.Scope)
 	}
-	// Outside the host network, a container's loopback is its own: a loopback facade URL would
-	// boot fine and then fail every job at pickup.
-	if d.Network != "host" && loopbackURL(c.FacadeURL) {
-		e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade; give an address they reach (and RUNNER_FACADE_LISTEN on it)", c.FacadeURL, d.Network)
+	// Outside the host network, a container's loopback is its own. A controller that serves the
+	// facade too serves it on the gateway of a network it created (checked at boot, when the
+	// network is known); a pod worker alone needs a facade URL its containers reach.
+	if d.Network != "host" && LoopbackURL(c.FacadeURL) && !c.Has(Facade) {
+		e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade, and this process does not serve the facade (COMPONENTS); give the address of a facade they reach", c.FacadeURL, d.Network)
 	}
 	return d
 }

@@ -20,7 +20,7 @@ func TestLoadDockerPodBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := DockerPod{Socket: "/var/run/docker.sock", Image: image, Network: "host", MemoryMiB: 4096, CPUs: 2, Pids: 4096, Scope: "default"}
+	want := DockerPod{Socket: "/var/run/docker.sock", Image: image, Network: "dynrunner", MemoryMiB: 4096, CPUs: 2, Pids: 4096, Scope: "default"}
 	if c.PodBackend != "docker" || c.Docker != want || !c.DevCA {
 		t.Errorf("docker defaults: backend %q, %+v, dev CA %v; want %+v", c.PodBackend, c.Docker, c.DevCA, want)
 	}
@@ -33,6 +33,13 @@ func TestLoadDockerPodBackend(t *testing.T) {
 	}
 	if d := c.Docker; d.Socket != "/run/docker.sock" || d.Network != "ci-net" || !d.Privileged || d.MemoryMiB != 2048 || d.CPUs != 1.5 || d.Pids != 512 || d.User != "0:0" {
 		t.Errorf("docker settings: %+v", d)
+	}
+	c, err = LoadController(envOf(with("POD_DOCKER_SUBNET", "10.210.0.0/24")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Docker.Subnet.String() != "10.210.0.0/24" {
+		t.Errorf("subnet %v", c.Docker.Subnet)
 	}
 	// With SPIRE's Workload API, environments get attested SVIDs instead of development-CA files.
 	c, err = LoadController(envOf(with("SPIFFE_ENDPOINT_SOCKET", "unix:///run/spire/sockets/agent.sock")))
@@ -57,7 +64,10 @@ func TestLoadDockerPodBackend(t *testing.T) {
 		{"workload api socket in /", with("SPIFFE_ENDPOINT_SOCKET", "unix:///agent.sock"), "SPIFFE_ENDPOINT_SOCKET"},
 		{"workload api over tcp", with("SPIFFE_ENDPOINT_SOCKET", "tcp://127.0.0.1:8081"), "SPIFFE_ENDPOINT_SOCKET"},
 		{"no runner sha", with("GITEA_RUNNER_SHA256", ""), "GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of the Gitea runner in the executor image"},
-		{"loopback facade off the host network", with("POD_DOCKER_NETWORK", "ci-net"), "cannot reach a loopback facade"},
+		{"loopback facade without the facade", with("COMPONENTS", "pod-worker", "NATS_URL", "nats://127.0.0.1:4222"), "cannot reach a loopback facade"},
+		{"subnet not a network", with("POD_DOCKER_SUBNET", "10.1.2.3/24"), "POD_DOCKER_SUBNET"},
+		{"subnet too small", with("POD_DOCKER_SUBNET", "10.1.2.0/30"), "POD_DOCKER_SUBNET"},
+		{"subnet v6", with("POD_DOCKER_SUBNET", "fd00::/64"), "POD_DOCKER_SUBNET"},
 		{"relative socket", with("POD_DOCKER_SOCKET", "docker.sock"), "POD_DOCKER_SOCKET"},
 		{"unknown backend", with("POD_BACKEND", "kubernetes"), "POD_BACKEND"},
 	} {
