@@ -34,24 +34,32 @@ func prepareJobNetwork(ctx context.Context, cfg config.Controller, b *docker.Bac
 	if err != nil {
 		return jobNetwork{}, fmt.Errorf("POD_DOCKER_NETWORK=%s: %w", cfg.Docker.Network, err)
 	}
+	jn, warnings, err := planJobNetwork(cfg, n)
+	for _, w := range warnings {
+		warns.warn(log, w)
+	}
+	return jn, err
+}
+
+// planJobNetwork decides, for network n, where job containers reach the facade, whether the
+// facade listens on n's gateway, and what to warn the operator of.
+func planJobNetwork(cfg config.Controller, n docker.Network) (jobNetwork, []string, error) {
 	jn := jobNetwork{Network: n, FacadeURL: cfg.FacadeURL}
 	loopbackFacade := config.LoopbackURL(cfg.FacadeURL)
 	switch {
 	case n.Name == docker.HostNetwork:
-		warns.warn(log, "POD_DOCKER_NETWORK=host: job containers share this host's network and reach every service listening on its loopback, the event bus (NATS) and the controller's /metrics included; leave POD_DOCKER_NETWORK unset for an isolated network")
-		return jn, nil
+		return jn, []string{"POD_DOCKER_NETWORK=host: job containers share this host's network and reach every service listening on its loopback, the event bus (NATS) and the controller's /metrics included; leave POD_DOCKER_NETWORK unset for an isolated network"}, nil
 	case !n.Managed:
 		if loopbackFacade {
-			return jobNetwork{}, fmt.Errorf("RUNNER_FACADE_URL=%s: containers on network %s cannot reach a loopback facade, and the network was not created by dynrunner, so the facade is not served on its gateway: give an address they reach (and RUNNER_FACADE_LISTEN on it), or let dynrunner create its own network", cfg.FacadeURL, n.Name)
+			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_URL=%s: containers on network %s cannot reach a loopback facade, and the network was not created by dynrunner, so the facade is not served on its gateway: give an address they reach (and RUNNER_FACADE_LISTEN on it), or let dynrunner create its own network", cfg.FacadeURL, n.Name)
 		}
-		warns.warn(log, fmt.Sprintf("POD_DOCKER_NETWORK=%s is not a network dynrunner created: job containers reach whatever it lets them reach; dynrunner neither isolates nor firewalls it", n.Name))
-		return jn, nil
+		return jn, []string{fmt.Sprintf("POD_DOCKER_NETWORK=%s is not a network dynrunner created: job containers reach whatever it lets them reach; dynrunner neither isolates nor firewalls it", n.Name)}, nil
 	}
 	if loopbackFacade {
 		// The controller serves the facade here (config refuses a loopback facade URL otherwise).
 		_, port, err := net.SplitHostPort(cfg.FacadeListen)
 		if err != nil {
-			return jobNetwork{}, fmt.Errorf("RUNNER_FACADE_LISTEN: %w", err)
+			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_LISTEN: %w", err)
 		}
 		addr := net.JoinHostPort(n.Gateway.String(), port)
 		jn.FacadeURL = "https://" + addr
@@ -59,10 +67,11 @@ func prepareJobNetwork(ctx context.Context, cfg config.Controller, b *docker.Bac
 			jn.GatewayListen = addr
 		}
 	}
+	var warnings []string
 	if config.LoopbackURL(cfg.GiteaURL) {
-		warns.warn(log, fmt.Sprintf("GITEA_URL=%s is a loopback address, which job containers on the isolated network %s cannot reach: jobs check out from Gitea's ROOT_URL, so Gitea must listen on, and name in ROOT_URL, an address of this host or another they reach", cfg.GiteaURL, n.Name))
+		warnings = append(warnings, fmt.Sprintf("GITEA_URL=%s is a loopback address, which job containers on the isolated network %s cannot reach: jobs check out from Gitea's ROOT_URL, so Gitea must listen on, and name in ROOT_URL, an address of this host or another they reach", cfg.GiteaURL, n.Name))
 	}
-	return jn, nil
+	return jn, warnings, nil
 }
 
 // firewall is what the managed network's containers may reach on this host: the facade they
