@@ -98,4 +98,3 @@ func TestIsolatedNetwork(t *testing.T) {
 	require.NoError(t, fw.Withdraw(ctx))
 	require.NoError(t, fw.Withdraw(ctx), "withdrawing twice")
 }
-
