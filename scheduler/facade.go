@@ -228,17 +228,12 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 }
 
 // leaseOver reports whether st's lease has ended: the runner credentials and the SVID issued
-// for it end with it. A facade that started less than restartGrace ago lets environments
-// renew a lease that ran out while no facade was up, as the scheduler does.
+// for it end with it. A facade that started less than assignment.RestartGrace ago lets
+// environments renew a lease that ran out while no facade was up, as the scheduler does.
 func (f *Facade) leaseOver(st assignment.State) bool {
 	now := f.cfg.Now()
-	return now.After(st.LeaseExpires) && now.Sub(f.started) >= restartGrace(f.cfg.Lease)
+	return now.After(st.LeaseExpires) && now.Sub(f.started) >= assignment.RestartGrace(f.cfg.Lease)
 }
-
-// restartGrace is how long after a start the scheduler and the facade let environments reach
-// them again before enforcing deadlines that passed while they were down: two renewal
-// intervals.
-func restartGrace(lease time.Duration) time.Duration { return 2 * lease / 3 }
 
 // current reads the assignment from JetStream and checks the caller's epoch against it.
 //

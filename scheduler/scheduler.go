@@ -367,7 +367,7 @@ const forgetAfter = time.Hour
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
 	// After a restart, environments get two renewal intervals to reach the facade again
 	// before deadlines that passed while the controller was down are enforced.
-	grace := now.Sub(s.started) < restartGrace(s.cfg.Lease)
+	grace := now.Sub(s.started) < assignment.RestartGrace(s.cfg.Lease)
 	if ev, due := assignment.Overdue(st, now); due && !grace {
 		ev.Actor = s.cfg.Actor
 		next, err := s.log.Apply(ctx, ev, &st)

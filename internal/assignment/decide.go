@@ -213,6 +213,11 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 	}, nil
 }
 
+// RestartGrace is how long after a start the scheduler and the facade let environments reach
+// them again before enforcing deadlines that passed while they were down: two renewal
+// intervals.
+func RestartGrace(lease time.Duration) time.Duration { return 2 * lease / 3 }
+
 // Overdue returns the failure event that time now calls for, if any: the pickup deadline
 // passed before the environment's runner fetched the task, or the lease expired.
 func Overdue(s State, now time.Time) (Event, bool) {
