@@ -26,6 +26,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/sealedtask"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -419,7 +420,7 @@ func (f *Facade) openTask(ctx context.Context, c caller, st assignment.State) (*
 	if err != nil {
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
-	task, err := OpenTask(f.cfg.Box, c.task, sealed, st.TaskDigest)
+	task, err := sealedtask.Open(f.cfg.Box, c.task, sealed, st.TaskDigest)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}

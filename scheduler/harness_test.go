@@ -20,6 +20,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/sealedtask"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/scheduler"
 )
@@ -227,7 +228,7 @@ func (e *env) claimOn(task *runnerv1.Task, backend assignment.Backend) assignmen
 	e.t.Helper()
 	ctx := e.t.Context()
 	id := assignment.TaskID(task.GetId())
-	sealed, err := e.box.Seal(mustProto(task), scheduler.TaskAAD(id))
+	sealed, digest, err := sealedtask.Seal(e.box, id, task)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -235,7 +236,7 @@ func (e *env) claimOn(task *runnerv1.Task, backend assignment.Backend) assignmen
 		e.t.Fatal(err)
 	}
 	st, err := e.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: id, At: time.Now(), Actor: "test",
-		Backend: backend, TaskDigest: digest(sealed), Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+		Backend: backend, TaskDigest: digest, Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
 	if err != nil {
 		e.t.Fatal(err)
 	}

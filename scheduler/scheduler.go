@@ -2,8 +2,6 @@ package scheduler
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,13 +10,13 @@ import (
 
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"github.com/rs/zerolog"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/sealedtask"
 )
 
 // Config configures the Scheduler. Durations are validated by the caller (cmd).
@@ -199,11 +197,10 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 			"dynrunner: this job was not run: " + err.Error(),
 		})
 	}
-	sealed, err := s.cfg.Box.Seal(mustMarshal(task), TaskAAD(id))
+	sealed, digest, err := sealedtask.Seal(s.cfg.Box, id, task)
 	if err != nil {
 		return fmt.Errorf("scheduler: seal task %d: %w", id, err)
 	}
-	sum := sha256.Sum256(sealed)
 	var st assignment.State
 	err = s.persist(ctx, func() error {
 		if err := s.log.PutTask(ctx, id, sealed); err != nil {
@@ -213,7 +210,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		st, err = s.log.Apply(ctx, assignment.Event{
 			Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
 			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: UniqueLabels(job.RunsOn), ForgeURL: s.forgeURLOf(task, logger),
-			TaskDigest: hex.EncodeToString(sum[:]), Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
+			TaskDigest: digest, Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
 		}, nil)
 		if errors.Is(err, assignment.ErrExists) {
 			// A retried claim whose first append landed: the forge hands a task out once.
@@ -266,34 +263,6 @@ func (s *Scheduler) persist(ctx context.Context, fn func() error) error {
 // terminal reports whether err cannot go away on retry.
 func terminal(err error) bool {
 	return errors.Is(err, eventlog.ErrTooLarge) || errors.Is(err, assignment.ErrInvalidTransition)
-}
-
-func mustMarshal(m proto.Message) []byte {
-	b, err := proto.Marshal(m)
-	if err != nil {
-		panic(err) // a message received from the wire always marshals
-	}
-	return b
-}
-
-// TaskAAD binds a sealed task to its id.
-func TaskAAD(id assignment.TaskID) []byte { return []byte("dynrunner/task/" + id.String()) }
-
-// OpenTask unseals a stored task and checks it against the digest recorded at the claim.
-func OpenTask(box *sealbox.Box, id assignment.TaskID, sealed []byte, digest string) (*runnerv1.Task, error) {
-	sum := sha256.Sum256(sealed)
-	if hex.EncodeToString(sum[:]) != digest {
-		return nil, fmt.Errorf("scheduler: sealed task %d does not match the digest recorded at its claim", id)
-	}
-	plain, err := box.Open(sealed, TaskAAD(id))
-	if err != nil {
-		return nil, fmt.Errorf("scheduler: open task %d: %w", id, err)
-	}
-	var t runnerv1.Task
-	if err := proto.Unmarshal(plain, &t); err != nil {
-		return nil, fmt.Errorf("scheduler: decode task %d: %w", id, err)
-	}
-	return &t, nil
 }
 
 func repoOf(t *runnerv1.Task) string {

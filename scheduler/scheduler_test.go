@@ -16,6 +16,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/sealedtask"
 	"github.com/dynrunner/dynrunner/scheduler"
 )
 
@@ -91,9 +92,9 @@ func TestSchedulerClaimsPersistsAndDispatches(t *testing.T) {
 	if strings.Contains(string(sealed), "s3cr3t") || strings.Contains(string(sealed), "ghs_secret_token") {
 		t.Fatal("the stored task holds a secret in clear text")
 	}
-	task, err := scheduler.OpenTask(e.box, 11, sealed, st.TaskDigest)
+	task, err := sealedtask.Open(e.box, 11, sealed, st.TaskDigest)
 	if err != nil || task.GetSecrets()["API_KEY"] != "s3cr3t" {
-		t.Fatalf("OpenTask = %v, %v", task, err)
+		t.Fatalf("sealedtask.Open = %v, %v", task, err)
 	}
 	cons, err := e.log.Consumer(t.Context(), assignment.BackendPod)
 	if err != nil {
