@@ -8,7 +8,7 @@ import (
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/dynrunner/dynrunner/scheduler"
+	"github.com/dynrunner/dynrunner/forge"
 )
 
 // benchPayload is the workflow payload Gitea sends for a one-step job, `runs-on` already
@@ -36,7 +36,7 @@ type fakeForge struct {
 	updates, logs, successes atomic.Int64
 }
 
-var _ scheduler.Forge = (*fakeForge)(nil)
+var _ forge.Forge = (*fakeForge)(nil)
 
 func newFakeForge() *fakeForge {
 	// Every task shares one context and secrets map; the scheduler only reads them.

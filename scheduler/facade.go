@@ -21,6 +21,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -53,7 +54,7 @@ type FacadeConfig struct {
 type Facade struct {
 	cfg     FacadeConfig
 	limits  ServerLimits
-	forge   Forge
+	forge   forge.Forge
 	log     *eventlog.Log
 	view    *eventlog.View
 	started time.Time
@@ -68,7 +69,7 @@ var (
 )
 
 // NewFacade returns a Facade forwarding reports to forge.
-func NewFacade(cfg FacadeConfig, forge Forge, log *eventlog.Log, view *eventlog.View) *Facade {
+func NewFacade(cfg FacadeConfig, forge forge.Forge, log *eventlog.Log, view *eventlog.View) *Facade {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

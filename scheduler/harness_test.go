@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -111,7 +112,7 @@ func (f *fakeForge) log(id int64) []string {
 	return append([]string(nil), f.logs[id]...)
 }
 
-var _ scheduler.Forge = (*fakeForge)(nil)
+var _ forge.Forge = (*fakeForge)(nil)
 
 // env is one control plane under test: JetStream, a view, keys and a development CA.
 type env struct {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
@@ -52,7 +53,7 @@ type Config struct {
 // Scheduler claims forge tasks and drives assignments to their end.
 type Scheduler struct {
 	cfg   Config
-	forge Forge
+	forge forge.Forge
 	log   *eventlog.Log
 	view  *eventlog.View
 
@@ -66,7 +67,7 @@ type Scheduler struct {
 }
 
 // New returns a Scheduler. view must be fed by a running eventlog Watch.
-func New(cfg Config, forge Forge, log *eventlog.Log, view *eventlog.View) *Scheduler {
+func New(cfg Config, forge forge.Forge, log *eventlog.Log, view *eventlog.View) *Scheduler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

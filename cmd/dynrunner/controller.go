@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/config"
@@ -165,7 +166,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	g.Go(func() error { return evlog.Watch(gctx, view) })
 	ready = append(ready, view.Ready())
 
-	var forge scheduler.Forge
+	var forge forge.Forge
 	var backends []assignment.Backend
 	for _, t := range cfg.Tiers {
 		backends = append(backends, assignment.Backend(t))

@@ -5,12 +5,12 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/dynrunner/dynrunner/forge/gitea"
 	"github.com/dynrunner/dynrunner/internal/config"
-	"github.com/dynrunner/dynrunner/scheduler"
 )
 
-func connectForge(ctx context.Context, cfg config.Controller, labels []string) (*scheduler.Gitea, error) {
-	return scheduler.ConnectGitea(ctx, scheduler.GiteaConfig{
+func connectForge(ctx context.Context, cfg config.Controller, labels []string) (*gitea.Client, error) {
+	return gitea.Connect(ctx, gitea.Config{
 		URL: cfg.GiteaURL, UUIDFile: cfg.GiteaRunnerUUIDFile, TokenFile: cfg.GiteaRunnerTokenFile,
 		RegistrationTokenFile: cfg.GiteaRunnerRegTokenFile, StateDir: cfg.StateDir,
 		Name: cfg.GiteaRunnerName, Labels: labels, Version: "dynrunner-" + version,

@@ -1,4 +1,4 @@
-package scheduler
+package gitea
 
 import (
 	"context"
@@ -15,16 +15,9 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 
+	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
-
-// Forge is the upstream RunnerService as the scheduler and the facade use it, already
-// authenticated as the resident runner.
-type Forge interface {
-	FetchTask(ctx context.Context, tasksVersion int64) (*runnerv1.FetchTaskResponse, error)
-	UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error)
-	UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error)
-}
 
 // Credentials are the resident runner's identity at the forge. They never leave the controller.
 type Credentials struct {
@@ -34,8 +27,8 @@ type Credentials struct {
 	URL string `json:"url"`
 }
 
-// GiteaConfig configures the Gitea client.
-type GiteaConfig struct {
+// Config configures the Gitea client.
+type Config struct {
 	URL string
 	// UUIDFile and TokenFile hold existing credentials; or
 	UUIDFile, TokenFile string
@@ -52,13 +45,13 @@ type GiteaConfig struct {
 
 const credentialsFile = "gitea-runner.json"
 
-// Gitea is the Forge of a Gitea server.
-type Gitea struct {
+// Client is the forge.Forge of a Gitea server.
+type Client struct {
 	client runnerv1connect.RunnerServiceClient
 	creds  Credentials
 }
 
-var _ Forge = (*Gitea)(nil)
+var _ forge.Forge = (*Client)(nil)
 
 func headerInterceptor(uuid, token string) connect.UnaryInterceptorFunc {
 	return func(next connect.UnaryFunc) connect.UnaryFunc {
@@ -74,8 +67,8 @@ func headerInterceptor(uuid, token string) connect.UnaryInterceptorFunc {
 
 func baseURL(u string) string { return strings.TrimRight(u, "/") + "/api/actions" }
 
-// ConnectGitea loads or obtains the resident runner's credentials and declares its labels.
-func ConnectGitea(ctx context.Context, cfg GiteaConfig) (*Gitea, error) {
+// Connect loads or obtains the resident runner's credentials and declares its labels.
+func Connect(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Timeout: 30 * time.Second}
 	}
@@ -83,7 +76,7 @@ func ConnectGitea(ctx context.Context, cfg GiteaConfig) (*Gitea, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gitea{
+	g := &Client{
 		client: runnerv1connect.NewRunnerServiceClient(cfg.HTTP, baseURL(cfg.URL), connect.WithInterceptors(headerInterceptor(creds.UUID, creds.Token))),
 		creds:  creds,
 	}
@@ -93,7 +86,7 @@ func ConnectGitea(ctx context.Context, cfg GiteaConfig) (*Gitea, error) {
 	return g, nil
 }
 
-func loadCredentials(ctx context.Context, cfg GiteaConfig) (Credentials, error) {
+func loadCredentials(ctx context.Context, cfg Config) (Credentials, error) {
 	if cfg.UUIDFile != "" || cfg.TokenFile != "" {
 		if cfg.UUIDFile == "" || cfg.TokenFile == "" {
 			return Credentials{}, errors.New("scheduler: GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE must be set together")
@@ -155,8 +148,8 @@ func Register(ctx context.Context, hc *http.Client, url, regToken, name string, 
 	return Credentials{UUID: r.Uuid, Token: r.Token, URL: url}, nil
 }
 
-// FetchTask implements Forge.
-func (g *Gitea) FetchTask(ctx context.Context, tasksVersion int64) (*runnerv1.FetchTaskResponse, error) {
+// FetchTask implements forge.Forge.
+func (g *Client) FetchTask(ctx context.Context, tasksVersion int64) (*runnerv1.FetchTaskResponse, error) {
 	resp, err := g.client.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{TasksVersion: tasksVersion}))
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: fetch task: %w", err)
@@ -164,8 +157,8 @@ func (g *Gitea) FetchTask(ctx context.Context, tasksVersion int64) (*runnerv1.Fe
 	return resp.Msg, nil
 }
 
-// UpdateTask implements Forge.
-func (g *Gitea) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
+// UpdateTask implements forge.Forge.
+func (g *Client) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
 	resp, err := g.client.UpdateTask(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: update task %d: %w", req.GetState().GetId(), err)
@@ -173,8 +166,8 @@ func (g *Gitea) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest)
 	return resp.Msg, nil
 }
 
-// UpdateLog implements Forge.
-func (g *Gitea) UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
+// UpdateLog implements forge.Forge.
+func (g *Client) UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
 	resp, err := g.client.UpdateLog(ctx, connect.NewRequest(req))
 	if err != nil {
 		return nil, fmt.Errorf("scheduler: update log of task %d: %w", req.GetTaskId(), err)
