@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
+	"github.com/dynrunner/dynrunner/facade"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -200,7 +201,7 @@ func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 		Keepalive: time.Minute, Reconcile: time.Second, Box: box,
 		Log: logger.With().Str("component", "scheduler").Logger(),
 	}, p.forge, p.log, p.view)
-	f := scheduler.NewFacade(scheduler.FacadeConfig{
+	f := facade.New(facade.Config{
 		Actor: "facade@bench", TrustDomain: p.target.TD, Lease: cfg.Lease, Issuer: issuer,
 		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: box,
 		Log: logger.With().Str("component", "facade").Logger(),

@@ -2,16 +2,12 @@ package scheduler
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// Metrics are the scheduler's and the facade's Prometheus metrics.
+// Metrics are the scheduler's Prometheus metrics.
 type Metrics struct {
 	Claimed     *prometheus.CounterVec
 	Rejected    prometheus.Counter
 	FetchErrors prometheus.Counter
 	Live        prometheus.Gauge
-	Reports     *prometheus.CounterVec
-	Refused     *prometheus.CounterVec
-	// RejectedRecords counts event bus messages rejected as unauthenticated or malformed.
-	RejectedRecords *prometheus.CounterVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not registered).
@@ -29,18 +25,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Live: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "dynrunner_assignments_live", Help: "Assignments not yet ended.",
 		}),
-		Reports: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynrunner_facade_requests_total", Help: "Facade requests served, by method.",
-		}, []string{"method"}),
-		Refused: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynrunner_facade_refused_total", Help: "Facade requests refused, by reason.",
-		}, []string{"reason"}),
-		RejectedRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dynrunner_eventlog_rejected_total", Help: "Messages on the event bus rejected (not written with the event log's key, or malformed), by reason.",
-		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Claimed, m.Rejected, m.FetchErrors, m.Live, m.Reports, m.Refused, m.RejectedRecords)
+		reg.MustRegister(m.Claimed, m.Rejected, m.FetchErrors, m.Live)
 	}
 	return m
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
@@ -66,7 +67,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func taskWithRunsOn(id int64, runsOn string) *runnerv1.Task {
-	t := sampleTask(id)
+	t := forgetest.Task(id)
 	t.WorkflowPayload = []byte("name: ci\njobs:\n  build:\n    name: build\n    runs-on: " + runsOn + "\n    steps:\n      - run: echo hi\n")
 	return t
 }
@@ -75,7 +76,7 @@ func TestSchedulerClaimsPersistsAndDispatches(t *testing.T) {
 	e := newEnv(t)
 	clk := &clock{now: time.Now()}
 	e.runScheduler(clk)
-	e.forge.push(taskWithRunsOn(11, "[self-hosted, pod]"))
+	e.forge.Push(taskWithRunsOn(11, "[self-hosted, pod]"))
 	var st assignment.State
 	eventually(t, "the claim", func() bool {
 		var err error
@@ -117,15 +118,15 @@ func TestSchedulerFailsOversizeTasksAtOnce(t *testing.T) {
 	e.runScheduler(&clock{now: time.Now()})
 	big := taskWithRunsOn(31, "[self-hosted, pod]")
 	big.Secrets["HUGE"] = strings.Repeat("x", 5<<20)
-	e.forge.push(big)
-	e.forge.push(taskWithRunsOn(32, "[self-hosted, pod]"))
+	e.forge.Push(big)
+	e.forge.Push(taskWithRunsOn(32, "[self-hosted, pod]"))
 	began := time.Now()
-	eventually(t, "the oversize task failed upstream", func() bool { return e.forge.result(31) == runnerv1.Result_RESULT_FAILURE })
+	eventually(t, "the oversize task failed upstream", func() bool { return e.forge.Result(31) == runnerv1.Result_RESULT_FAILURE })
 	eventually(t, "the next task claimed", func() bool { _, err := e.log.Get(t.Context(), 32); return err == nil })
 	if took := time.Since(began); took > 10*time.Second {
 		t.Fatalf("the next task waited %s behind the oversize one", took)
 	}
-	log := strings.Join(e.forge.log(31), "\n")
+	log := strings.Join(e.forge.Log(31), "\n")
 	if !strings.Contains(log, "dynrunner: this job was not run") || !strings.Contains(log, "max_payload") {
 		t.Fatalf("the oversize task's log does not say why it was not run: %q", log)
 	}
@@ -150,9 +151,9 @@ func TestSchedulerRejectsUnroutableJobs(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			e.runScheduler(&clock{now: time.Now()})
-			e.forge.push(taskWithRunsOn(21, tc.runsOn))
-			eventually(t, "the upstream failure", func() bool { return e.forge.result(21) == runnerv1.Result_RESULT_FAILURE })
-			log := strings.Join(e.forge.log(21), "\n")
+			e.forge.Push(taskWithRunsOn(21, tc.runsOn))
+			eventually(t, "the upstream failure", func() bool { return e.forge.Result(21) == runnerv1.Result_RESULT_FAILURE })
+			log := strings.Join(e.forge.Log(21), "\n")
 			if !strings.Contains(log, "accepted: [self-hosted, pod]") {
 				t.Fatalf("log %q does not say which labels are accepted", log)
 			}
@@ -167,16 +168,16 @@ func TestSchedulerFailsClaimsNotPickedUp(t *testing.T) {
 	e := newEnv(t)
 	clk := &clock{now: time.Now()}
 	e.runScheduler(clk)
-	e.forge.push(taskWithRunsOn(31, "[self-hosted, pod]"))
+	e.forge.Push(taskWithRunsOn(31, "[self-hosted, pod]"))
 	eventually(t, "the claim", func() bool { _, err := e.log.Get(t.Context(), 31); return err == nil })
 	// Past the pickup deadline (2 min) and the restart grace (2/3 of the 5 min lease).
 	clk.Advance(3*time.Minute + 30*time.Second)
-	eventually(t, "the upstream failure", func() bool { return e.forge.result(31) == runnerv1.Result_RESULT_FAILURE })
+	eventually(t, "the upstream failure", func() bool { return e.forge.Result(31) == runnerv1.Result_RESULT_FAILURE })
 	eventually(t, "the closed record", func() bool {
 		st, err := e.log.Get(t.Context(), 31)
 		return err == nil && st.Phase == assignment.Closed
 	})
-	if log := strings.Join(e.forge.log(31), "\n"); !strings.Contains(log, "PICKUP_SECS") {
+	if log := strings.Join(e.forge.Log(31), "\n"); !strings.Contains(log, "PICKUP_SECS") {
 		t.Fatalf("log %q does not explain the pickup timeout", log)
 	}
 	eventually(t, "the sealed task dropped", func() bool {
@@ -189,15 +190,9 @@ func TestSchedulerKeepsStartingTasksAliveAndSeesCancellation(t *testing.T) {
 	e := newEnv(t)
 	clk := &clock{now: time.Now()}
 	e.runScheduler(clk)
-	e.forge.push(taskWithRunsOn(41, "[self-hosted, pod]"))
-	eventually(t, "a keepalive", func() bool {
-		e.forge.mu.Lock()
-		defer e.forge.mu.Unlock()
-		return len(e.forge.states[41]) > 0
-	})
-	e.forge.mu.Lock()
-	e.forge.cancel[41] = true
-	e.forge.mu.Unlock()
+	e.forge.Push(taskWithRunsOn(41, "[self-hosted, pod]"))
+	eventually(t, "a keepalive", func() bool { return e.forge.Reports(41) > 0 })
+	e.forge.Cancel(41)
 	clk.Advance(time.Minute + time.Second)
 	eventually(t, "the cancellation", func() bool {
 		st, err := e.log.Get(t.Context(), 41)
@@ -210,12 +205,10 @@ func TestSchedulerKeepsStartingTasksAliveAndSeesCancellation(t *testing.T) {
 func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
 	e := newEnv(t)
 	e.runSchedulerWith(&clock{now: time.Now()}, map[assignment.Backend]int{assignment.BackendPod: 1})
-	e.forge.push(taskWithRunsOn(51, "[self-hosted, pod]"))
-	e.forge.push(taskWithRunsOn(52, "[self-hosted, pod]"))
+	e.forge.Push(taskWithRunsOn(51, "[self-hosted, pod]"))
+	e.forge.Push(taskWithRunsOn(52, "[self-hosted, pod]"))
 	eventually(t, "the first claim", func() bool { _, err := e.log.Get(t.Context(), 51); return err == nil })
-	e.forge.mu.Lock()
-	before := e.forge.fetches
-	e.forge.mu.Unlock()
+	before := e.forge.Fetches()
 	// Several fetch intervals pass (bounded polling on the fake forge's counter is not
 	// possible while nothing is fetched, so observe the claim of 52 not happening meanwhile).
 	deadline := time.Now().Add(300 * time.Millisecond)
@@ -225,9 +218,7 @@ func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	e.forge.mu.Lock()
-	after := e.forge.fetches
-	e.forge.mu.Unlock()
+	after := e.forge.Fetches()
 	if after != before {
 		t.Fatalf("%d fetches while full, want none", after-before)
 	}
@@ -246,7 +237,7 @@ func TestSchedulerIsNotWedgedByForgedRecords(t *testing.T) {
 	e := newEnv(t)
 	clk := &clock{now: time.Now()}
 	e.runScheduler(clk)
-	e.forge.push(taskWithRunsOn(31, "[self-hosted, pod]"))
+	e.forge.Push(taskWithRunsOn(31, "[self-hosted, pod]"))
 	var st assignment.State
 	eventually(t, "the claim", func() bool {
 		var err error
@@ -268,7 +259,7 @@ func TestSchedulerIsNotWedgedByForgedRecords(t *testing.T) {
 		st, err := e.log.Get(t.Context(), 31)
 		return err == nil && st.Phase == assignment.Closed
 	})
-	log := strings.Join(e.forge.log(31), "\n")
+	log := strings.Join(e.forge.Log(31), "\n")
 	assert.Contains(t, log, "PICKUP_SECS")
 	assert.NotContains(t, log, "ATTACKER TEXT")
 	eventually(t, "the sealed task dropped", func() bool {

@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dynrunner/dynrunner/facade"
 	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
@@ -150,11 +151,13 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := scheduler.NewMetrics(reg)
+	facadeMetrics := facade.NewMetrics(reg)
+	rejectedRecords := newRejectedRecords(reg)
 
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Replicas = cfg.NATSReplicas
 	elCfg.Key = recordKey
-	elCfg.OnReject = rejectionReporter(log, metrics)
+	elCfg.OnReject = rejectionReporter(log, rejectedRecords)
 	evlog, err := eventlog.Open(ctx, js, elCfg)
 	if err != nil {
 		return err
@@ -239,9 +242,9 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			return fmt.Errorf("facade SVID: %w", err)
 		}
 		defer facadeSrc.Close()
-		f := scheduler.NewFacade(scheduler.FacadeConfig{
+		f := facade.New(facade.Config{
 			Actor: "facade@" + actor, TrustDomain: cfg.TrustDomain, Lease: cfg.Lease, Issuer: issuer,
-			RunnerKey: runnerKey, Box: box, Log: log.With().Str("component", "facade").Logger(), Metrics: metrics,
+			RunnerKey: runnerKey, Box: box, Log: log.With().Str("component", "facade").Logger(), Metrics: facadeMetrics,
 		}, forge, evlog, view)
 		ln, err := net.Listen("tcp", cfg.FacadeListen)
 		if err != nil {
@@ -402,15 +405,25 @@ func serve(ctx context.Context, srv *http.Server, ln net.Listener, tls bool) err
 	return nil
 }
 
+// newRejectedRecords creates the count of event bus messages rejected as unauthenticated or
+// malformed, by reason, and registers it with reg.
+func newRejectedRecords(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dynrunner_eventlog_rejected_total", Help: "Messages on the event bus rejected (not written with the event log's key, or malformed), by reason.",
+	}, []string{"reason"})
+	reg.MustRegister(c)
+	return c
+}
+
 // rejectionReporter logs every message the event log refused to believe (once each) and counts
-// it. The message's content is not logged: whoever wrote it chose it.
-func rejectionReporter(log zerolog.Logger, m *scheduler.Metrics) func(eventlog.Rejection) {
+// it in rejected. The message's content is not logged: whoever wrote it chose it.
+func rejectionReporter(log zerolog.Logger, rejected *prometheus.CounterVec) func(eventlog.Rejection) {
 	return func(r eventlog.Rejection) {
 		reason := "unauthenticated"
 		if errors.Is(r.Err, eventlog.ErrMalformed) {
 			reason = "malformed"
 		}
-		m.RejectedRecords.WithLabelValues(reason).Inc()
+		rejected.WithLabelValues(reason).Inc()
 		ev := log.Error().Str("stream", r.Stream).Str("subject", r.Subject).Uint64("seq", r.Seq).Str("reason", reason).AnErr("cause", r.Err)
 		if r.Quarantined {
 			ev.Str("quarantined_to", eventlog.SubjectQuarantine).Msg("rejected a message on the event bus that this controller did not write; moved it to quarantine")

@@ -1,4 +1,4 @@
-package scheduler_test
+package facade_test
 
 import (
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"

@@ -1,4 +1,4 @@
-package scheduler_test
+package facade_test
 
 import (
 	"bufio"
@@ -21,8 +21,9 @@ import (
 	"github.com/stretchr/testify/require"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/dynrunner/dynrunner/facade"
+	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/workload"
-	"github.com/dynrunner/dynrunner/scheduler"
 )
 
 // allocatedDuring reports how many bytes this process allocated while fn ran: the facade
@@ -77,14 +78,14 @@ func TestFacadeBoundsMessages(t *testing.T) {
 	})
 	assert.Equal(t, http.StatusTooManyRequests, code, "Connect's resource_exhausted: %s", body)
 	assert.Contains(t, body, "larger than configured max")
-	assert.Less(t, n, uint64(6*scheduler.DefaultMaxMessageBytes), "the facade allocated %d MiB for a gzip bomb", n>>20)
+	assert.Less(t, n, uint64(6*facade.DefaultMaxMessageBytes), "the facade allocated %d MiB for a gzip bomb", n>>20)
 
 	big, err := proto.Marshal(&pingv1.PingRequest{Data: strings.Repeat("x", 100<<20)})
 	require.NoError(t, err)
 	n = allocatedDuring(func() { code, body = ping(t, hc, srv.URL, bytes.NewReader(big), nil) })
 	assert.NotEqual(t, http.StatusOK, code, "a 100 MB ping was answered: %.200s", body)
 	assert.NotContains(t, body, "xxxxxxxx", "the body was echoed")
-	assert.Less(t, n, uint64(6*scheduler.DefaultMaxMessageBytes), "the facade allocated %d MiB for a 100 MB body", n>>20)
+	assert.Less(t, n, uint64(6*facade.DefaultMaxMessageBytes), "the facade allocated %d MiB for a 100 MB body", n>>20)
 
 	// An ordinary ping still works.
 	small, _ := proto.Marshal(&pingv1.PingRequest{Data: "hi"})
@@ -133,7 +134,7 @@ type answer struct {
 // one identity holds at most PerIdentity requests in flight, while another is still served.
 func TestFacadeCutsOffSlowBodies(t *testing.T) {
 	e := newEnv(t)
-	e.limits = scheduler.ServerLimits{ReadTimeout: time.Second, PerIdentity: 2}
+	e.limits = facade.ServerLimits{ReadTimeout: time.Second, PerIdentity: 2}
 	srv := e.facadeServer()
 	addr := strings.TrimPrefix(srv.URL, "https://")
 	me := workload.AssignmentID(e.td, 7, 3)
@@ -198,7 +199,7 @@ func TestFacadeLogsRefusedHandshakesStructured(t *testing.T) {
 	e := newEnv(t)
 	var logs syncBuffer
 	e.logw = &logs
-	e.limits = scheduler.ServerLimits{HandshakeLogEvery: time.Hour}
+	e.limits = facade.ServerLimits{HandshakeLogEvery: time.Hour}
 	srv := e.facadeServer()
 	addr := strings.TrimPrefix(srv.URL, "https://")
 	for range 20 {
@@ -231,9 +232,9 @@ func TestFacadeLogsRefusedRequestsBounded(t *testing.T) {
 	e := newEnv(t)
 	var logs syncBuffer
 	e.logw = &logs
-	e.limits = scheduler.ServerLimits{HandshakeLogEvery: time.Hour}
+	e.limits = facade.ServerLimits{HandshakeLogEvery: time.Hour}
 	srv := e.facadeServer()
-	st := e.claim(sampleTask(42))
+	st := e.claim(forgetest.Task(42))
 	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
 	for range 50 {
 		_, err := runnerClient(hc, srv.URL, "some-uuid", "wrong").FetchTask(t.Context(), connect.NewRequest(&runnerv1.FetchTaskRequest{}))

@@ -1,4 +1,4 @@
-package scheduler_test
+package facade_test
 
 import (
 	"context"
@@ -12,8 +12,8 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
-	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/workload"
@@ -34,12 +34,6 @@ func runnerClient(hc *http.Client, url, uuid, token string) runnerv1connect.Runn
 		})))
 }
 
-func sampleTask(id int64) *runnerv1.Task {
-	ctx, _ := structpb.NewStruct(map[string]any{"repository": "o/r", "token": "ghs_secret_token"})
-	return &runnerv1.Task{Id: id, Context: ctx, Secrets: map[string]string{"API_KEY": "s3cr3t"},
-		WorkflowPayload: []byte("jobs:\n  build:\n    runs-on: [self-hosted, pod]\n")}
-}
-
 func codeOf(err error) connect.Code { return connect.CodeOf(err) }
 
 // TestFacadeLifecycle walks one environment through the facade: register with its token,
@@ -49,8 +43,8 @@ func TestFacadeLifecycle(t *testing.T) {
 	srv := e.facadeServer()
 	ctx := t.Context()
 
-	e.claim(sampleTask(41)) // so that task 42's epoch has a predecessor to be stale with
-	st := e.claim(sampleTask(42))
+	e.claim(forgetest.Task(41)) // so that task 42's epoch has a predecessor to be stale with
+	st := e.claim(forgetest.Task(42))
 	epoch := st.Epoch()
 	_, tok := e.start(st)
 	me := workload.AssignmentID(e.td, 42, epoch)
@@ -144,10 +138,10 @@ func TestFacadeLifecycle(t *testing.T) {
 	if final.Phase != assignment.Completed || final.Result != "success" || final.Epoch() != epoch {
 		t.Fatalf("final state = %+v", final)
 	}
-	if e.forge.result(42) != runnerv1.Result_RESULT_SUCCESS {
-		t.Fatalf("upstream result = %v", e.forge.result(42))
+	if e.forge.Result(42) != runnerv1.Result_RESULT_SUCCESS {
+		t.Fatalf("upstream result = %v", e.forge.Result(42))
 	}
-	if got := e.forge.log(42); len(got) != 1 || got[0] != "hello" {
+	if got := e.forge.Log(42); len(got) != 1 || got[0] != "hello" {
 		t.Fatalf("upstream log = %q", got)
 	}
 	ren, err = lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(epoch)}))
@@ -169,10 +163,10 @@ func TestFacadeLifecycle(t *testing.T) {
 	if codeOf(err) != connect.CodeFailedPrecondition {
 		t.Fatalf("a log after the end: %v, want it refused", err)
 	}
-	if n := e.forge.reports(42); n != 1 {
+	if n := e.forge.Reports(42); n != 1 {
 		t.Fatalf("the forge got %d state reports for task 42, want the one final report", n)
 	}
-	if got := e.forge.log(42); len(got) != 1 {
+	if got := e.forge.Log(42); len(got) != 1 {
 		t.Fatalf("upstream log after the end = %q", got)
 	}
 }
@@ -181,7 +175,7 @@ func TestFacadeLifecycle(t *testing.T) {
 func TestFacadeRefusesForeignCA(t *testing.T) {
 	e := newEnv(t)
 	srv := e.facadeServer()
-	st := e.claim(sampleTask(5))
+	st := e.claim(forgetest.Task(5))
 	foreign, err := workload.LoadOrCreateDevCA(t.TempDir(), e.td)
 	if err != nil {
 		t.Fatal(err)
@@ -212,14 +206,14 @@ func TestFacadeGuestListener(t *testing.T) {
 	ctx := t.Context()
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.GuestClientTLSConfig(e.ca.Bundle(), workload.FacadeID(e.td)), ForceAttemptHTTP2: true}}
 
-	pod := e.claim(sampleTask(60))
+	pod := e.claim(forgetest.Task(60))
 	_, podTok := e.start(pod)
 	_, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: podTok.Secret()}))
 	if codeOf(err) != connect.CodePermissionDenied {
 		t.Fatalf("pod token on the guest listener: %v, want permission denied", err)
 	}
 
-	vm := e.claimOn(sampleTask(61), assignment.BackendVM)
+	vm := e.claimOn(forgetest.Task(61), assignment.BackendVM)
 	_, tok := e.start(vm)
 	if _, err := runnerClient(hc, srv.URL, "", "").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); codeOf(err) != connect.CodeUnauthenticated {
 		t.Fatalf("guest fetch without credentials: %v, want unauthenticated", err)
@@ -252,7 +246,7 @@ func TestFacadeGuestListener(t *testing.T) {
 func TestFacadeRegisterBeforeStartedIsRetryable(t *testing.T) {
 	e := newEnv(t)
 	srv := e.facadeServer()
-	st := e.claim(sampleTask(70))
+	st := e.claim(forgetest.Task(70))
 	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
 	if err != nil {
 		t.Fatal(err)

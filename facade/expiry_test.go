@@ -1,6 +1,7 @@
-package scheduler_test
+package facade_test
 
 import (
+	"sync"
 	"testing"
 	"time"
 
@@ -11,10 +12,19 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
 )
+
+// clock is the facade's clock in a test.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
 
 // set moves the clock to t.
 func (c *clock) set(t time.Time) {
@@ -33,7 +43,7 @@ func TestFacadeCredentialsEndWithTheLease(t *testing.T) {
 	srv := e.facadeServer()
 	ctx := t.Context()
 
-	st := e.claim(sampleTask(42))
+	st := e.claim(forgetest.Task(42))
 	_, tok := e.start(st)
 	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch())) // an SVID valid for an hour
 	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
@@ -75,7 +85,7 @@ func TestFacadeCredentialsEndWithTheLease(t *testing.T) {
 // renewed by an environment that reaches a facade within the restart grace.
 func TestFacadeRenewsAfterItsOwnRestart(t *testing.T) {
 	e := newEnv(t)
-	st := e.claim(sampleTask(42))
+	st := e.claim(forgetest.Task(42))
 	_, tok := e.start(st)
 	c := &clock{now: st.LeaseExpires.Add(time.Minute)} // the facade starts after the lease ended
 	e.now = c.Now

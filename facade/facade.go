@@ -1,4 +1,4 @@
-package scheduler
+package facade
 
 import (
 	"context"
@@ -33,8 +33,8 @@ import (
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
 )
 
-// FacadeConfig configures the Facade.
-type FacadeConfig struct {
+// Config configures the Facade.
+type Config struct {
 	Actor       string
 	TrustDomain spiffeid.TrustDomain
 	// Lease is the length a renewal extends the lease by.
@@ -52,7 +52,7 @@ type FacadeConfig struct {
 
 // Facade is the RunnerService that environments talk to.
 type Facade struct {
-	cfg     FacadeConfig
+	cfg     Config
 	limits  ServerLimits
 	forge   forge.Forge
 	log     *eventlog.Log
@@ -68,8 +68,8 @@ var (
 	_ dynrunnerv1connect.LeaseServiceHandler = (*Facade)(nil)
 )
 
-// NewFacade returns a Facade forwarding reports to forge.
-func NewFacade(cfg FacadeConfig, forge forge.Forge, log *eventlog.Log, view *eventlog.View) *Facade {
+// New returns a Facade forwarding reports to forge.
+func New(cfg Config, forge forge.Forge, log *eventlog.Log, view *eventlog.View) *Facade {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

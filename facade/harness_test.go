@@ -1,118 +1,27 @@
-package scheduler_test
+package facade_test
 
 import (
-	"context"
 	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/dynrunner/dynrunner/forge"
+	"github.com/dynrunner/dynrunner/facade"
+	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
-	"github.com/dynrunner/dynrunner/internal/natsconn"
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
 	"github.com/dynrunner/dynrunner/internal/workload"
-	"github.com/dynrunner/dynrunner/scheduler"
 )
-
-// fakeForge is an in-memory upstream RunnerService: it hands out queued tasks and records
-// what the scheduler and the facade report.
-type fakeForge struct {
-	mu      sync.Mutex
-	queue   []*runnerv1.Task
-	states  map[int64][]*runnerv1.TaskState
-	logs    map[int64][]string
-	noMore  map[int64]bool
-	cancel  map[int64]bool
-	fetches int
-}
-
-func newFakeForge() *fakeForge {
-	return &fakeForge{states: map[int64][]*runnerv1.TaskState{}, logs: map[int64][]string{}, noMore: map[int64]bool{}, cancel: map[int64]bool{}}
-}
-
-func (f *fakeForge) push(t *runnerv1.Task) {
-	f.mu.Lock()
-	f.queue = append(f.queue, t)
-	f.mu.Unlock()
-}
-
-func (f *fakeForge) FetchTask(_ context.Context, v int64) (*runnerv1.FetchTaskResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.fetches++
-	if len(f.queue) == 0 {
-		return &runnerv1.FetchTaskResponse{TasksVersion: v}, nil
-	}
-	t := f.queue[0]
-	f.queue = f.queue[1:]
-	return &runnerv1.FetchTaskResponse{Task: t, TasksVersion: v + 1}, nil
-}
-
-func (f *fakeForge) UpdateTask(_ context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	id := req.GetState().GetId()
-	f.states[id] = append(f.states[id], req.GetState())
-	st := &runnerv1.TaskState{Id: id}
-	if f.cancel[id] {
-		st.Result = runnerv1.Result_RESULT_CANCELLED
-	}
-	return &runnerv1.UpdateTaskResponse{State: st}, nil
-}
-
-// reports is how many state reports the forge got for task id.
-func (f *fakeForge) reports(id int64) int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return len(f.states[id])
-}
-
-func (f *fakeForge) UpdateLog(_ context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	id := req.GetTaskId()
-	ack := int64(len(f.logs[id]))
-	if req.GetIndex() <= ack && int64(len(req.GetRows()))+req.GetIndex() > ack {
-		for _, r := range req.GetRows()[ack-req.GetIndex():] {
-			f.logs[id] = append(f.logs[id], r.GetContent())
-		}
-	}
-	if req.GetNoMore() {
-		f.noMore[id] = true
-	}
-	return &runnerv1.UpdateLogResponse{AckIndex: int64(len(f.logs[id]))}, nil
-}
-
-func (f *fakeForge) result(id int64) runnerv1.Result {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, s := range f.states[id] {
-		if s.GetResult() != runnerv1.Result_RESULT_UNSPECIFIED {
-			return s.GetResult()
-		}
-	}
-	return runnerv1.Result_RESULT_UNSPECIFIED
-}
-
-func (f *fakeForge) log(id int64) []string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return append([]string(nil), f.logs[id]...)
-}
-
-var _ forge.Forge = (*fakeForge)(nil)
 
 // env is one control plane under test: JetStream, a view, keys and a development CA.
 type env struct {
@@ -123,10 +32,10 @@ type env struct {
 	issuer *captoken.Issuer
 	ca     *workload.DevCA
 	td     spiffeid.TrustDomain
-	forge  *fakeForge
+	forge  *forgetest.Forge
 	// limits and logw configure the facade servers serve starts (zero: the defaults, the
 	// test's log).
-	limits scheduler.ServerLimits
+	limits facade.ServerLimits
 	logw   io.Writer
 	// now is the facades' clock (zero: time.Now).
 	now func() time.Time
@@ -134,26 +43,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	js, err := jetstream.New(c.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	elCfg := eventlog.DefaultConfig()
-	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
-	l, err := eventlog.Open(t.Context(), js, elCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	v := eventlog.NewView()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); _ = l.Watch(ctx, v) }()
-	t.Cleanup(func() { cancel(); <-done })
+	l, v := eventlogtest.Open(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
 	if err != nil {
 		t.Fatal(err)
@@ -167,7 +57,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &env{t: t, log: l, view: v, box: box, issuer: issuer, ca: ca, td: td, forge: newFakeForge()}
+	return &env{t: t, log: l, view: v, box: box, issuer: issuer, ca: ca, td: td, forge: forgetest.New()}
 }
 
 // server is a facade listening for mTLS on loopback.
@@ -184,7 +74,7 @@ func (e *env) serve(guest bool) server {
 	if logw == nil {
 		logw = zerolog.NewTestWriter(e.t)
 	}
-	f := scheduler.NewFacade(scheduler.FacadeConfig{
+	f := facade.New(facade.Config{
 		Actor: "facade-test", TrustDomain: e.td, Lease: 5 * time.Minute, Issuer: e.issuer,
 		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(logw), Limits: e.limits, Now: e.now,
 	}, e.forge, e.log, e.view)

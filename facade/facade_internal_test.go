@@ -1,4 +1,4 @@
-package scheduler
+package facade
 
 import (
 	"strings"
@@ -17,7 +17,7 @@ func FuzzParseRunnerToken(f *testing.F) {
 	f.Add(int64(1), uint64(1), "", "1.x")
 	f.Add(int64(9), uint64(3), "u", "..")
 	f.Fuzz(func(t *testing.T, task int64, epoch uint64, uuid, wire string) {
-		fc := &Facade{cfg: FacadeConfig{RunnerKey: []byte("runner-key-runner-key-runner-key")}}
+		fc := &Facade{cfg: Config{RunnerKey: []byte("runner-key-runner-key-runner-key")}}
 		if task > 0 && epoch > 0 {
 			c := caller{task: assignment.TaskID(task), epoch: assignment.Epoch(epoch)}
 			gotTask, gotEpoch, ok := parseRunnerToken(fc.runnerToken(c, uuid))

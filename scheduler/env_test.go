@@ -1,0 +1,29 @@
+package scheduler_test
+
+import (
+	"testing"
+
+	"github.com/dynrunner/dynrunner/forge/forgetest"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+)
+
+// env is one control plane under test: JetStream, a view, the task key and a forge.
+type env struct {
+	t     *testing.T
+	log   *eventlog.Log
+	view  *eventlog.View
+	box   *sealbox.Box
+	forge *forgetest.Forge
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	l, v := eventlogtest.Open(t)
+	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, log: l, view: v, box: box, forge: forgetest.New()}
+}
