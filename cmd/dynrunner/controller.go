@@ -169,7 +169,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	g.Go(func() error { return evlog.Watch(gctx, view) })
 	ready = append(ready, view.Ready())
 
-	var forge forge.Forge
+	var upstream forge.Forge
 	var backends []assignment.Backend
 	for _, t := range cfg.Tiers {
 		backends = append(backends, assignment.Backend(t))
@@ -183,7 +183,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		if err != nil {
 			return err
 		}
-		forge = g
+		upstream = g
 		log.Info().Str("gitea", cfg.GiteaURL).Strs("labels", labels).Msg("resident runner declared")
 	}
 
@@ -220,7 +220,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 			Capacity:      map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
 			FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
 			Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Box: box, Log: log.With().Str("component", "scheduler").Logger(), Metrics: metrics,
-		}, forge, evlog, view)
+		}, upstream, evlog, view)
 		g.Go(func() error { return s.Run(gctx) })
 		ready = append(ready, s.Ready())
 	}
@@ -245,7 +245,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		f := facade.New(facade.Config{
 			Actor: "facade@" + actor, TrustDomain: cfg.TrustDomain, Lease: cfg.Lease, Issuer: issuer,
 			RunnerKey: runnerKey, Box: box, Log: log.With().Str("component", "facade").Logger(), Metrics: facadeMetrics,
-		}, forge, evlog, view)
+		}, upstream, evlog, view)
 		ln, err := net.Listen("tcp", cfg.FacadeListen)
 		if err != nil {
 			return fmt.Errorf("RUNNER_FACADE_LISTEN: %w", err)
