@@ -81,7 +81,7 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 		creds:  creds,
 	}
 	if _, err := g.client.Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Version: cfg.Version, Labels: cfg.Labels})); err != nil {
-		return nil, fmt.Errorf("scheduler: declare labels %v to %s: %w", cfg.Labels, cfg.URL, err)
+		return nil, fmt.Errorf("gitea: declare labels %v to %s: %w", cfg.Labels, cfg.URL, err)
 	}
 	return g, nil
 }
@@ -89,15 +89,15 @@ func Connect(ctx context.Context, cfg Config) (*Client, error) {
 func loadCredentials(ctx context.Context, cfg Config) (Credentials, error) {
 	if cfg.UUIDFile != "" || cfg.TokenFile != "" {
 		if cfg.UUIDFile == "" || cfg.TokenFile == "" {
-			return Credentials{}, errors.New("scheduler: GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE must be set together")
+			return Credentials{}, errors.New("gitea: GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE must be set together")
 		}
 		uuid, err := secretfile.Read(cfg.UUIDFile)
 		if err != nil {
-			return Credentials{}, fmt.Errorf("scheduler: GITEA_RUNNER_UUID_FILE: %w", err)
+			return Credentials{}, fmt.Errorf("gitea: GITEA_RUNNER_UUID_FILE: %w", err)
 		}
 		token, err := secretfile.Read(cfg.TokenFile)
 		if err != nil {
-			return Credentials{}, fmt.Errorf("scheduler: GITEA_RUNNER_TOKEN_FILE: %w", err)
+			return Credentials{}, fmt.Errorf("gitea: GITEA_RUNNER_TOKEN_FILE: %w", err)
 		}
 		return Credentials{UUID: string(uuid), Token: string(token), URL: cfg.URL}, nil
 	}
@@ -105,21 +105,21 @@ func loadCredentials(ctx context.Context, cfg Config) (Credentials, error) {
 	if data, err := secretfile.Read(path); err == nil {
 		var c Credentials
 		if err := json.Unmarshal(data, &c); err != nil || c.UUID == "" || c.Token == "" {
-			return Credentials{}, fmt.Errorf("scheduler: %s is not valid runner credentials; remove it to register again", path)
+			return Credentials{}, fmt.Errorf("gitea: %s is not valid runner credentials; remove it to register again", path)
 		}
 		if c.URL != cfg.URL {
-			return Credentials{}, fmt.Errorf("scheduler: %s belongs to %s, not GITEA_URL=%s; remove it to register again", path, c.URL, cfg.URL)
+			return Credentials{}, fmt.Errorf("gitea: %s belongs to %s, not GITEA_URL=%s; remove it to register again", path, c.URL, cfg.URL)
 		}
 		return c, nil
 	} else if !errors.Is(err, os.ErrNotExist) {
-		return Credentials{}, fmt.Errorf("scheduler: stored runner credentials: %w", err)
+		return Credentials{}, fmt.Errorf("gitea: stored runner credentials: %w", err)
 	}
 	if cfg.RegistrationTokenFile == "" {
-		return Credentials{}, errors.New("scheduler: no Gitea runner credentials: set GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE, or GITEA_RUNNER_REGISTRATION_TOKEN_FILE to register on first start")
+		return Credentials{}, errors.New("gitea: no Gitea runner credentials: set GITEA_RUNNER_UUID_FILE and GITEA_RUNNER_TOKEN_FILE, or GITEA_RUNNER_REGISTRATION_TOKEN_FILE to register on first start")
 	}
 	regToken, err := secretfile.Read(cfg.RegistrationTokenFile)
 	if err != nil {
-		return Credentials{}, fmt.Errorf("scheduler: GITEA_RUNNER_REGISTRATION_TOKEN_FILE: %w", err)
+		return Credentials{}, fmt.Errorf("gitea: GITEA_RUNNER_REGISTRATION_TOKEN_FILE: %w", err)
 	}
 	c, err := Register(ctx, cfg.HTTP, cfg.URL, string(regToken), cfg.Name, cfg.Labels, cfg.Version)
 	if err != nil {
@@ -127,7 +127,7 @@ func loadCredentials(ctx context.Context, cfg Config) (Credentials, error) {
 	}
 	data, _ := json.Marshal(c)
 	if err := secretfile.WriteNew(path, data); err != nil {
-		return Credentials{}, fmt.Errorf("scheduler: keep runner credentials: %w", err)
+		return Credentials{}, fmt.Errorf("gitea: keep runner credentials: %w", err)
 	}
 	return c, nil
 }
@@ -139,11 +139,11 @@ func Register(ctx context.Context, hc *http.Client, url, regToken, name string, 
 		Name: name, Token: regToken, Version: version, Labels: labels,
 	}))
 	if err != nil {
-		return Credentials{}, fmt.Errorf("scheduler: register runner %q at %s: %w", name, url, err)
+		return Credentials{}, fmt.Errorf("gitea: register runner %q at %s: %w", name, url, err)
 	}
 	r := resp.Msg.GetRunner()
 	if r.GetUuid() == "" || r.GetToken() == "" {
-		return Credentials{}, fmt.Errorf("scheduler: register runner at %s: response without credentials", url)
+		return Credentials{}, fmt.Errorf("gitea: register runner at %s: response without credentials", url)
 	}
 	return Credentials{UUID: r.Uuid, Token: r.Token, URL: url}, nil
 }
@@ -152,7 +152,7 @@ func Register(ctx context.Context, hc *http.Client, url, regToken, name string, 
 func (g *Client) FetchTask(ctx context.Context, tasksVersion int64) (*runnerv1.FetchTaskResponse, error) {
 	resp, err := g.client.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{TasksVersion: tasksVersion}))
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: fetch task: %w", err)
+		return nil, fmt.Errorf("gitea: fetch task: %w", err)
 	}
 	return resp.Msg, nil
 }
@@ -161,7 +161,7 @@ func (g *Client) FetchTask(ctx context.Context, tasksVersion int64) (*runnerv1.F
 func (g *Client) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest) (*runnerv1.UpdateTaskResponse, error) {
 	resp, err := g.client.UpdateTask(ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: update task %d: %w", req.GetState().GetId(), err)
+		return nil, fmt.Errorf("gitea: update task %d: %w", req.GetState().GetId(), err)
 	}
 	return resp.Msg, nil
 }
@@ -170,7 +170,7 @@ func (g *Client) UpdateTask(ctx context.Context, req *runnerv1.UpdateTaskRequest
 func (g *Client) UpdateLog(ctx context.Context, req *runnerv1.UpdateLogRequest) (*runnerv1.UpdateLogResponse, error) {
 	resp, err := g.client.UpdateLog(ctx, connect.NewRequest(req))
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: update log of task %d: %w", req.GetTaskId(), err)
+		return nil, fmt.Errorf("gitea: update log of task %d: %w", req.GetTaskId(), err)
 	}
 	return resp.Msg, nil
 }

@@ -34,15 +34,15 @@ func digestOf(sealed []byte) string {
 // Open unseals a stored task and checks it against the digest recorded at the claim.
 func Open(box *sealbox.Box, id assignment.TaskID, sealed []byte, digest string) (*runnerv1.Task, error) {
 	if digestOf(sealed) != digest {
-		return nil, fmt.Errorf("scheduler: sealed task %d does not match the digest recorded at its claim", id)
+		return nil, fmt.Errorf("sealedtask: sealed task %d does not match the digest recorded at its claim", id)
 	}
 	plain, err := box.Open(sealed, AAD(id))
 	if err != nil {
-		return nil, fmt.Errorf("scheduler: open task %d: %w", id, err)
+		return nil, fmt.Errorf("sealedtask: open task %d: %w", id, err)
 	}
 	var t runnerv1.Task
 	if err := proto.Unmarshal(plain, &t); err != nil {
-		return nil, fmt.Errorf("scheduler: decode task %d: %w", id, err)
+		return nil, fmt.Errorf("sealedtask: decode task %d: %w", id, err)
 	}
 	return &t, nil
 }
