@@ -2,14 +2,14 @@ package docker
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -36,13 +36,13 @@ func newTestBackend(t *testing.T, edit func(*Config)) *Backend {
 func TestContainerConfigHardenedByDefault(t *testing.T) {
 	b := newTestBackend(t, nil)
 	spec := podworker.Spec{Task: 7, Epoch: 9, Env: map[string]string{"B": "2", "A": "1", "HOME": "/root", "DYNRUNNER_SECRETS_DIR": "/elsewhere"}}
-	c := b.containerConfig(spec, "/state/dynrunner-7-9/secrets")
-	hc := c.HostConfig
-	if !slices.Equal(hc.CapDrop, []string{"ALL"}) || hc.Privileged || !hc.ReadonlyRootfs || !hc.Init ||
-		!slices.Equal(hc.SecurityOpt, []string{"no-new-privileges:true"}) || hc.IpcMode != "private" {
+	c, hc := b.containerConfig(spec, "/state/dynrunner-7-9/secrets")
+	if !slices.Equal(hc.CapDrop, []string{"ALL"}) || hc.Privileged || !hc.ReadonlyRootfs || hc.Init == nil || !*hc.Init ||
+		!slices.Equal(hc.SecurityOpt, []string{"no-new-privileges:true"}) || hc.IpcMode != container.IPCModePrivate {
 		t.Errorf("host config not hardened: %+v", hc)
 	}
-	if hc.Memory != DefaultMemory || hc.MemorySwap != DefaultMemory || hc.NanoCpus != 2e9 || hc.PidsLimit != DefaultPids || hc.NetworkMode != DefaultNetwork {
+	if hc.Memory != DefaultMemory || hc.MemorySwap != DefaultMemory || hc.NanoCPUs != 2e9 ||
+		hc.PidsLimit == nil || *hc.PidsLimit != DefaultPids || hc.NetworkMode != DefaultNetwork {
 		t.Errorf("limits: %+v", hc)
 	}
 	if hc.RestartPolicy.Name != "no" {
@@ -55,9 +55,7 @@ func TestContainerConfigHardenedByDefault(t *testing.T) {
 	if !slices.Equal(c.Env, want) {
 		t.Errorf("env = %q, want %q (the backend's own variables win)", c.Env, want)
 	}
-	if len(hc.Mounts) != 1 || hc.Mounts[0] != (mount{Type: "bind", Source: "/state/dynrunner-7-9/secrets", Target: SecretsDir, ReadOnly: true}) {
-		t.Errorf("mounts = %+v", hc.Mounts)
-	}
+	assert.Equal(t, []mount.Mount{{Type: mount.TypeBind, Source: "/state/dynrunner-7-9/secrets", Target: SecretsDir, ReadOnly: true}}, hc.Mounts)
 	for dir, want := range map[string]string{TmpDir: "mode=1777", WorkDir: "mode=0700,uid=", HomeDir: "mode=0700,uid="} {
 		if opts := hc.Tmpfs[dir]; !strings.Contains(opts, "nosuid,nodev") || !strings.Contains(opts, want) || !strings.Contains(opts, "exec") {
 			t.Errorf("tmpfs %s = %q, want exec,nosuid,nodev and %s", dir, opts, want)
@@ -72,21 +70,19 @@ func TestContainerConfigHardenedByDefault(t *testing.T) {
 // mounted read-only and the executor is pointed at the socket inside the container.
 func TestContainerConfigWorkloadAPI(t *testing.T) {
 	b := newTestBackend(t, func(c *Config) { c.SpiffeSocket = "unix:///run/spire/agent-sockets/api.sock" })
-	c := b.containerConfig(podworker.Spec{Task: 7, Epoch: 9, Env: map[string]string{"SPIFFE_ENDPOINT_SOCKET": "unix:///elsewhere"}}, "/s")
-	want := []mount{
-		{Type: "bind", Source: "/s", Target: SecretsDir, ReadOnly: true},
-		{Type: "bind", Source: "/run/spire/agent-sockets", Target: SpiffeSocketDir, ReadOnly: true},
+	c, hc := b.containerConfig(podworker.Spec{Task: 7, Epoch: 9, Env: map[string]string{"SPIFFE_ENDPOINT_SOCKET": "unix:///elsewhere"}}, "/s")
+	want := []mount.Mount{
+		{Type: mount.TypeBind, Source: "/s", Target: SecretsDir, ReadOnly: true},
+		{Type: mount.TypeBind, Source: "/run/spire/agent-sockets", Target: SpiffeSocketDir, ReadOnly: true},
 	}
-	if !slices.Equal(c.HostConfig.Mounts, want) {
-		t.Errorf("mounts = %+v, want %+v", c.HostConfig.Mounts, want)
-	}
+	assert.Equal(t, want, hc.Mounts)
 	if !slices.Contains(c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/api.sock") || slices.Contains(c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///elsewhere") {
 		t.Errorf("env = %q, want SPIFFE_ENDPOINT_SOCKET naming the mounted socket only", c.Env)
 	}
 	// Without one, nothing of SPIRE reaches the container.
-	c = newTestBackend(t, nil).containerConfig(podworker.Spec{Task: 7, Epoch: 9}, "/s")
-	if len(c.HostConfig.Mounts) != 1 || slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }) {
-		t.Errorf("without a socket: mounts %+v, env %q", c.HostConfig.Mounts, c.Env)
+	c, hc = newTestBackend(t, nil).containerConfig(podworker.Spec{Task: 7, Epoch: 9}, "/s")
+	if len(hc.Mounts) != 1 || slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }) {
+		t.Errorf("without a socket: mounts %+v, env %q", hc.Mounts, c.Env)
 	}
 }
 
@@ -95,18 +91,17 @@ func TestContainerConfigPrivilegedOptIn(t *testing.T) {
 		t.Skip("a privileged container runs as root by default, which needs a controller running as root; run the tests as root")
 	}
 	b := newTestBackend(t, func(c *Config) { c.Privileged = true; c.Memory = 1 << 30 })
-	c := b.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s")
-	hc := c.HostConfig
+	c, hc := b.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s")
 	if !hc.Privileged || len(hc.CapDrop) != 0 || c.User != "0:0" {
 		t.Errorf("privileged: Privileged %v, CapDrop %v, User %q; want true, none, 0:0", hc.Privileged, hc.CapDrop, c.User)
 	}
 	// What Privileged does not give up.
-	if !hc.ReadonlyRootfs || hc.Memory != 1<<30 || hc.PidsLimit != DefaultPids || !slices.Contains(hc.SecurityOpt, "no-new-privileges:true") {
+	if !hc.ReadonlyRootfs || hc.Memory != 1<<30 || hc.PidsLimit == nil || *hc.PidsLimit != DefaultPids || !slices.Contains(hc.SecurityOpt, "no-new-privileges:true") {
 		t.Errorf("privileged container lost its read-only root, limits or no-new-privileges: %+v", hc)
 	}
 	explicit := newTestBackend(t, func(c *Config) { c.Privileged = true; c.User = "1000:1000" })
-	if u := explicit.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s").User; u != "1000:1000" {
-		t.Errorf("privileged with an explicit user runs as %q", u)
+	if u, _ := explicit.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s"); u.User != "1000:1000" {
+		t.Errorf("privileged with an explicit user runs as %q", u.User)
 	}
 }
 
@@ -134,53 +129,76 @@ func TestEnvNames(t *testing.T) {
 	}
 }
 
-func FuzzDemux(f *testing.F) {
-	frame := func(stream byte, s string) []byte {
-		n := len(s)
-		return append([]byte{stream, 0, 0, 0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, s...)
+// frame is one frame of the engine's multiplexed log stream: stream (1 stdout, 2 stderr),
+// three zero bytes, the big-endian length, the payload.
+func frame(stream byte, s string) []byte {
+	n := len(s)
+	return append([]byte{stream, 0, 0, 0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, s...)
+}
+
+func TestLastExecutorError(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream []byte
+		want   string
+	}{
+		{"none", nil, ""},
+		{"stderr only", slices.Concat(
+			frame(2, "dynrunner executor: first\n"),
+			frame(2, "a log line\n"),
+			frame(2, "  dynrunner executor: last  \n"),
+			frame(2, "another log line\n"),
+		), "dynrunner executor: last"},
+		{"a line split over frames", slices.Concat(
+			frame(2, "dynrunner exec"),
+			frame(1, "dynrunner executor: the job's line\n"),
+			frame(2, "utor: split\n"),
+		), "dynrunner executor: split"},
+		{"the job's stdout never counts", slices.Concat(
+			frame(2, "dynrunner executor: from stderr\n"),
+			frame(1, "dynrunner executor: from stdout\n"),
+		), "dynrunner executor: from stderr"},
+		{"no newline at the end", frame(2, "dynrunner executor: cut"), "dynrunner executor: cut"},
 	}
-	f.Add(append(frame(1, "out\n"), frame(2, "err\n")...))
-	f.Add(frame(2, "partial"))
-	f.Add([]byte{2, 0, 0})
-	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := io.ReadAll(demux(bytes.NewReader(data), 2))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := lastExecutorError(bytes.NewReader(tt.stream))
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, got)
+		})
+	}
+}
+
+// FuzzLastExecutorError: whatever a job writes to stdout and stderr, and however the engine
+// frames it, Diagnose's reading of the log stream finds exactly the last executor error line
+// of stderr; the job's stdout never becomes a diagnosis.
+func FuzzLastExecutorError(f *testing.F) {
+	f.Add("dynrunner executor: on stdout\n", "dynrunner executor: on stderr\nmore\n", uint8(3))
+	f.Add("", "dynrunner executor: a\r\ndynrunner executor: b", uint8(0))
+	f.Add("dynrunner executor: x\n", "log\n", uint8(200))
+	f.Fuzz(func(t *testing.T, stdout, stderr string, chunk uint8) {
+		size := int(chunk)%32 + 1
+		var stream []byte
+		for out, errs := stdout, stderr; out != "" || errs != ""; {
+			n := min(size, len(out))
+			if n > 0 {
+				stream = append(stream, frame(1, out[:n])...)
+			}
+			out = out[n:]
+			n = min(size, len(errs))
+			if n > 0 {
+				stream = append(stream, frame(2, errs[:n])...)
+			}
+			errs = errs[n:]
+		}
+		got, err := lastExecutorError(bytes.NewReader(stream))
 		require.NoError(t, err)
-		assert.Equal(t, refDemux(data, 2), got, "demux disagrees with the reference on %x", data)
+		want := ""
+		for line := range strings.SplitSeq(stderr, "\n") {
+			if s := strings.TrimSpace(line); strings.HasPrefix(s, podworker.ExecutorErrorPrefix) {
+				want = s
+			}
+		}
+		assert.Equal(t, want, got, "stream %x", stream)
 	})
-}
-
-// refDemux is the engine's multiplexed log format decoded whole: frames of an 8-byte header
-// (stream, 3 zero bytes, big-endian length) and that many bytes; the payloads of stream, a cut
-// last frame's part included, concatenated; an incomplete header ends it.
-func refDemux(data []byte, stream byte) []byte {
-	out := []byte{}
-	for len(data) >= 8 {
-		n := int(binary.BigEndian.Uint32(data[4:8]))
-		payload := data[8:]
-		if n < len(payload) {
-			payload = payload[:n]
-		}
-		if data[0] == stream {
-			out = append(out, payload...)
-		}
-		data = data[8+len(payload):]
-	}
-	return out
-}
-
-func TestDemux(t *testing.T) {
-	frame := func(stream byte, s string) []byte {
-		n := len(s)
-		return append([]byte{stream, 0, 0, 0, byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)}, s...)
-	}
-	var in []byte
-	in = append(in, frame(1, "stdout 1\n")...)
-	in = append(in, frame(2, "stderr ")...)
-	in = append(in, frame(1, "stdout 2\n")...)
-	in = append(in, frame(2, "line\n")...)
-	in = append(in, frame(2, "cut")[:9]...)
-	got, err := io.ReadAll(demux(bytes.NewReader(in), 2))
-	if err != nil || string(got) != "stderr line\nc" {
-		t.Errorf("demux = %q, %v; want %q", got, err, "stderr line\nc")
-	}
 }

@@ -1,6 +1,8 @@
 // Package docker is the pod worker's "docker" backend: each job's environment is one hardened
 // container on a single Docker host, for hosts without a Kubernetes cluster. It talks to the
-// Docker Engine API (v1.41, Docker 20.10, or newer) over its unix socket with net/http.
+// Docker Engine API (v1.41, Docker 20.10, or newer) over its unix socket with the official
+// client, github.com/moby/moby/client, which negotiates the engine's own API version; the
+// client and its OpenTelemetry HTTP instrumentation add about 2.4 MB (2%) to the dynrunner binary.
 //
 // # Containers
 //

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -14,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	cerrdefs "github.com/containerd/errdefs"
 	"github.com/rs/zerolog"
 
 	"github.com/dynrunner/dynrunner/internal/logkey"
@@ -257,8 +257,12 @@ func New(cfg Config) (*Backend, error) {
 	if grace == 0 {
 		grace = DefaultGrace
 	}
+	eng, err := newEngine(socket)
+	if err != nil {
+		return nil, fmt.Errorf("docker: %w", err)
+	}
 	return &Backend{
-		eng:          newEngine(socket),
+		eng:          eng,
 		image:        cfg.Image,
 		network:      network,
 		memory:       memory,
@@ -290,7 +294,7 @@ func (b *Backend) Close() error {
 // The controller calls it at boot, so a wrong socket or a missing image is a boot error rather
 // than a failed job.
 func (b *Backend) Check(ctx context.Context) error {
-	if _, err := b.eng.apiVersion(ctx); err != nil {
+	if _, err := b.eng.api(ctx); err != nil {
 		return fmt.Errorf("docker: check: %w", err)
 	}
 	if _, err := b.ImageLabels(ctx); err != nil {
@@ -302,17 +306,19 @@ func (b *Backend) Check(ctx context.Context) error {
 // ImageLabels returns the labels of the executor image, for example LabelRunnerSHA256. It
 // returns an error wrapping ErrImageMissing when the engine does not have the image.
 func (b *Backend) ImageLabels(ctx context.Context) (map[string]string, error) {
-	var img struct {
-		Config struct {
-			Labels map[string]string `json:"Labels"`
-		} `json:"Config"`
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("image %s: %w", b.image, err)
 	}
-	err := b.eng.call(ctx, "GET", "/images/"+url.PathEscape(b.image)+"/json", nil, nil, &img)
-	if isNotFound(err) {
+	img, err := api.ImageInspect(ctx, b.image)
+	if cerrdefs.IsNotFound(err) {
 		return nil, fmt.Errorf("image %s: %w (build it with scripts/executor-image.sh on this host; no registry is pulled from)", b.image, ErrImageMissing)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("image %s: %w", b.image, err)
+	}
+	if img.Config == nil {
+		return nil, nil
 	}
 	return img.Config.Labels, nil
 }

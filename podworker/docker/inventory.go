@@ -2,11 +2,12 @@ package docker
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
-	"net/url"
 	"strings"
+
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/events"
+	"github.com/moby/moby/client"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -42,7 +43,11 @@ func NewInventory(socket, scope string) (*Inventory, error) {
 	if !scopeRe.MatchString(scope) {
 		return nil, fmt.Errorf("%w: scope %q: want 1 to 32 lowercase letters and digits", ErrInvalidConfig, scope)
 	}
-	return &Inventory{eng: newEngine(socket), scope: scope}, nil
+	eng, err := newEngine(socket)
+	if err != nil {
+		return nil, fmt.Errorf("docker: %w", err)
+	}
+	return &Inventory{eng: eng, scope: scope}, nil
 }
 
 // Scope returns the inventory's scope.
@@ -50,22 +55,22 @@ func (i *Inventory) Scope() string { return i.scope }
 
 // Running lists the scope's running containers whose assignment labels parse (AssignmentOf).
 func (i *Inventory) Running(ctx context.Context) ([]Running, error) {
-	filters, _ := json.Marshal(map[string][]string{
-		"label":  {LabelManaged + "=true", LabelScope + "=" + i.scope},
-		"status": {"running"},
-	})
-	var cs []struct {
-		ID     string            `json:"Id"`
-		State  string            `json:"State"`
-		Labels map[string]string `json:"Labels"`
-	}
-	if err := i.eng.call(ctx, http.MethodGet, "/containers/json", url.Values{"filters": {string(filters)}}, nil, &cs); err != nil {
+	api, err := i.eng.api(ctx)
+	if err != nil {
 		return nil, fmt.Errorf("docker: list running: %w", err)
 	}
-	out := make([]Running, 0, len(cs))
-	for _, c := range cs {
+	cs, err := api.ContainerList(ctx, client.ContainerListOptions{
+		Filters: make(client.Filters).
+			Add("label", LabelManaged+"=true", LabelScope+"="+i.scope).
+			Add("status", string(container.StateRunning)),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("docker: list running: %w", err)
+	}
+	out := make([]Running, 0, len(cs.Items))
+	for _, c := range cs.Items {
 		// The filters, checked.
-		if !containerIDRe.MatchString(c.ID) || c.State != "running" ||
+		if !containerIDRe.MatchString(c.ID) || c.State != container.StateRunning ||
 			c.Labels[LabelManaged] != "true" || c.Labels[LabelScope] != i.scope {
 			continue
 		}
@@ -80,32 +85,31 @@ func (i *Inventory) Running(ctx context.Context) ([]Running, error) {
 // the engine's event stream breaks; it returns nil when ctx ends. Callers list again on each
 // call, and call Watch again (after a pause) when it returns an error.
 func (i *Inventory) Watch(ctx context.Context, changed func()) error {
-	filters, _ := json.Marshal(map[string][]string{
-		"type":  {"container"},
-		"label": {LabelManaged + "=true", LabelScope + "=" + i.scope},
-		"event": {"start", "die", "destroy", "stop", "kill", "pause", "unpause"},
-	})
-	resp, err := i.eng.do(ctx, http.MethodGet, "/events", url.Values{"filters": {string(filters)}}, nil)
+	api, err := i.eng.api(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
 		return fmt.Errorf("docker: watch: %w", err)
 	}
-	defer resp.Body.Close()
-	dec := json.NewDecoder(resp.Body)
+	// Cancelled on return, so the client's reader of the stream ends with Watch.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	evs := api.Events(ctx, client.EventsListOptions{Filters: make(client.Filters).
+		Add("type", string(events.ContainerEventType)).
+		Add("label", LabelManaged+"=true", LabelScope+"="+i.scope).
+		Add("event", "start", "die", "destroy", "stop", "kill", "pause", "unpause"),
+	})
 	for {
-		var ev struct {
-			Type   string `json:"Type"`
-			Action string `json:"Action"`
-		}
-		if err := dec.Decode(&ev); err != nil {
+		select {
+		case <-evs.Messages:
+			changed()
+		case err := <-evs.Err:
 			if ctx.Err() != nil {
 				return nil
 			}
 			return fmt.Errorf("docker: watch: %w", err)
 		}
-		changed()
 	}
 }
 

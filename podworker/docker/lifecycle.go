@@ -2,17 +2,16 @@ package docker
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
-	"net/http"
-	"net/url"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
 
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -29,7 +28,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 	if err != nil {
 		return podworker.Exit{}, err
 	}
-	var res waitResult
+	var res container.WaitResponse
 	var werr error
 	for pause := 100 * time.Millisecond; ; pause = min(2*pause, maxWaitRetry) {
 		res, werr = b.waitOnce(ctx, ref)
@@ -48,10 +47,10 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 	}
 	c, ierr := b.inspect(ctx, ref)
 	switch {
-	case werr == nil && isNotFound(ierr):
+	case werr == nil && cerrdefs.IsNotFound(ierr):
 		// Removed right after it stopped.
-		return podworker.Exit{Code: res.StatusCode, Reason: "exited"}, nil
-	case isNotFound(werr) || isNotFound(ierr):
+		return podworker.Exit{Code: int(res.StatusCode), Reason: "exited"}, nil
+	case cerrdefs.IsNotFound(werr) || cerrdefs.IsNotFound(ierr):
 		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, podworker.ErrNotFound)
 	case werr != nil:
 		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, werr)
@@ -64,7 +63,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 	case c.State.Running:
 		// Restarted between the wait and the inspection: not this backend's doing.
 		return podworker.Exit{}, fmt.Errorf("docker: wait %s: container %s runs again", h.ID, shortID(c.ID))
-	case c.State.Status == "created":
+	case c.State.Status == container.StateCreated:
 		return podworker.Exit{Code: -1, Reason: "never started"}, nil
 	case c.State.OOMKilled:
 		return podworker.Exit{Code: c.State.ExitCode, Reason: "oom"}, nil
@@ -75,32 +74,20 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 // maxWaitRetry bounds the pause between Wait's attempts while the engine is unreachable.
 const maxWaitRetry = 5 * time.Second
 
-// waitResult is the engine's answer to a wait.
-type waitResult struct {
-	StatusCode int `json:"StatusCode"`
-	Error      *struct {
-		Message string `json:"Message"`
-	} `json:"Error"`
-}
-
 // waitOnce blocks in the engine's wait endpoint until container ref is not running.
-func (b *Backend) waitOnce(ctx context.Context, ref string) (waitResult, error) {
-	var res waitResult
-	err := b.eng.call(ctx, http.MethodPost, "/containers/"+url.PathEscape(ref)+"/wait",
-		url.Values{"condition": {"not-running"}}, nil, &res)
-	return res, err
-}
-
-// transient reports whether err may go away by itself: the engine could not be reached, the
-// connection broke, or the engine answered with a server error.
-func transient(err error) bool {
-	if err == nil || errors.Is(err, ErrEngineTooOld) {
-		return false
+func (b *Backend) waitOnce(ctx context.Context, ref string) (container.WaitResponse, error) {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return container.WaitResponse{}, err
 	}
-	if s := statusOf(err); s != 0 {
-		return s >= 500
+	// The client sends exactly one of the two, and an error once ctx ends.
+	w := api.ContainerWait(ctx, ref, client.ContainerWaitOptions{Condition: container.WaitConditionNotRunning})
+	select {
+	case res := <-w.Result:
+		return res, nil
+	case err := <-w.Error:
+		return container.WaitResponse{}, err
 	}
-	return true
 }
 
 // Destroy stops the environment's container (SIGTERM, then SIGKILL after Config.Grace),
@@ -135,7 +122,7 @@ func (b *Backend) destroyLocked(ctx context.Context, name, ref string) (bool, er
 	found := false
 	c, err := b.inspect(ctx, ref)
 	switch {
-	case isNotFound(err):
+	case cerrdefs.IsNotFound(err):
 	case err != nil:
 		return false, err
 	case !b.ours(c):
@@ -153,7 +140,7 @@ func (b *Backend) destroyLocked(ctx context.Context, name, ref string) (bool, er
 		// container must not take them from a newer one.
 		if _, err := b.inspect(ctx, name); err == nil {
 			return found, nil
-		} else if !isNotFound(err) {
+		} else if !cerrdefs.IsNotFound(err) {
 			return found, err
 		}
 	}
@@ -165,30 +152,50 @@ func (b *Backend) destroyLocked(ctx context.Context, name, ref string) (bool, er
 // The removal completes even when ctx ends.
 func (b *Backend) removeContainer(ctx context.Context, id string, graceful bool) error {
 	if graceful {
-		secs := strconv.Itoa(int(math.Ceil(b.grace.Seconds())))
-		err := b.eng.call(ctx, http.MethodPost, "/containers/"+id+"/stop", url.Values{"t": {secs}}, nil, nil)
-		if err != nil && !isNotFound(err) && ctx.Err() == nil {
+		secs := int(math.Ceil(b.grace.Seconds()))
+		err := b.stop(ctx, id, secs)
+		if err != nil && !cerrdefs.IsNotFound(err) && ctx.Err() == nil {
 			b.log.Warn().Err(err).Str("container", shortID(id)).Msg("stop failed; removing by force")
 		}
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), removeWait)
 	defer cancel()
-	err := b.eng.call(rctx, http.MethodDelete, "/containers/"+id, url.Values{"force": {"1"}, "v": {"1"}}, nil, nil)
+	err := b.remove(rctx, id)
 	switch {
-	case err == nil || isNotFound(err):
+	case err == nil || cerrdefs.IsNotFound(err):
 		return nil
-	case statusOf(err) != http.StatusConflict:
+	case !cerrdefs.IsConflict(err):
 		return err
 	}
 	// Another caller is removing it: wait until it is gone.
 	for pause := 10 * time.Millisecond; ; pause = min(2*pause, 200*time.Millisecond) {
-		if _, ierr := b.inspect(rctx, id); isNotFound(ierr) {
+		if _, ierr := b.inspect(rctx, id); cerrdefs.IsNotFound(ierr) {
 			return nil
 		}
 		if serr := sleepCtx(rctx, pause); serr != nil {
 			return fmt.Errorf("%w (waited %v for its removal)", err, removeWait)
 		}
 	}
+}
+
+// stop stops container id, killing it after secs seconds.
+func (b *Backend) stop(ctx context.Context, id string, secs int) error {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = api.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &secs})
+	return err
+}
+
+// remove force-removes container id with its anonymous volumes.
+func (b *Backend) remove(ctx context.Context, id string) error {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = api.ContainerRemove(ctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+	return err
 }
 
 // List returns the containers of this backend's scope, running or not, and the entries of
@@ -199,21 +206,20 @@ func (b *Backend) List(ctx context.Context) ([]podworker.Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: list: %w", err)
 	}
-	filters, _ := json.Marshal(map[string][]string{
-		"label": {LabelManaged + "=true", LabelScope + "=" + b.scope},
-	})
-	var cs []struct {
-		ID     string            `json:"Id"`
-		Names  []string          `json:"Names"`
-		Labels map[string]string `json:"Labels"`
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("docker: list: %w", err)
 	}
-	err = b.eng.call(ctx, http.MethodGet, "/containers/json", url.Values{"all": {"1"}, "filters": {string(filters)}}, nil, &cs)
+	cs, err := api.ContainerList(ctx, client.ContainerListOptions{
+		All:     true,
+		Filters: make(client.Filters).Add("label", LabelManaged+"=true", LabelScope+"="+b.scope),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("docker: list: %w", err)
 	}
 	var out []podworker.Handle
 	seen := make(map[string]bool)
-	for _, c := range cs {
+	for _, c := range cs.Items {
 		if len(c.Names) == 0 || !containerIDRe.MatchString(c.ID) {
 			continue
 		}

@@ -2,14 +2,17 @@ package docker
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
-	"net/url"
+	"strconv"
 	"strings"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/client"
 
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -31,18 +34,35 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 	if err != nil {
 		return "", err
 	}
-	q := url.Values{"stdout": {"0"}, "stderr": {"1"}, "tail": {fmt.Sprint(diagnoseTail)}}
-	resp, err := b.eng.do(ctx, http.MethodGet, "/containers/"+url.PathEscape(ref)+"/logs", q, nil)
-	if isNotFound(err) {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return "", fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
+	}
+	logs, err := api.ContainerLogs(ctx, ref, client.ContainerLogsOptions{ShowStderr: true, Tail: strconv.Itoa(diagnoseTail)})
+	if cerrdefs.IsNotFound(err) {
 		return "", fmt.Errorf("docker: diagnose %s: %w", h.ID, podworker.ErrNotFound)
 	}
 	if err != nil {
 		return "", fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
 	}
-	defer resp.Body.Close()
-	// The backend never gives a container a TTY, so the engine multiplexes its streams.
+	defer logs.Close()
+	last, err := lastExecutorError(io.LimitReader(logs, maxLogRead))
+	if err != nil {
+		return last, fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
+	}
+	return last, nil
+}
+
+// lastExecutorError returns the last line starting with podworker.ExecutorErrorPrefix of the
+// stderr in logs, the engine's multiplexed log stream (the backend never gives a container a
+// TTY), which stdcopy takes apart.
+func lastExecutorError(logs io.Reader) (string, error) {
+	var stderr bytes.Buffer
+	// On an error (the stream broke, or the engine reported one in it), what came before still
+	// counts.
+	_, cerr := stdcopy.StdCopy(io.Discard, &stderr, logs)
 	var last string
-	sc := bufio.NewScanner(demux(io.LimitReader(resp.Body, maxLogRead), 2))
+	sc := bufio.NewScanner(&stderr)
 	sc.Buffer(make([]byte, 64<<10), maxLogRead)
 	for sc.Scan() {
 		if s := strings.TrimSpace(sc.Text()); strings.HasPrefix(s, podworker.ExecutorErrorPrefix) {
@@ -50,57 +70,7 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 		}
 	}
 	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
-		return last, fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
+		return last, err
 	}
-	return last, nil
-}
-
-// demux returns the payload of stream (1 stdout, 2 stderr) from the engine's multiplexed log
-// format: frames of an 8-byte header (stream, three zero bytes, big-endian length) and data.
-func demux(r io.Reader, stream byte) io.Reader { return &demuxReader{r: r, stream: stream} }
-
-type demuxReader struct {
-	r      io.Reader
-	stream byte
-	left   int64 // bytes left in the current frame
-	keep   bool  // whether the current frame is of stream
-}
-
-func (d *demuxReader) Read(p []byte) (int, error) {
-	for {
-		if d.left == 0 {
-			var hdr [8]byte
-			if _, err := io.ReadFull(d.r, hdr[:]); err != nil {
-				if errors.Is(err, io.ErrUnexpectedEOF) {
-					err = io.EOF
-				}
-				return 0, err
-			}
-			d.left = int64(binary.BigEndian.Uint32(hdr[4:]))
-			d.keep = hdr[0] == d.stream
-			continue
-		}
-		if !d.keep {
-			n, err := io.CopyN(io.Discard, d.r, d.left)
-			d.left -= n
-			if err != nil {
-				return 0, err
-			}
-			continue
-		}
-		if int64(len(p)) > d.left {
-			p = p[:d.left]
-		}
-		n, err := d.r.Read(p)
-		d.left -= int64(n)
-		if errors.Is(err, io.EOF) && d.left > 0 && n == 0 {
-			return 0, io.EOF
-		}
-		if n > 0 {
-			return n, nil
-		}
-		if err != nil {
-			return 0, err
-		}
-	}
+	return last, cerr
 }

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/netip"
-	"net/url"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
 )
 
 // Options of Docker's bridge driver the backend sets on the networks it creates.
@@ -39,21 +41,6 @@ type Network struct {
 	Gateway netip.Addr
 }
 
-// network is what the backend reads of a network's inspection.
-type network struct {
-	ID      string            `json:"Id"`
-	Name    string            `json:"Name"`
-	Driver  string            `json:"Driver"`
-	Options map[string]string `json:"Options"`
-	Labels  map[string]string `json:"Labels"`
-	IPAM    struct {
-		Config []struct {
-			Subnet  string `json:"Subnet"`
-			Gateway string `json:"Gateway"`
-		} `json:"Config"`
-	} `json:"IPAM"`
-}
-
 // PrepareNetwork returns the job containers' network, creating it when it does not exist: an
 // isolated bridge labelled as dynrunner's, whose containers cannot reach each other (inter-
 // container communication off), on subnet (or one the engine picks when subnet is not
@@ -64,9 +51,9 @@ func (b *Backend) PrepareNetwork(ctx context.Context, subnet netip.Prefix) (Netw
 		return Network{Name: HostNetwork}, nil
 	}
 	n, err := b.inspectNetwork(ctx)
-	if isNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		err = b.createNetwork(ctx, subnet)
-		if err == nil || statusOf(err) == http.StatusConflict { // another controller was first
+		if err == nil || cerrdefs.IsConflict(err) { // another controller was first
 			n, err = b.inspectNetwork(ctx)
 		}
 	}
@@ -76,45 +63,35 @@ func (b *Backend) PrepareNetwork(ctx context.Context, subnet netip.Prefix) (Netw
 	return b.networkOf(n)
 }
 
-func (b *Backend) inspectNetwork(ctx context.Context) (network, error) {
-	var n network
-	err := b.eng.call(ctx, http.MethodGet, "/networks/"+url.PathEscape(b.network), nil, nil, &n)
-	return n, err
+func (b *Backend) inspectNetwork(ctx context.Context) (network.Inspect, error) {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return network.Inspect{}, err
+	}
+	res, err := api.NetworkInspect(ctx, b.network, client.NetworkInspectOptions{})
+	return res.Network, err
 }
 
 func (b *Backend) createNetwork(ctx context.Context, subnet netip.Prefix) error {
-	type ipamConfig struct {
-		Subnet  string `json:"Subnet"`
-		Gateway string `json:"Gateway"`
-	}
-	req := struct {
-		Name     string            `json:"Name"`
-		Driver   string            `json:"Driver"`
-		Internal bool              `json:"Internal"`
-		Options  map[string]string `json:"Options"`
-		Labels   map[string]string `json:"Labels"`
-		IPAM     struct {
-			Driver string       `json:"Driver"`
-			Config []ipamConfig `json:"Config"`
-		} `json:"IPAM"`
-	}{
-		Name: b.network, Driver: "bridge",
-		Options: map[string]string{optionICC: "false"},
-		Labels:  map[string]string{LabelManaged: "true"},
-	}
-	req.IPAM.Driver = "default"
-	if subnet.IsValid() {
-		req.IPAM.Config = []ipamConfig{{Subnet: subnet.Masked().String(), Gateway: subnet.Masked().Addr().Next().String()}}
-	}
-	var created struct {
-		ID      string `json:"Id"`
-		Warning string `json:"Warning"`
-	}
-	if err := b.eng.call(ctx, http.MethodPost, "/networks/create", nil, req, &created); err != nil {
+	api, err := b.eng.api(ctx)
+	if err != nil {
 		return err
 	}
-	if created.Warning != "" {
-		b.log.Warn().Str("network", b.network).Str("warning", created.Warning).Msg("engine warning on network create")
+	ipam := &network.IPAM{Driver: "default"}
+	if subnet.IsValid() {
+		ipam.Config = []network.IPAMConfig{{Subnet: subnet.Masked(), Gateway: subnet.Masked().Addr().Next()}}
+	}
+	created, err := api.NetworkCreate(ctx, b.network, client.NetworkCreateOptions{
+		Driver:  "bridge",
+		IPAM:    ipam,
+		Options: map[string]string{optionICC: "false"},
+		Labels:  map[string]string{LabelManaged: "true"},
+	})
+	if err != nil {
+		return err
+	}
+	for _, w := range created.Warning {
+		b.log.Warn().Str("network", b.network).Str("warning", w).Msg("engine warning on network create")
 	}
 	b.log.Info().Str("network", b.network).Str("id", shortID(created.ID)).Msg("created the isolated job network")
 	return nil
@@ -122,7 +99,7 @@ func (b *Backend) createNetwork(ctx context.Context, subnet netip.Prefix) error 
 
 // networkOf reads what the backend needs of n, and refuses a network labelled as dynrunner's
 // that is not an isolated bridge.
-func (b *Backend) networkOf(n network) (Network, error) {
+func (b *Backend) networkOf(n network.Inspect) (Network, error) {
 	out := Network{Name: b.network, ID: n.ID, Managed: n.Labels[LabelManaged] == "true"}
 	if n.Driver != "bridge" {
 		if out.Managed {
@@ -135,14 +112,13 @@ func (b *Backend) networkOf(n network) (Network, error) {
 		out.Bridge = "br-" + n.ID[:12] // the bridge driver's own naming
 	}
 	for _, c := range n.IPAM.Config {
-		p, err := netip.ParsePrefix(c.Subnet)
-		if err != nil || !p.Addr().Is4() {
+		if !c.Subnet.IsValid() || !c.Subnet.Addr().Is4() {
 			continue
 		}
-		out.Subnet = p.Masked()
+		out.Subnet = c.Subnet.Masked()
 		out.Gateway = out.Subnet.Addr().Next()
-		if g, err := netip.ParseAddr(c.Gateway); err == nil && out.Subnet.Contains(g) {
-			out.Gateway = g
+		if c.Gateway.IsValid() && out.Subnet.Contains(c.Gateway) {
+			out.Gateway = c.Gateway
 		}
 		break
 	}
@@ -165,7 +141,7 @@ func (b *Backend) RemoveNetwork(ctx context.Context) error {
 		return nil
 	}
 	n, err := b.inspectNetwork(ctx)
-	if isNotFound(err) {
+	if cerrdefs.IsNotFound(err) {
 		return nil
 	}
 	if err != nil {
@@ -174,8 +150,17 @@ func (b *Backend) RemoveNetwork(ctx context.Context) error {
 	if n.Labels[LabelManaged] != "true" {
 		return fmt.Errorf("docker: network %s: %w", b.network, ErrNotManaged)
 	}
-	if err := b.eng.call(ctx, http.MethodDelete, "/networks/"+url.PathEscape(n.ID), nil, nil, nil); err != nil && !isNotFound(err) {
+	if err := b.removeNetwork(ctx, n.ID); err != nil && !cerrdefs.IsNotFound(err) {
 		return fmt.Errorf("docker: remove network %s: %w", b.network, err)
 	}
 	return nil
+}
+
+func (b *Backend) removeNetwork(ctx context.Context, id string) error {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = api.NetworkRemove(ctx, id, client.NetworkRemoveOptions{})
+	return err
 }

@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
-	"net/url"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -47,7 +50,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 		if _, err := b.destroyLocked(ctx, name, c.ID); err != nil {
 			return podworker.Handle{}, fmt.Errorf("docker: start %s: wipe: %w", name, err)
 		}
-	case isNotFound(err):
+	case cerrdefs.IsNotFound(err):
 		if _, err := b.removeEnvDir(name); err != nil {
 			return podworker.Handle{}, fmt.Errorf("docker: start %s: wipe: %w", name, err)
 		}
@@ -89,12 +92,12 @@ func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) 
 	if err != nil {
 		return h, err
 	}
-	var created struct {
-		ID       string   `json:"Id"`
-		Warnings []string `json:"Warnings"`
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return h, err
 	}
-	err = b.eng.call(ctx, http.MethodPost, "/containers/create", url.Values{"name": {name}},
-		b.containerConfig(spec, secrets), &created)
+	cfg, hc := b.containerConfig(spec, secrets)
+	created, err := api.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: cfg, HostConfig: hc})
 	if err != nil {
 		return h, err
 	}
@@ -105,51 +108,15 @@ func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) 
 	for _, w := range created.Warnings {
 		b.log.Warn().Str("env", name).Str("warning", w).Msg("engine warning on create")
 	}
-	if err := b.eng.call(ctx, http.MethodPost, "/containers/"+id+"/start", nil, nil, nil); err != nil {
+	if _, err := api.ContainerStart(ctx, id, client.ContainerStartOptions{}); err != nil {
 		return h, err
 	}
 	return b.handle(name, id, spec.Task, spec.Epoch), nil
 }
 
-// The parts of the Engine API's container create body the backend sets.
-type (
-	containerConfig struct {
-		Image      string            `json:"Image"`
-		User       string            `json:"User"`
-		Env        []string          `json:"Env"`
-		WorkingDir string            `json:"WorkingDir"`
-		Labels     map[string]string `json:"Labels"`
-		HostConfig hostConfig        `json:"HostConfig"`
-	}
-	hostConfig struct {
-		NetworkMode    string            `json:"NetworkMode"`
-		Privileged     bool              `json:"Privileged"`
-		CapDrop        []string          `json:"CapDrop,omitempty"`
-		SecurityOpt    []string          `json:"SecurityOpt"`
-		ReadonlyRootfs bool              `json:"ReadonlyRootfs"`
-		Init           bool              `json:"Init"`
-		IpcMode        string            `json:"IpcMode"`
-		Tmpfs          map[string]string `json:"Tmpfs"`
-		Mounts         []mount           `json:"Mounts"`
-		Memory         int64             `json:"Memory"`
-		MemorySwap     int64             `json:"MemorySwap"`
-		NanoCpus       int64             `json:"NanoCpus"`
-		PidsLimit      int64             `json:"PidsLimit"`
-		RestartPolicy  struct {
-			Name string `json:"Name"`
-		} `json:"RestartPolicy"`
-	}
-	mount struct {
-		Type     string `json:"Type"`
-		Source   string `json:"Source"`
-		Target   string `json:"Target"`
-		ReadOnly bool   `json:"ReadOnly"`
-	}
-)
-
-// containerConfig is the create body of spec's container; secrets is the host directory of its
-// secret files.
-func (b *Backend) containerConfig(spec podworker.Spec, secrets string) containerConfig {
+// containerConfig is the create request of spec's container; secrets is the host directory of
+// its secret files.
+func (b *Backend) containerConfig(spec podworker.Spec, secrets string) (*container.Config, *container.HostConfig) {
 	env := make([]string, 0, len(spec.Env)+5)
 	own := map[string]string{
 		"DYNRUNNER_SECRETS_DIR": SecretsDir,
@@ -157,11 +124,11 @@ func (b *Backend) containerConfig(spec podworker.Spec, secrets string) container
 		"HOME":                  HomeDir,
 		"TMPDIR":                TmpDir,
 	}
-	mounts := []mount{{Type: "bind", Source: secrets, Target: SecretsDir, ReadOnly: true}}
+	mounts := []mount.Mount{{Type: mount.TypeBind, Source: secrets, Target: SecretsDir, ReadOnly: true}}
 	if b.spiffeSocket != "" {
 		// The agent's directory, not the socket: a socket replaced by a restarted agent stays
 		// reachable.
-		mounts = append(mounts, mount{Type: "bind", Source: filepath.Dir(b.spiffeSocket), Target: SpiffeSocketDir, ReadOnly: true})
+		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: filepath.Dir(b.spiffeSocket), Target: SpiffeSocketDir, ReadOnly: true})
 		own["SPIFFE_ENDPOINT_SOCKET"] = "unix://" + SpiffeSocketDir + "/" + filepath.Base(b.spiffeSocket)
 	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
@@ -174,29 +141,31 @@ func (b *Backend) containerConfig(spec podworker.Spec, secrets string) container
 	}
 	size := strconv.FormatInt(b.memory, 10)
 	owned := ",mode=0700,uid=" + strconv.Itoa(b.uid) + ",gid=" + strconv.Itoa(b.gid)
-	hc := hostConfig{
-		NetworkMode:    b.network,
+	hc := &container.HostConfig{
+		NetworkMode:    container.NetworkMode(b.network),
 		Privileged:     b.privileged,
 		SecurityOpt:    []string{"no-new-privileges:true"},
 		ReadonlyRootfs: true,
-		Init:           true,
-		IpcMode:        "private",
+		Init:           new(true),
+		IpcMode:        container.IPCModePrivate,
 		Tmpfs: map[string]string{
 			TmpDir:  "rw,exec,nosuid,nodev,size=" + size + ",mode=1777",
 			WorkDir: "rw,exec,nosuid,nodev,size=" + size + owned,
 			HomeDir: "rw,exec,nosuid,nodev,size=" + size + owned,
 		},
-		Mounts:     mounts,
-		Memory:     b.memory,
-		MemorySwap: b.memory,
-		NanoCpus:   b.nanoCPUs,
-		PidsLimit:  b.pids,
+		Mounts:        mounts,
+		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		Resources: container.Resources{
+			Memory:     b.memory,
+			MemorySwap: b.memory,
+			NanoCPUs:   b.nanoCPUs,
+			PidsLimit:  new(b.pids),
+		},
 	}
 	if !b.privileged {
 		hc.CapDrop = []string{"ALL"}
 	}
-	hc.RestartPolicy.Name = "no"
-	return containerConfig{
+	cfg := &container.Config{
 		Image:      b.image,
 		User:       b.user,
 		Env:        env,
@@ -207,35 +176,34 @@ func (b *Backend) containerConfig(spec podworker.Spec, secrets string) container
 			LabelTask:    spec.Task.String(),
 			LabelEpoch:   spec.Epoch.String(),
 		},
-		HostConfig: hc,
 	}
-}
-
-// container is what the backend reads of a container's inspection.
-type container struct {
-	ID    string `json:"Id"`
-	Name  string `json:"Name"`
-	State struct {
-		Status    string `json:"Status"`
-		Running   bool   `json:"Running"`
-		ExitCode  int    `json:"ExitCode"`
-		OOMKilled bool   `json:"OOMKilled"`
-	} `json:"State"`
-	Config struct {
-		Labels map[string]string `json:"Labels"`
-	} `json:"Config"`
+	return cfg, hc
 }
 
 // inspect returns the container ref (an id or a name); a missing one gives an error for which
-// isNotFound is true.
-func (b *Backend) inspect(ctx context.Context, ref string) (container, error) {
-	var c container
-	err := b.eng.call(ctx, http.MethodGet, "/containers/"+url.PathEscape(ref)+"/json", nil, nil, &c)
-	return c, err
+// cerrdefs.IsNotFound is true.
+func (b *Backend) inspect(ctx context.Context, ref string) (container.InspectResponse, error) {
+	api, err := b.eng.api(ctx)
+	if err != nil {
+		return container.InspectResponse{}, err
+	}
+	res, err := api.ContainerInspect(ctx, ref, client.ContainerInspectOptions{})
+	if err != nil {
+		return container.InspectResponse{}, err
+	}
+	// The engine always answers both; read a missing one as empty, never dereference nil.
+	c := res.Container
+	if c.State == nil {
+		c.State = new(container.State)
+	}
+	if c.Config == nil {
+		c.Config = new(container.Config)
+	}
+	return c, nil
 }
 
 // ours reports whether c was created by a backend of this scope.
-func (b *Backend) ours(c container) bool {
+func (b *Backend) ours(c container.InspectResponse) bool {
 	return c.Config.Labels[LabelManaged] == "true" && c.Config.Labels[LabelScope] == b.scope
 }
 
