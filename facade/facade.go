@@ -3,7 +3,6 @@ package facade
 import (
 	"context"
 	"crypto/hmac"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -17,6 +16,7 @@ import (
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
+	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -543,12 +543,9 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 }
 
 func newUUID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	u, err := uuid.NewRandom()
+	if err != nil {
 		return "", fmt.Errorf("dynrunner facade: uuid: %w", err)
 	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+	return u.String(), nil
 }

@@ -1,34 +1,27 @@
 package launcher
 
 import (
-	"encoding/hex"
 	"net/netip"
 	"net/url"
 	"strconv"
+
+	"github.com/google/uuid"
 )
 
 // InstanceID identifies one VM: a UUID. Only the canonical lowercase form
 // (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, hexadecimal digits a-f in lowercase) is accepted, so
 // that the string, the directory name and the TAP name derived from it are always the same. The
 // zero value is invalid.
-type InstanceID struct{ b [16]byte }
+type InstanceID struct{ b uuid.UUID }
 
-// ParseInstanceID parses the canonical lowercase form of a UUID. It refuses the nil UUID.
+// ParseInstanceID parses the canonical lowercase form of a UUID. It refuses the nil UUID, and
+// the other forms uuid.Parse accepts (upper case, braces, a urn:uuid: prefix, no hyphens).
 func ParseInstanceID(s string) (InstanceID, error) {
-	var id InstanceID
-	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
-		return id, invalidf("instance id %q: want a UUID in canonical lowercase form", clip(s))
+	u, err := uuid.Parse(s)
+	if err != nil || u.String() != s {
+		return InstanceID{}, invalidf("instance id %q: want a UUID in canonical lowercase form", clip(s))
 	}
-	hexs := s[0:8] + s[9:13] + s[14:18] + s[19:23] + s[24:36]
-	for i := 0; i < len(hexs); i++ {
-		c := hexs[i]
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return id, invalidf("instance id %q: want a UUID in canonical lowercase form", clip(s))
-		}
-	}
-	if _, err := hex.Decode(id.b[:], []byte(hexs)); err != nil {
-		return InstanceID{}, invalidf("instance id %q: %v", clip(s), err)
-	}
+	id := InstanceID{b: u}
 	if id.IsZero() {
 		return InstanceID{}, invalidf("instance id %q: the nil UUID is not an instance id", s)
 	}
@@ -39,19 +32,7 @@ func ParseInstanceID(s string) (InstanceID, error) {
 func (id InstanceID) IsZero() bool { return id == InstanceID{} }
 
 // String returns the canonical lowercase form.
-func (id InstanceID) String() string {
-	var buf [36]byte
-	hex.Encode(buf[0:8], id.b[0:4])
-	buf[8] = '-'
-	hex.Encode(buf[9:13], id.b[4:6])
-	buf[13] = '-'
-	hex.Encode(buf[14:18], id.b[6:8])
-	buf[18] = '-'
-	hex.Encode(buf[19:23], id.b[8:10])
-	buf[23] = '-'
-	hex.Encode(buf[24:], id.b[10:])
-	return string(buf[:])
-}
+func (id InstanceID) String() string { return id.b.String() }
 
 // Short is the first 8 hexadecimal digits: the suffix of the TAP name and of the hostname.
 func (id InstanceID) Short() string { return id.String()[:8] }

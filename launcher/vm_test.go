@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 )
 
@@ -139,11 +140,7 @@ func newVMEnv(t testing.TB) *vmEnv {
 func (e *vmEnv) config(t testing.TB, mode string) Config {
 	t.Helper()
 	c := DefaultConfig()
-	var id [16]byte
-	_, _ = rand.Read(id[:])
-	id[6] = id[6]&0x0f | 0x40
-	id[8] = id[8]&0x3f | 0x80
-	c.InstanceID = InstanceID{b: id}
+	c.InstanceID = InstanceID{b: uuid.New()}
 	var nonce [24]byte
 	_, _ = rand.Read(nonce[:])
 	c.Nonce, _ = ParseNonce(hex.EncodeToString(nonce[:]))

@@ -2,10 +2,10 @@ package vmworker
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"maps"
+
+	"github.com/google/uuid"
 
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -95,12 +95,9 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 
 // newInstanceID returns a random UUID (version 4) in canonical form.
 func newInstanceID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	u, err := uuid.NewRandom()
+	if err != nil {
 		return "", fmt.Errorf("vmworker: instance id: %w", err)
 	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+	return u.String(), nil
 }

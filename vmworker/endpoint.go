@@ -13,6 +13,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -83,9 +84,15 @@ func NewEndpoint(cfg EndpointConfig, nonces *Nonces, log *eventlog.Log) (*Endpoi
 }
 
 var (
-	uuidRe  = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 	nonceRe = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
 )
+
+// canonicalUUID reports whether s is a UUID in canonical lowercase form, the only form instance
+// ids are given out in.
+func canonicalUUID(s string) bool {
+	u, err := uuid.Parse(s)
+	return err == nil && u.String() == s
+}
 
 // Handler serves POST /v1/redeem, GET /v1/runner and GET /v1/ping.
 func (e *Endpoint) Handler() http.Handler {
@@ -108,7 +115,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	var req RedeemRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || !uuidRe.MatchString(req.InstanceID) || !nonceRe.MatchString(req.Nonce) {
+	if err := dec.Decode(&req); err != nil || !canonicalUUID(req.InstanceID) || !nonceRe.MatchString(req.Nonce) {
 		http.Error(w, "dynrunner nonce endpoint: want {\"instance_id\": <uuid>, \"nonce\": <url-safe nonce>}", http.StatusBadRequest)
 		return
 	}

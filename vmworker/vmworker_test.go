@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -146,7 +147,12 @@ func TestEndpoint(t *testing.T) {
 	}
 	for name, req := range map[string]vmworker.RedeemRequest{
 		"bad instance id": {InstanceID: "../../etc", Nonce: nonce},
-		"bad nonce":       {InstanceID: instance, Nonce: "a b;c"},
+		// Only the canonical form a backend gives out, none of the others a UUID parser takes.
+		"upper-case instance id":      {InstanceID: strings.ToUpper(instance), Nonce: nonce},
+		"braced instance id":          {InstanceID: "{" + instance + "}", Nonce: nonce},
+		"urn instance id":             {InstanceID: "urn:uuid:" + instance, Nonce: nonce},
+		"instance id without hyphens": {InstanceID: strings.ReplaceAll(instance, "-", ""), Nonce: nonce},
+		"bad nonce":                   {InstanceID: instance, Nonce: "a b;c"},
 	} {
 		if w := post(h, guest, req); w.Code != http.StatusBadRequest {
 			t.Errorf("%s: %d, want 400", name, w.Code)

@@ -3,7 +3,6 @@ package spiretest_test
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 
@@ -206,11 +206,9 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 // newUUID returns a random (version 4) UUID.
 func newUUID(t *testing.T) string {
 	t.Helper()
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
+	u, err := uuid.NewRandom()
+	if err != nil {
 		t.Fatal(err)
 	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:])
+	return u.String()
 }

@@ -2,13 +2,13 @@ package opensandbox
 
 import (
 	"cmp"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"net/url"
 	"regexp"
 	"strconv"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/dynrunner/dynrunner/guest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -130,12 +130,9 @@ func sandboxPath(id string) string { return pathSandboxes + "/" + url.PathEscape
 // newInstanceID returns a random UUID (version 4) in canonical form, as the nonce endpoint
 // expects.
 func newInstanceID() (string, error) {
-	var b [16]byte
-	if _, err := rand.Read(b[:]); err != nil {
+	u, err := uuid.NewRandom()
+	if err != nil {
 		return "", fmt.Errorf("opensandbox: instance id: %w", err)
 	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	h := hex.EncodeToString(b[:])
-	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:], nil
+	return u.String(), nil
 }

@@ -8,17 +8,16 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
 	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
 )
-
-var uuidRe = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
 // TestCreateRequest checks the create request against the published schema and what the
 // sandbox receives.
@@ -77,7 +76,8 @@ func TestCreateRequest(t *testing.T) {
 		t.Errorf("resourceLimits = %v, want %v", sb.ResourceLimits, opensandbox.DefaultResources)
 	}
 	instance := sb.Env[opensandbox.EnvInstanceID]
-	if !uuidRe.MatchString(instance) || h.Data[opensandbox.DataInstanceID] != instance {
+	if u, err := uuid.Parse(instance); err != nil || u.String() != instance || u.Version() != 4 || u.Variant() != uuid.RFC4122 ||
+		h.Data[opensandbox.DataInstanceID] != instance {
 		t.Errorf("instance id %q (handle %q): want the same UUID", instance, h.Data[opensandbox.DataInstanceID])
 	}
 	if sb.Env[opensandbox.EnvEndpoint] != testEndpoint || len(sb.Env[opensandbox.EnvNonce]) < 32 {
