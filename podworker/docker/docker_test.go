@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -441,4 +443,55 @@ func TestRejectsBadHandles(t *testing.T) {
 			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
 		}
 	}
+}
+
+// TestInventory: the inventory of a scope lists its running environments and reports their
+// changes, and Watch returns nil once its context ends.
+func TestInventory(t *testing.T) {
+	image := testImage(t)
+	scope := testScope(t)
+	b := newBackend(t, image, t.TempDir(), scope, nil)
+	inv, err := docker.NewInventory("unix://"+docker.DefaultSocket, scope)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = inv.Close() })
+
+	ctx, cancel := context.WithCancel(ctxT(t))
+	changed := make(chan struct{}, 16)
+	watched := make(chan error, 1)
+	go func() {
+		watched <- inv.Watch(ctx, func() {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		})
+	}()
+	// Watch may open its event stream only after the start: the listing is polled.
+	h := startT(t, b, fakeSpec(48, "forever"))
+	require.Eventually(t, func() bool {
+		running, err := inv.Running(ctx)
+		return err == nil && len(running) == 1 && running[0] == docker.Running{ContainerID: h.Data["container_id"], Task: 48, Epoch: 1}
+	}, testTimeout, 50*time.Millisecond, "the running environment is listed")
+	other, err := docker.NewInventory("", testScope(t))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	theirs, err := other.Running(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, theirs, "another scope's inventory")
+
+	for len(changed) > 0 { // the start's events
+		<-changed
+	}
+	require.NoError(t, b.Destroy(ctx, h))
+	select {
+	case <-changed:
+	case <-time.After(testTimeout):
+		t.Fatal("Watch reported no change when the container was destroyed")
+	}
+	running, err := inv.Running(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, running, "after Destroy")
+
+	cancel()
+	assert.NoError(t, <-watched, "Watch after its context ended")
 }
