@@ -28,6 +28,7 @@ const dockerSocket = "/var/run/docker.sock"
 // needDocker skips the test when the Docker engine does not answer, and fails it in CI.
 func needDocker(t testing.TB) {
 	t.Helper()
+	t.Cleanup(func() { removeJobNetwork(t) }) // after the test's controllers stopped
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
@@ -43,7 +44,6 @@ func needDocker(t testing.TB) {
 			return
 		}
 	}
-	t.Cleanup(func() { removeJobNetwork(t) }) // after the test's controllers stopped
 	msg := "the Docker engine at " + dockerSocket + " does not answer; start it with `systemctl start docker` and run as root"
 	if os.Getenv("CI") != "" {
 		t.Fatal(msg)
@@ -162,8 +162,9 @@ jobs:
 // TestDockerBackendHardenedJob runs a job in a container of the docker pod backend, built from
 // the real executor image on the default (isolated) job network, and checks from inside the
 // job that the container is hardened, and that of the host it reaches the facade alone: not
-// the event bus nor the controller's metrics, which this controller serves on every address
-// of the host, neither at the job network's gateway nor at another address of the host.
+// the controller's metrics nor another service (as a NATS node on the host would be), both
+// served on every address of the host, neither at the job network's gateway nor at another
+// address of the host.
 func TestDockerBackendHardenedJob(t *testing.T) {
 	tools := needTools(t)
 	needDocker(t)
@@ -180,11 +181,27 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
 		t.Fatal(err)
 	}
-	natsPort, facadePort := freePort(t), freePort(t)
+	// A service of the host on every address, as a NATS node of an external cluster would be
+	// (the embedded server serves loopback only).
+	svc, err := net.Listen("tcp4", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { svc.Close() })
+	go func() {
+		for {
+			c, err := svc.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	natsPort := svc.Addr().(*net.TCPAddr).Port
+	facadePort := freePort(t)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
 		"POD_BACKEND=docker",
 		"POD_EXECUTOR_IMAGE="+image,
-		fmt.Sprintf("NATS_EMBEDDED_LISTEN=0.0.0.0:%d", natsPort),
 		fmt.Sprintf("RUNNER_FACADE_LISTEN=127.0.0.1:%d", facadePort),
 	)
 	httpPort := strings.TrimPrefix(c.httpURL, "http://127.0.0.1:")
@@ -227,7 +244,7 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	}
 	for _, a := range refuse {
 		if !strings.Contains(job.log, "refused "+a+"\n") {
-			t.Errorf("the job was not refused %s (the event bus or the metrics on an address of the host)", a)
+			t.Errorf("the job was not refused %s (the metrics, or a service as a NATS node would be, on an address of the host)", a)
 		}
 	}
 	if t.Failed() {
