@@ -525,7 +525,7 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 	if err != nil {
 		return nil, err
 	}
-	if !st.Live() || st.Phase == assignment.Failed {
+	if !st.Active() {
 		return connect.NewResponse(&dynrunnerv1.RenewResponse{Ended: true, LeaseExpiresAt: timestamppb.New(st.LeaseExpires)}), nil
 	}
 	if f.leaseOver(st) {

@@ -206,7 +206,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		w.retry(ctx, msg, &st, err)
 		return false
 	}
-	if st.Epoch() != d.Epoch || !st.Live() || st.Phase == assignment.Failed {
+	if st.Epoch() != d.Epoch || !st.Active() {
 		logger.Info().Str(logkey.Phase, string(st.Phase)).Msg("dispatch no longer current; dropped")
 		_ = msg.Ack()
 		return false
@@ -435,7 +435,7 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 			exit = Exit{Code: -1, Reason: err.Error()}
 		}
 		cur, gerr := w.log.Get(ctx, st.Task)
-		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Live() && cur.Phase != assignment.Failed {
+		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Active() {
 			reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
 			if errors.Is(err, ErrNotFound) {
 				reason = "the environment disappeared before the job completed"
@@ -520,7 +520,7 @@ func (w *Worker) onChange(st assignment.State) {
 	w.mu.Lock()
 	e, ok := w.envs[st.Task]
 	w.mu.Unlock()
-	if st.Live() && st.Phase != assignment.Failed {
+	if st.Active() {
 		if ok && e.h.ID != "" && e.h.Epoch == st.Epoch() && st.Transition == assignment.Renewed {
 			w.refresh(st, e.h)
 		}
@@ -549,7 +549,7 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 			continue
 		}
 		st, ok := w.view.Get(h.Task)
-		owned := ok && st.Epoch() == h.Epoch && st.Live() && st.Phase != assignment.Failed && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
+		owned := ok && st.Epoch() == h.Epoch && st.Active() && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
 		if owned {
 			logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).Str(logkey.Env, h.ID).Logger()
 			key := envKey(h.Task, h.Epoch)
@@ -588,7 +588,7 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 			continue
 		}
 		// Young environments may belong to a start whose `started` record is being written.
-		if ok && st.Live() && st.Phase != assignment.Failed && st.Epoch() == h.Epoch && len(st.Handle) == 0 {
+		if ok && st.Active() && st.Epoch() == h.Epoch && len(st.Handle) == 0 {
 			continue
 		}
 		w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("reaping environment no live assignment owns")

@@ -153,7 +153,7 @@ func (s *Scheduler) full() bool {
 	}
 	live := map[assignment.Backend]int{}
 	for _, st := range s.view.Live() {
-		if st.Phase != assignment.Failed { // a failed assignment's environment is gone
+		if st.Active() { // a failed assignment's environment is gone
 			live[st.Backend]++
 		}
 	}
@@ -334,6 +334,13 @@ const giveUpReporting = 15 * time.Minute
 // forgetAfter is how long an ended assignment stays in the in-memory view.
 const forgetAfter = time.Hour
 
+// redispatchAfter is how long an assignment may stay claimed (no worker recorded `dispatched`)
+// before the reconciler publishes its dispatch again: the first publish may have been lost in a
+// crash between the claim and the publish. Publishing again is harmless: the dispatch's message
+// id names the task and epoch, so JetStream drops a duplicate within its window, and a worker
+// acknowledges one that arrives after the assignment moved on without acting on it.
+const redispatchAfter = 5 * time.Second
+
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
 	// After a restart, environments get two renewal intervals to reach the facade again
 	// before deadlines that passed while the controller was down are enforced.
@@ -357,7 +364,7 @@ func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now t
 	case assignment.Claimed:
 		// The dispatch may have been lost in a crash between the claim and its publish; the
 		// publish is deduplicated by task and epoch.
-		if now.Sub(st.At) > 5*time.Second {
+		if now.Sub(st.At) > redispatchAfter {
 			if err := s.log.Dispatch(ctx, st.Backend, st.Task, st.Epoch()); err != nil {
 				return err
 			}

@@ -130,7 +130,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 			e.cfg.Log.Error().Err(gerr).Msg("read the assignment of a nonce")
 			http.Error(w, "dynrunner nonce endpoint: try again", http.StatusServiceUnavailable)
 			return
-		case gerr != nil || st.Epoch() != epoch || !st.Live() || st.Phase == assignment.Failed:
+		case gerr != nil || st.Epoch() != epoch || !st.Active():
 			http.Error(w, "dynrunner nonce endpoint: the assignment is no longer current", http.StatusGone)
 			return
 		}

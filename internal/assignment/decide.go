@@ -221,7 +221,7 @@ func RestartGrace(lease time.Duration) time.Duration { return 2 * lease / 3 }
 // Overdue returns the failure event that time now calls for, if any: the pickup deadline
 // passed before the environment's runner fetched the task, or the lease expired.
 func Overdue(s State, now time.Time) (Event, bool) {
-	if !s.Live() || s.Phase == Failed {
+	if !s.Active() {
 		return Event{}, false
 	}
 	reason := ""

@@ -106,3 +106,8 @@ func (s State) Epoch() Epoch {
 
 // Live reports whether the assignment has not reached a terminal phase.
 func (s State) Live() bool { return !Terminal(s.Phase) }
+
+// Active reports whether the assignment's job can still run: it is live and has not failed. A
+// failed assignment stays live until its failure is reported upstream (closed), but nothing is
+// to run for it any more: its environment is to be destroyed, its deadlines no longer apply.
+func (s State) Active() bool { return s.Live() && s.Phase != Failed }
