@@ -183,30 +183,27 @@ func wait(ctx context.Context, d time.Duration) {
 	}
 }
 
-// handle processes one dispatch message and reports whether an environment now holds the slot.
+// handle processes one dispatch message and reports whether an environment now holds the slot:
+// it reads the message and the assignment, asks planDispatch what to do, and does it.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
-	d, err := w.log.ParseDispatch(msg)
-	if err != nil {
-		w.cfg.Log.Error().Err(err).Msg("poison dispatch message")
-		w.deadLetter(ctx, msg, err.Error())
+	s := w.readDispatch(ctx, msg)
+	a := planDispatch(s)
+	if a.kind == dispatchPoison {
+		w.cfg.Log.Error().Err(s.parseErr).Msg("poison dispatch message")
+		w.deadLetter(ctx, msg, a.reason)
 		return false
 	}
+	d, st := s.d, s.st
 	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(d.Task)).Uint64(logkey.Epoch, uint64(d.Epoch)).Logger()
-	st, ok := w.view.Get(d.Task)
-	if !ok || st.Epoch() != d.Epoch {
-		// The view has not seen the claim yet (or lags): read it from JetStream.
-		st, err = w.log.Get(ctx, d.Task)
-	}
-	if errors.Is(err, assignment.ErrNotFound) {
+	switch a.kind {
+	case dispatchOrphan:
 		logger.Error().Msg("dispatch for a task without an assignment")
-		w.deadLetter(ctx, msg, "no assignment for the task")
+		w.deadLetter(ctx, msg, a.reason)
 		return false
-	}
-	if err != nil {
-		w.retry(ctx, msg, &st, err)
+	case dispatchRetry:
+		w.retry(ctx, msg, &st, a.cause)
 		return false
-	}
-	if st.Epoch() != d.Epoch || !st.Active() {
+	case dispatchDrop:
 		logger.Info().Str(logkey.Phase, string(st.Phase)).Msg("dispatch no longer current; dropped")
 		_ = msg.Ack()
 		return false
@@ -217,30 +214,63 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		_ = msg.Ack() // a redelivery while the environment starts or runs
 		return false
 	}
-	started := false
-	defer func() {
-		if !started {
-			w.forget(d.Task)
-		}
-	}()
-	if len(st.Handle) > 0 {
-		// Started before a crash: adopt the environment if it still exists, unless another
-		// worker watches it (its acknowledgement was lost, or it adopted the environment).
-		// When that cannot be told, the sweep decides later.
-		var h Handle
-		if err := json.Unmarshal(st.Handle, &h); err == nil {
-			c, err := w.claim(ctx, envKey(d.Task, d.Epoch))
-			if err != nil || c.rev == 0 {
-				logger.Debug().Err(err).Str("watcher", c.actor).Msg("redelivered dispatch of an environment another worker watches; left to it")
-				_ = msg.Ack()
-				return false
-			}
-			w.watch(ctx, st, h, true, c.rev)
-			started = true
-			_ = msg.Ack()
-			return true
-		}
+	var held bool
+	if a.kind == dispatchAdopt {
+		held = w.adoptDispatched(ctx, msg, d, st, a.handle, logger)
+	} else {
+		held = w.startDispatched(ctx, msg, d, st, a.destroyUnrecorded, logger)
 	}
+	if !held {
+		w.forget(d.Task)
+	}
+	return held
+}
+
+// readDispatch parses a dispatch message and reads its assignment: from the view, or from
+// JetStream when the view does not know the message's epoch.
+func (w *Worker) readDispatch(ctx context.Context, msg jetstream.Msg) dispatchSnapshot {
+	var s dispatchSnapshot
+	s.delivered, s.deliveredOK = delivery(msg)
+	if s.d, s.parseErr = w.log.ParseDispatch(msg); s.parseErr != nil {
+		return s
+	}
+	var ok bool
+	if s.st, ok = w.view.Get(s.d.Task); !ok || s.st.Epoch() != s.d.Epoch {
+		// The view has not seen the claim yet (or lags): read it from JetStream.
+		s.st, s.readErr = w.log.Get(ctx, s.d.Task)
+	}
+	return s
+}
+
+// delivery returns a message's delivery count; false when its metadata cannot be read.
+func delivery(msg jetstream.Msg) (uint64, bool) {
+	md, err := msg.Metadata()
+	if err != nil {
+		return 0, false
+	}
+	return md.NumDelivered, true
+}
+
+// adoptDispatched adopts the environment h, started before a crash, that st (the assignment d
+// is for) records, unless another worker watches it (its acknowledgement was lost, or it
+// adopted the environment). When that cannot be told, the sweep decides later. It reports
+// whether the environment now holds the slot.
+func (w *Worker) adoptDispatched(ctx context.Context, msg jetstream.Msg, d eventlog.DispatchMsg, st assignment.State, h Handle, logger zerolog.Logger) bool {
+	c, err := w.claim(ctx, envKey(d.Task, d.Epoch))
+	if err != nil || c.rev == 0 {
+		logger.Debug().Err(err).Str("watcher", c.actor).Msg("redelivered dispatch of an environment another worker watches; left to it")
+		_ = msg.Ack()
+		return false
+	}
+	w.watch(ctx, st, h, true, c.rev)
+	_ = msg.Ack()
+	return true
+}
+
+// startDispatched records `dispatched` for st, the assignment d is for, starts its environment
+// and records `started`.
+// It reports whether the environment now holds the slot.
+func (w *Worker) startDispatched(ctx context.Context, msg jetstream.Msg, d eventlog.DispatchMsg, st assignment.State, destroyUnrecorded bool, logger zerolog.Logger) bool {
 	next, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Dispatched, Task: d.Task, Epoch: d.Epoch, Actor: w.cfg.Actor, At: w.cfg.Now()}, &st)
 	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
 		w.retry(ctx, msg, &st, err)
@@ -250,9 +280,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		w.view.Observe(next)
 		st = next
 	}
-	if md, err := msg.Metadata(); err == nil && md.NumDelivered > 1 {
-		// A redelivery without a `started` record: an earlier attempt may have started an
-		// environment holding a token that is not the one about to be recorded. Remove it.
+	if destroyUnrecorded {
 		w.destroyUnrecorded(ctx, st)
 	}
 	h, tokenID, err := w.start(ctx, msg, st)
@@ -268,7 +296,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		// The assignment moved on (failed, or a stale epoch): the environment must not run.
 		logger.Warn().Err(err).Msg("record started; destroying the environment")
 		_ = w.backend.Destroy(context.WithoutCancel(ctx), h)
-		if errors.Is(err, assignment.ErrStaleEpoch) || errors.Is(err, assignment.ErrTerminal) || errors.Is(err, assignment.ErrInvalidTransition) {
+		if startRefused(err) {
 			_ = msg.Ack()
 		} else {
 			w.retry(ctx, msg, &st, err)
@@ -292,7 +320,6 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		logger.Warn().Err(err).Msg("watching the environment without its key; the next heartbeat claims it")
 	}
 	w.watch(ctx, rec, h, true, c.rev)
-	started = true
 	_ = msg.Ack()
 	return true
 }
@@ -365,9 +392,9 @@ func (w *Worker) destroyUnrecorded(ctx context.Context, st assignment.State) {
 // retry naks a message for redelivery, or on its last delivery fails the assignment and
 // dead-letters the message.
 func (w *Worker) retry(ctx context.Context, msg jetstream.Msg, st *assignment.State, cause error) {
-	md, err := msg.Metadata()
-	if err == nil && md.NumDelivered < uint64(w.log.Config().DispatchMaxDeliver) {
-		_ = msg.NakWithDelay(time.Duration(md.NumDelivered) * w.cfg.RetryDelay)
+	n, ok := delivery(msg)
+	if r := planRetry(n, ok, uint64(w.log.Config().DispatchMaxDeliver), w.cfg.RetryDelay); !r.giveUp {
+		_ = msg.NakWithDelay(r.delay)
 		return
 	}
 	if st != nil && st.Task > 0 {
@@ -538,6 +565,9 @@ func (w *Worker) onChange(st assignment.State) {
 // in BucketWorkers is absent, or this worker's), and destroys the environments no live
 // assignment owns. It returns when the first key of another worker it left environments to
 // expires unless renewed (zero when it left none): the next sweep is due then.
+//
+// Each environment is read when its turn comes, not all up front: adopting one makes its task
+// this worker's for the environments of the same task listed after it.
 func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 	hs, err := w.backend.List(ctx)
 	if err != nil {
@@ -545,64 +575,62 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 	}
 	var recheck time.Time
 	for _, h := range hs {
-		if w.owns(h.Task) {
-			continue
+		e := sweepEnv{h: h, mine: w.owns(h.Task)}
+		if !e.mine {
+			e.st, e.known = w.view.Get(h.Task)
 		}
-		st, ok := w.view.Get(h.Task)
-		owned := ok && st.Epoch() == h.Epoch && st.Active() && len(st.Handle) > 0 && handleID(st.Handle) == h.ID
-		if owned {
-			logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).Str(logkey.Env, h.ID).Logger()
-			key := envKey(h.Task, h.Epoch)
-			// Look before reserving: most environments another worker watches, and a
-			// reservation would make this worker drop a dispatch of the task meanwhile.
-			c, err := w.watcher(ctx, key)
-			if err == nil && (c.actor == "" || c.actor == w.cfg.Actor) {
-				if !w.reserve(h.Task) {
-					continue // a dispatch is adopting it right now
-				}
-				if c, err = w.claim(ctx, key); err != nil || c.rev == 0 {
-					w.forget(h.Task)
-				}
+		switch planSweep(e) {
+		case sweepMine, sweepYoung:
+		case sweepAdopt:
+			if expires, left := w.adopt(ctx, e.st, h); left && (recheck.IsZero() || expires.Before(recheck)) {
+				recheck = expires
 			}
-			if err != nil {
-				logger.Warn().Err(err).Msg("environment not adopted: who watches it is unknown")
-				continue
+		case sweepReap:
+			w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("reaping environment no live assignment owns")
+			if err := w.backend.Destroy(ctx, h); err != nil {
+				w.cfg.Log.Warn().Err(err).Str(logkey.Env, h.ID).Msg("reap")
 			}
-			if c.rev == 0 {
-				logger.Debug().Str("watcher", c.actor).Msg("environment watched by another worker")
-				if recheck.IsZero() || c.expires.Before(recheck) {
-					recheck = c.expires
-				}
-				continue
-			}
-			// An adopted environment takes a slot if one is free; with a lowered concurrency
-			// there may be more environments than slots, and they are adopted all the same.
-			slot := false
-			select {
-			case w.slots <- struct{}{}:
-				slot = true
-			default:
-			}
-			logger.Info().Str("started_by", st.StartedBy).Msg("environment adopted")
-			w.watch(ctx, st, h, slot, c.rev)
-			continue
-		}
-		// Young environments may belong to a start whose `started` record is being written.
-		if ok && st.Active() && st.Epoch() == h.Epoch && len(st.Handle) == 0 {
-			continue
-		}
-		w.cfg.Log.Info().Int64(logkey.TaskID, int64(h.Task)).Str(logkey.Env, h.ID).Msg("reaping environment no live assignment owns")
-		if err := w.backend.Destroy(ctx, h); err != nil {
-			w.cfg.Log.Warn().Err(err).Str(logkey.Env, h.ID).Msg("reap")
 		}
 	}
 	return recheck, nil
 }
 
-func handleID(raw json.RawMessage) string {
-	var h Handle
-	_ = json.Unmarshal(raw, &h)
-	return h.ID
+// adopt watches the environment h that st records unless another worker watches it. When it
+// leaves h to another worker, it returns when that worker's key expires unless renewed, and
+// true.
+func (w *Worker) adopt(ctx context.Context, st assignment.State, h Handle) (time.Time, bool) {
+	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).Str(logkey.Env, h.ID).Logger()
+	key := envKey(h.Task, h.Epoch)
+	// Look before reserving: most environments another worker watches, and a reservation
+	// would make this worker drop a dispatch of the task meanwhile.
+	c, err := w.watcher(ctx, key)
+	if err == nil && (c.actor == "" || c.actor == w.cfg.Actor) {
+		if !w.reserve(h.Task) {
+			return time.Time{}, false // a dispatch is adopting it right now
+		}
+		if c, err = w.claim(ctx, key); err != nil || c.rev == 0 {
+			w.forget(h.Task)
+		}
+	}
+	if err != nil {
+		logger.Warn().Err(err).Msg("environment not adopted: who watches it is unknown")
+		return time.Time{}, false
+	}
+	if c.rev == 0 {
+		logger.Debug().Str("watcher", c.actor).Msg("environment watched by another worker")
+		return c.expires, true
+	}
+	// An adopted environment takes a slot if one is free; with a lowered concurrency there
+	// may be more environments than slots, and they are adopted all the same.
+	slot := false
+	select {
+	case w.slots <- struct{}{}:
+		slot = true
+	default:
+	}
+	logger.Info().Str("started_by", st.StartedBy).Msg("environment adopted")
+	w.watch(ctx, st, h, slot, c.rev)
+	return time.Time{}, false
 }
 
 // sweepMargin is how long after an environment's key would expire the sweep that adopts the
