@@ -334,44 +334,41 @@ const giveUpReporting = 15 * time.Minute
 // forgetAfter is how long an ended assignment stays in the in-memory view.
 const forgetAfter = time.Hour
 
-// redispatchAfter is how long an assignment may stay claimed (no worker recorded `dispatched`)
-// before the reconciler publishes its dispatch again: the first publish may have been lost in a
-// crash between the claim and the publish. Publishing again is harmless: the dispatch's message
-// id names the task and epoch, so JetStream drops a duplicate within its window, and a worker
-// acknowledges one that arrives after the assignment moved on without acting on it.
-const redispatchAfter = 5 * time.Second
-
+// reconcileOne reconciles one live assignment: it asks planReconcile what st needs and does it.
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
-	// After a restart, environments get two renewal intervals to reach the facade again
-	// before deadlines that passed while the controller was down are enforced.
-	grace := now.Sub(s.started) < assignment.RestartGrace(s.cfg.Lease)
-	if ev, due := assignment.Overdue(st, now); due && !grace {
-		ev.Actor = s.cfg.Actor
-		next, err := s.log.Apply(ctx, ev, &st)
-		if errors.Is(err, assignment.ErrNoChange) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		s.view.Observe(next)
-		s.cfg.Log.Warn().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str("reason", ev.Reason).Msg("assignment failed")
-		st = next
-	}
-	switch st.Phase {
-	case assignment.Failed:
-		return s.closeFailed(ctx, st)
-	case assignment.Claimed:
-		// The dispatch may have been lost in a crash between the claim and its publish; the
-		// publish is deduplicated by task and epoch.
-		if now.Sub(st.At) > redispatchAfter {
+	s.mu.Lock()
+	keptAlive := s.keptAlive[st.Task]
+	s.mu.Unlock()
+	plan := planReconcile(reconcileSnapshot{st: st, now: now, started: s.started, lease: s.cfg.Lease,
+		keptAlive: keptAlive, every: s.cfg.Keepalive})
+	for _, a := range plan {
+		switch a.kind {
+		case reconcileFail:
+			ev := a.ev
+			ev.Actor = s.cfg.Actor
+			next, err := s.log.Apply(ctx, ev, &st)
+			if errors.Is(err, assignment.ErrNoChange) {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			s.view.Observe(next)
+			s.cfg.Log.Warn().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str("reason", ev.Reason).Msg("assignment failed")
+			st = next
+		case reconcileClose:
+			if err := s.closeFailed(ctx, st); err != nil {
+				return err
+			}
+		case reconcileRedispatch:
 			if err := s.log.Dispatch(ctx, st.Backend, st.Task, st.Epoch()); err != nil {
 				return err
 			}
+		case reconcileKeepalive:
+			if err := s.keepalive(ctx, st, now); err != nil {
+				return err
+			}
 		}
-		return s.keepalive(ctx, st, now)
-	case assignment.Dispatched, assignment.Started, assignment.Registered:
-		return s.keepalive(ctx, st, now)
 	}
 	return nil
 }
@@ -380,15 +377,8 @@ func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now t
 // cancellation made in the forge meanwhile.
 func (s *Scheduler) keepalive(ctx context.Context, st assignment.State, now time.Time) error {
 	s.mu.Lock()
-	last := s.keptAlive[st.Task]
-	due := now.Sub(last) >= s.cfg.Keepalive
-	if due {
-		s.keptAlive[st.Task] = now
-	}
+	s.keptAlive[st.Task] = now
 	s.mu.Unlock()
-	if !due {
-		return nil
-	}
 	resp, err := s.forge.UpdateTask(ctx, &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: int64(st.Task)}})
 	if err != nil {
 		return fmt.Errorf("scheduler: keepalive: %w", err)
