@@ -211,20 +211,13 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 		return assignment.State{}, f.refuse("bad_runner_token", connect.CodeUnauthenticated,
 			fmt.Errorf("dynrunner facade: runner credentials not issued to %s", c.id))
 	}
-	st, err := f.current(ctx, c)
-	if err == nil && st.RunnerUUID != uuid {
-		st, err = f.fresh(ctx, c) // the view may not have seen the registration yet
-	}
+	// The view may not have seen the registration yet.
+	st, err := f.load(ctx, c, func(st assignment.State) bool { return st.RunnerUUID == uuid })
 	if err != nil {
 		return st, err
 	}
-	if st.RunnerUUID != uuid {
-		return st, f.refuse("bad_runner_token", connect.CodePermissionDenied,
-			fmt.Errorf("dynrunner facade: runner %s is not the one registered for task %d", uuid, c.task))
-	}
-	if f.leaseOver(st) {
-		return st, f.refuse("lease_expired", connect.CodeUnauthenticated,
-			fmt.Errorf("dynrunner facade: the runner credentials of task %d expired with its lease at %s", c.task, st.LeaseExpires.UTC().Format(time.RFC3339)))
+	if v := checkRunner(c, st, uuid, f.leaseOver(st)); v != nil {
+		return st, f.answer(v)
 	}
 	return st, nil
 }
@@ -237,14 +230,35 @@ func (f *Facade) leaseOver(st assignment.State) bool {
 	return now.After(st.LeaseExpires) && now.Sub(f.started) >= assignment.RestartGrace(f.cfg.Lease)
 }
 
-// current reads the assignment from JetStream and checks the caller's epoch against it.
+// load is the one read of the caller's assignment every handler makes: current, then settle.
+// settled says whether the handler can go on with what the view says (nil: whatever it says);
+// a handler about to refuse, or to answer that there is nothing to do, on what the view says
+// reads it again from JetStream first.
+func (f *Facade) load(ctx context.Context, c caller, settled func(assignment.State) bool) (assignment.State, error) {
+	st, err := f.current(ctx, c)
+	if err != nil {
+		return st, err
+	}
+	return f.settle(ctx, c, st, settled)
+}
+
+// settle returns st when settled accepts it (or is nil), else the assignment read again from
+// JetStream (fresh).
+func (f *Facade) settle(ctx context.Context, c caller, st assignment.State, settled func(assignment.State) bool) (assignment.State, error) {
+	if settled == nil || settled(st) {
+		return st, nil
+	}
+	return f.fresh(ctx, c)
+}
+
+// current reads the assignment and checks it is the caller's (checkAssignment).
 //
 // It answers from the view when the view knows the caller's epoch: the view is fed by the
 // stream and by this facade's own appends, and every decision that changes the assignment is
 // a compare-and-swap append anyway. Callers about to refuse on what the view says read again
-// with fresh first.
+// with fresh first (load, settle).
 func (f *Facade) current(ctx context.Context, c caller) (assignment.State, error) {
-	if st, ok := f.view.Get(c.task); ok && st.Epoch() == c.epoch && (!c.guest || st.Backend == assignment.BackendVM) {
+	if st, ok := f.view.Get(c.task); ok && checkAssignment(c, st, nil) == nil {
 		return st, nil
 	}
 	return f.fresh(ctx, c)
@@ -253,19 +267,8 @@ func (f *Facade) current(ctx context.Context, c caller) (assignment.State, error
 // fresh is current read from JetStream.
 func (f *Facade) fresh(ctx context.Context, c caller) (assignment.State, error) {
 	st, err := f.log.Get(ctx, c.task)
-	if errors.Is(err, assignment.ErrNotFound) {
-		return st, f.refuse("unknown_assignment", connect.CodeNotFound, fmt.Errorf("dynrunner facade: task %d has no assignment", c.task))
-	}
-	if err != nil {
-		return st, connect.NewError(connect.CodeUnavailable, err)
-	}
-	if c.guest && st.Backend != assignment.BackendVM {
-		return st, f.refuse("guest_for_pod", connect.CodePermissionDenied,
-			fmt.Errorf("dynrunner facade: task %d runs in a %s environment, which must present its SPIFFE identity", c.task, st.Backend))
-	}
-	if st.Epoch() != c.epoch {
-		return st, f.refuse("stale_epoch", connect.CodeFailedPrecondition,
-			fmt.Errorf("dynrunner facade: task %d: epoch %d is stale, the current epoch is %d: %w", c.task, c.epoch, st.Epoch(), assignment.ErrStaleEpoch))
+	if v := checkAssignment(c, st, err); v != nil {
+		return st, f.answer(v)
 	}
 	return st, nil
 }
@@ -326,16 +329,12 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 		return nil, f.refuse("token_mismatch", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: token %s is not bound to %s", tok, c.id))
 	}
-	st, err := f.current(ctx, c)
-	if err == nil && (st.Phase == assignment.Claimed || st.Phase == assignment.Dispatched) {
-		st, err = f.fresh(ctx, c)
-	}
+	st, err := f.load(ctx, c, func(st assignment.State) bool { return checkRegister(c, st) == nil })
 	if err != nil {
 		return nil, err
 	}
-	if st.Phase == assignment.Claimed || st.Phase == assignment.Dispatched {
-		// The environment is faster than its worker's `started` record: ask it to retry.
-		return nil, connect.NewError(connect.CodeUnavailable, fmt.Errorf("dynrunner facade: task %d: the environment's start is not recorded yet; retry", c.task))
+	if v := checkRegister(c, st); v != nil {
+		return nil, f.answer(v)
 	}
 	uuid, err := newUUID()
 	if err != nil {
@@ -382,24 +381,19 @@ func (f *Facade) FetchTask(ctx context.Context, req *connect.Request[runnerv1.Fe
 		return nil, err
 	}
 	empty := connect.NewResponse(&runnerv1.FetchTaskResponse{TasksVersion: req.Msg.GetTasksVersion()})
-	if st.Phase != assignment.Registered {
-		if st, err = f.fresh(ctx, c); err != nil {
-			return nil, err
-		}
+	if st, err = f.settle(ctx, c, st, func(st assignment.State) bool { return planFetch(st) == fetchHand }); err != nil {
+		return nil, err
 	}
-	if st.Phase == assignment.Running {
-		// Handed over already, to this very runner (runner checked its credentials): its
-		// first answer was lost (a timeout, a controller restart). Hand it the same task again;
-		// no other runner holds these credentials.
+	switch planFetch(st) {
+	case fetchNothing:
+		return empty, nil // ended: nothing to run
+	case fetchAgain:
 		task, err := f.openTask(ctx, c, st)
 		if err != nil {
 			return nil, err
 		}
 		f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Msg("task handed again to its runner")
 		return connect.NewResponse(&runnerv1.FetchTaskResponse{Task: task, TasksVersion: req.Msg.GetTasksVersion()}), nil
-	}
-	if st.Phase != assignment.Registered {
-		return empty, nil // ended: nothing to run
 	}
 	task, err := f.openTask(ctx, c, st)
 	if err != nil {
@@ -459,27 +453,18 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 	return connect.NewResponse(resp), nil
 }
 
-// reporting lets a report through only while the assignment runs: the forge hears nothing in
-// an environment's name, with the resident runner's credentials, once its job has ended
-// (completed, failed or closed) — not a late log, not a second final state with other outputs.
-// A retried final report whose first answer was lost is refused too: the forge has it. *st is
-// read again from JetStream when the view does not say running.
+// reporting lets a report through only while the assignment runs (checkReporting). *st is read
+// again from JetStream when the view does not say running.
 func (f *Facade) reporting(ctx context.Context, c caller, st *assignment.State) error {
-	if st.Phase != assignment.Running {
-		fresh, err := f.fresh(ctx, c)
-		if err != nil {
-			return err
-		}
-		*st = fresh
+	settled, err := f.settle(ctx, c, *st, func(st assignment.State) bool { return checkReporting(c, st) == nil })
+	if err != nil {
+		return err
 	}
-	switch st.Phase {
-	case assignment.Running:
-		return nil
-	case assignment.Completed, assignment.Failed, assignment.Closed:
-		return f.refuse("ended", connect.CodeFailedPrecondition,
-			fmt.Errorf("dynrunner facade: task %d has %s; nothing more is forwarded for it", c.task, st.Phase))
+	*st = settled
+	if v := checkReporting(c, *st); v != nil {
+		return f.answer(v)
 	}
-	return connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("dynrunner facade: task %d is %s, not running", c.task, st.Phase))
+	return nil
 }
 
 // UpdateLog forwards log rows upstream.
@@ -521,16 +506,14 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: renewal for task %d epoch %d from %s", req.Msg.GetTaskId(), req.Msg.GetEpoch(), c.id))
 	}
-	st, err := f.current(ctx, c)
+	st, err := f.load(ctx, c, nil)
 	if err != nil {
 		return nil, err
 	}
-	if !st.Active() {
+	if ended, v := planRenew(c, st, f.leaseOver(st)); ended {
 		return connect.NewResponse(&dynrunnerv1.RenewResponse{Ended: true, LeaseExpiresAt: timestamppb.New(st.LeaseExpires)}), nil
-	}
-	if f.leaseOver(st) {
-		return nil, f.refuse("lease_expired", connect.CodeFailedPrecondition,
-			fmt.Errorf("dynrunner facade: the lease of task %d ended at %s; it cannot be renewed", c.task, st.LeaseExpires.UTC().Format(time.RFC3339)))
+	} else if v != nil {
+		return nil, f.answer(v)
 	}
 	next, err := f.apply(ctx, assignment.Event{Transition: assignment.Renewed, Task: c.task, Epoch: c.epoch, Lease: f.cfg.Lease}, &st)
 	if err != nil {
