@@ -24,8 +24,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/executor"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/vmworker"
 )
@@ -143,11 +143,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if renew <= 0 {
 		renew = 100 * time.Second
 	}
-	return executor.Run(ctx, executor.Config{
-		FacadeURL: grant.FacadeURL, FacadeID: facadeID, Task: task, Epoch: epoch, Token: grant.Token,
-		TLS:       workload.GuestClientTLSConfig(bundle, facadeID),
-		RunnerBin: bin, RunnerSHA256: grant.RunnerSHA256, RunnerVersion: grant.RunnerVersion,
-		Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, ForgeURL: forge,
+	return executor.Run(ctx, executor.RunConfig{
+		Config: executor.Config{
+			FacadeURL: grant.FacadeURL, FacadeID: facadeID, Task: task, Epoch: epoch,
+			RunnerBin: bin, RunnerSHA256: grant.RunnerSHA256, RunnerVersion: grant.RunnerVersion,
+			Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, ForgeURL: forge,
+		},
+		Token: grant.Token, TLS: workload.GuestClientTLSConfig(bundle, facadeID),
 		Credential: cred, Env: env, Output: cfg.Output, Log: log,
 	})
 }

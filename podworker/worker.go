@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -41,7 +42,8 @@ type Config struct {
 	Concurrency int
 	Issuer      *captoken.Issuer
 	Identity    Identity
-	// ExecutorEnv is the environments' non-secret configuration (facade URL, runner binary).
+	// ExecutorEnv is the environments' non-secret configuration (facade URL, runner binary),
+	// executor.Config.Environ; the worker adds the assignment's task, epoch and forge URL.
 	ExecutorEnv map[string]string
 	// Reap is how often environments no live assignment owns are looked for.
 	Reap time.Duration
@@ -342,14 +344,14 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 		}
 	}
 	env := map[string]string{
-		"DYNRUNNER_TASK_ID": st.Task.String(),
-		"DYNRUNNER_EPOCH":   st.Epoch().String(),
+		executor.EnvTaskID: st.Task.String(),
+		executor.EnvEpoch:  st.Epoch().String(),
 	}
 	for k, v := range w.cfg.ExecutorEnv {
 		env[k] = v
 	}
 	if st.ForgeURL != "" {
-		env["DYNRUNNER_FORGE_URL"] = st.ForgeURL.String()
+		env[executor.EnvForgeURL] = st.ForgeURL.String()
 	}
 	progress, stop := context.WithCancel(ctx)
 	defer stop()

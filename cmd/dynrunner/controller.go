@@ -20,6 +20,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/facade"
 	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -305,17 +306,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		w := podworker.New(podworker.Config{
 			Actor: "pod-worker@" + actor, Tier: assignment.BackendPod, Concurrency: cfg.PodConcurrency,
 			Issuer: issuer, Identity: ident, Log: log.With().Str("component", "pod-worker").Logger(),
-			ExecutorEnv: map[string]string{
-				"DYNRUNNER_FACADE_URL":       pods.facadeURL,
-				"DYNRUNNER_FACADE_SPIFFE_ID": cfg.FacadeID.String(),
-				"DYNRUNNER_RENEW_SECS":       fmt.Sprint(int(cfg.Lease.Seconds()) / 3),
-				"DYNRUNNER_LABELS":           "self-hosted:host,pod:host",
-				"GITEA_RUNNER_BIN":           pods.runnerBin,
-				"GITEA_RUNNER_SHA256":        cfg.GiteaRunnerSHA256,
-				"GITEA_RUNNER_VERSION":       cfg.GiteaRunnerVersion,
-				"SPIFFE_ENDPOINT_SOCKET":     cfg.SpiffeEndpointSocket,
-				"LOG_FORMAT":                 cfg.LogFormat,
-			},
+			ExecutorEnv: executorEnv(cfg, pods.facadeURL, pods.runnerBin),
 		}, pods.backend, evlog, view)
 		g.Go(func() error { return w.Run(gctx) })
 		ready = append(ready, w.Ready())
@@ -439,4 +430,15 @@ func podBackendOf(cfg config.Controller) string {
 		return ""
 	}
 	return cfg.PodBackend
+}
+
+// executorEnv is the configuration the pod worker gives every environment, as environment
+// variables: the executor contract without the assignment's and the backend's own settings,
+// which the worker and the backend add.
+func executorEnv(cfg config.Controller, facadeURL, runnerBin string) map[string]string {
+	return executor.Config{
+		FacadeURL: facadeURL, FacadeID: cfg.FacadeID, Renew: time.Duration(int(cfg.Lease.Seconds())/3) * time.Second,
+		Labels: executor.Labels(assignment.BackendPod), RunnerBin: runnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256,
+		RunnerVersion: cfg.GiteaRunnerVersion, SpiffeEndpointSocket: cfg.SpiffeEndpointSocket, LogFormat: cfg.LogFormat,
+	}.Environ()
 }

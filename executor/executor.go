@@ -27,35 +27,20 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 	"github.com/rs/zerolog"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/dynrunner/dynrunner/internal/assignment"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
 )
 
-// Config configures one executor run.
-type Config struct {
-	FacadeURL string
-	FacadeID  spiffeid.ID
-	Task      assignment.TaskID
-	Epoch     assignment.Epoch
+// RunConfig configures one executor run: the environment's Config and what the process that
+// runs the job is handed beside it.
+type RunConfig struct {
+	Config
 	// Token is the single-use capability token (a secret).
 	Token string
 	// TLS dials the facade: mTLS with the environment's SVID (workload.ClientTLSConfig), or
 	// for a microVM guest server-authenticated TLS pinning the facade's CA and SPIFFE ID.
 	TLS *tls.Config
-
-	RunnerBin     string
-	RunnerSHA256  string
-	RunnerVersion string
-	// Labels the runner declares, in the runner's `name:host` form.
-	Labels  []string
-	WorkDir string
-	// Renew is the lease renewal interval (about a third of the lease).
-	Renew time.Duration
-	// ForgeURL is the forge's own URL, the server URL the job sees; empty when unknown.
-	ForgeURL assignment.ForgeURL
 	// Env is the environment the runner, and through it the job, starts from; nil means the
 	// executor's own. The executor's own settings (DYNRUNNER_*, GITEA_RUNNER_*, ...) are
 	// removed from it.
@@ -100,7 +85,7 @@ func VerifyRunner(ctx context.Context, bin, wantSHA, wantVersion string) error {
 
 // Run runs the environment's one job. It returns nil when the runner finished the job (its
 // result, success or failure, is in the forge) and an error when it could not run it.
-func Run(ctx context.Context, cfg Config) error {
+func Run(ctx context.Context, cfg RunConfig) error {
 	log := cfg.Log
 	if err := VerifyRunner(ctx, cfg.RunnerBin, cfg.RunnerSHA256, cfg.RunnerVersion); err != nil {
 		return err
@@ -216,7 +201,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 // prepare plans the runner's address and environment and writes its configuration into the
 // work directory; it returns the plan and the configuration's path.
-func prepare(cfg Config, px *proxy) (runnerPlan, string, error) {
+func prepare(cfg RunConfig, px *proxy) (runnerPlan, string, error) {
 	plan := planRunner(cfg.ForgeURL, px, cfg.baseEnv(), filepath.Join(cfg.WorkDir, "home"))
 	switch {
 	case plan.forwarded && cfg.ForgeURL == "":
@@ -258,7 +243,7 @@ type registration struct {
 
 // register redeems the capability token at the facade for an ephemeral runner and writes the
 // runner's registration file (mode 0600) with address, the server URL its jobs see.
-func register(ctx context.Context, transport http.RoundTripper, cfg Config, name, address string) (registration, error) {
+func register(ctx context.Context, transport http.RoundTripper, cfg RunConfig, name, address string) (registration, error) {
 	client := runnerv1connect.NewRunnerServiceClient(&http.Client{Transport: transport, Timeout: time.Minute}, strings.TrimRight(cfg.FacadeURL, "/")+"/api/actions")
 	names := make([]string, len(cfg.Labels))
 	for i, l := range cfg.Labels {

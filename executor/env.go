@@ -101,7 +101,7 @@ func withoutKey(env []string, key string) []string {
 	return out
 }
 
-func (c Config) baseEnv() []string {
+func (c RunConfig) baseEnv() []string {
 	if c.Env != nil {
 		return c.Env
 	}

@@ -1,0 +1,207 @@
+package executor
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+)
+
+// The environment variables of the executor contract (docs/configuration.md, "Executor
+// variables"). The pod worker sets them for each environment; `dynrunner executor` reads them
+// with ParseEnv.
+const (
+	EnvFacadeURL      = "DYNRUNNER_FACADE_URL"
+	EnvFacadeSpiffeID = "DYNRUNNER_FACADE_SPIFFE_ID"
+	EnvTaskID         = "DYNRUNNER_TASK_ID"
+	EnvEpoch          = "DYNRUNNER_EPOCH"
+	EnvSecretsDir     = "DYNRUNNER_SECRETS_DIR"
+	EnvWorkDir        = "DYNRUNNER_WORK_DIR"
+	EnvForgeURL       = "DYNRUNNER_FORGE_URL"
+	EnvLabels         = "DYNRUNNER_LABELS"
+	EnvRenewSecs      = "DYNRUNNER_RENEW_SECS"
+	EnvSpiffeSocket   = "SPIFFE_ENDPOINT_SOCKET"
+	EnvLogFormat      = "LOG_FORMAT"
+	EnvRunnerBin      = "GITEA_RUNNER_BIN"
+	EnvRunnerSHA256   = "GITEA_RUNNER_SHA256"
+	EnvRunnerVersion  = "GITEA_RUNNER_VERSION"
+)
+
+// DefaultRenew is the lease renewal interval when the environment names none.
+const DefaultRenew = 100 * time.Second
+
+// DefaultLogFormat is the executor's log format when the environment names none.
+const DefaultLogFormat = "json"
+
+// Labels returns the labels an environment of tier declares at the facade, in the runner's
+// `name:host` form: `self-hosted` and the tier's own (`pod`, `vm`), the labels workflows name
+// in `runs-on`.
+func Labels(tier assignment.Backend) []string {
+	return []string{"self-hosted:host", string(tier) + ":host"}
+}
+
+// Config is what an environment is given: the one definition of the executor contract. A pod
+// environment receives it as environment variables (Environ, ParseEnv), a microVM guest as
+// the grant its nonce redeems (Grant).
+type Config struct {
+	// FacadeURL is the facade's https URL.
+	FacadeURL string
+	// FacadeID is the SPIFFE ID the facade must present.
+	FacadeID spiffeid.ID
+	// Task and Epoch name the assignment the environment runs.
+	Task  assignment.TaskID
+	Epoch assignment.Epoch
+	// SecretsDir holds the capability token (podworker.TokenFile) and, without a Workload
+	// API, the SVID files.
+	SecretsDir string
+	// WorkDir is the work directory of the runner and the job.
+	WorkDir string
+	// ForgeURL is the forge's own URL, the server URL the job sees; empty when unknown.
+	ForgeURL assignment.ForgeURL
+	// Labels the runner declares, in the runner's `name:host` form.
+	Labels []string
+	// Renew is the lease renewal interval (about a third of the lease), whole seconds.
+	Renew time.Duration
+	// SpiffeEndpointSocket is the Workload API socket; empty: the SVID files in SecretsDir.
+	SpiffeEndpointSocket string
+	// LogFormat is json, or console for humans.
+	LogFormat string
+	// RunnerBin is the pinned Gitea runner binary, RunnerSHA256 its SHA-256 and
+	// RunnerVersion the version it must report (empty: not checked).
+	RunnerBin     string
+	RunnerSHA256  string
+	RunnerVersion string
+}
+
+// Environ encodes c as the environment variables of a pod environment. The variables the
+// controller sets for all environments are always present, empty when unset in c; the ones of
+// one assignment or one backend (task, epoch, forge URL, secrets and work directories) only
+// when set, so a worker can add them to the controller's.
+func (c Config) Environ() map[string]string {
+	env := map[string]string{
+		EnvFacadeURL:      c.FacadeURL,
+		EnvFacadeSpiffeID: c.FacadeID.String(),
+		EnvRenewSecs:      strconv.Itoa(int(c.Renew.Seconds())),
+		EnvLabels:         strings.Join(c.Labels, ","),
+		EnvRunnerBin:      c.RunnerBin,
+		EnvRunnerSHA256:   c.RunnerSHA256,
+		EnvRunnerVersion:  c.RunnerVersion,
+		EnvSpiffeSocket:   c.SpiffeEndpointSocket,
+		EnvLogFormat:      c.LogFormat,
+	}
+	set := func(k, v string) {
+		if v != "" {
+			env[k] = v
+		}
+	}
+	if c.Task != 0 {
+		env[EnvTaskID] = c.Task.String()
+	}
+	if c.Epoch != 0 {
+		env[EnvEpoch] = c.Epoch.String()
+	}
+	set(EnvForgeURL, c.ForgeURL.String())
+	set(EnvSecretsDir, c.SecretsDir)
+	set(EnvWorkDir, c.WorkDir)
+	return env
+}
+
+// ErrNotSet: a variable the executor requires is missing or empty.
+var ErrNotSet = errors.New("is not set")
+
+// EnvError is a variable of the executor's environment that ParseEnv refused.
+type EnvError struct {
+	// Key is the variable.
+	Key string
+	// Err is why: ErrNotSet, or what its value is wrong with.
+	Err error
+}
+
+func (e *EnvError) Error() string {
+	if errors.Is(e.Err, ErrNotSet) {
+		return e.Key + " " + e.Err.Error()
+	}
+	return e.Key + ": " + e.Err.Error()
+}
+
+func (e *EnvError) Unwrap() error { return e.Err }
+
+// ParseEnv reads the executor's configuration from the environment getenv returns and
+// validates it. Every refused variable is an *EnvError; all of them are reported together.
+func ParseEnv(getenv func(string) string) (Config, error) {
+	var errs []error
+	refuse := func(key string, err error) { errs = append(errs, &EnvError{Key: key, Err: err}) }
+	need := func(key string) string {
+		v := getenv(key)
+		if v == "" {
+			refuse(key, ErrNotSet)
+		}
+		return v
+	}
+	c := Config{
+		FacadeURL:            need(EnvFacadeURL),
+		SecretsDir:           need(EnvSecretsDir),
+		WorkDir:              need(EnvWorkDir),
+		RunnerBin:            need(EnvRunnerBin),
+		RunnerSHA256:         need(EnvRunnerSHA256),
+		RunnerVersion:        getenv(EnvRunnerVersion),
+		SpiffeEndpointSocket: getenv(EnvSpiffeSocket),
+		LogFormat:            getenv(EnvLogFormat),
+		Labels:               Labels(assignment.BackendPod),
+		Renew:                DefaultRenew,
+	}
+	if u, err := url.Parse(c.FacadeURL); c.FacadeURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
+		refuse(EnvFacadeURL, fmt.Errorf("%q: want https://host:port", c.FacadeURL))
+	}
+	if v := need(EnvFacadeSpiffeID); v != "" {
+		id, err := spiffeid.FromString(v)
+		if err != nil {
+			refuse(EnvFacadeSpiffeID, err)
+		}
+		c.FacadeID = id
+	}
+	if v := need(EnvTaskID); v != "" {
+		t, err := assignment.ParseTaskID(v)
+		if err != nil {
+			refuse(EnvTaskID, err)
+		}
+		c.Task = t
+	}
+	if v := need(EnvEpoch); v != "" {
+		e, err := assignment.ParseEpoch(v)
+		if err != nil {
+			refuse(EnvEpoch, err)
+		}
+		c.Epoch = e
+	}
+	if v := getenv(EnvRenewSecs); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			refuse(EnvRenewSecs, fmt.Errorf("%q: want a positive integer", v))
+		}
+		c.Renew = time.Duration(n) * time.Second
+	}
+	if v := getenv(EnvForgeURL); v != "" {
+		f, err := assignment.ParseForgeURL(v)
+		if err != nil {
+			refuse(EnvForgeURL, err)
+		}
+		c.ForgeURL = f
+	}
+	if v := getenv(EnvLabels); v != "" {
+		c.Labels = strings.Split(v, ",")
+	}
+	if c.LogFormat == "" {
+		c.LogFormat = DefaultLogFormat
+	}
+	if len(errs) > 0 {
+		return Config{}, fmt.Errorf("executor configuration: %w", errors.Join(errs...))
+	}
+	return c, nil
+}
