@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
@@ -57,7 +59,7 @@ func BenchmarkPushToSuccess(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sr, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), tok, []string{"self-hosted:host", "pod:host"},
+	sr, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), tok, executor.Labels(assignment.BackendPod),
 		filepath.Join(b.TempDir(), "static"), nil)
 	if err != nil {
 		b.Fatal(err)

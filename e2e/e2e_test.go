@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
@@ -121,7 +123,7 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sr, err := devforge.StartStaticRunner(ctx, tools, f.URL(), regStatic, []string{"self-hosted:host", "pod:host"}, filepath.Join(t.TempDir(), "static"), nil)
+	sr, err := devforge.StartStaticRunner(ctx, tools, f.URL(), regStatic, executor.Labels(assignment.BackendPod), filepath.Join(t.TempDir(), "static"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/netnstest"
 )
@@ -270,7 +272,7 @@ func newParityBed(t *testing.T, tools devforge.Tools) *parityBed {
 	}
 	reg, err := f.RunnerRegistrationToken(ctx, b.static.String())
 	require.NoError(t, err)
-	sr, err := devforge.StartStaticRunner(ctx, tools, f.URL(), reg, []string{"self-hosted:host", "pod:host", "vm:host"}, filepath.Join(t.TempDir(), "static"), nil)
+	sr, err := devforge.StartStaticRunner(ctx, tools, f.URL(), reg, executor.Labels(assignment.BackendPod, assignment.BackendVM), filepath.Join(t.TempDir(), "static"), nil)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sr.Close() })
 	return b

@@ -39,11 +39,16 @@ const DefaultRenew = 100 * time.Second
 // DefaultLogFormat is the executor's log format when the environment names none.
 const DefaultLogFormat = "json"
 
-// Labels returns the labels an environment of tier declares at the facade, in the runner's
-// `name:host` form: `self-hosted` and the tier's own (`pod`, `vm`), the labels workflows name
-// in `runs-on`.
-func Labels(tier assignment.Backend) []string {
-	return []string{"self-hosted:host", string(tier) + ":host"}
+// Labels returns the labels an environment of tiers declares at the facade, in the runner's
+// `name:host` form: `self-hosted` and each tier's own (`pod`, `vm`), the labels workflows name
+// in `runs-on`. A static runner that stands in for both tiers (the parity tests) declares
+// Labels(assignment.BackendPod, assignment.BackendVM).
+func Labels(tiers ...assignment.Backend) []string {
+	labels := []string{"self-hosted:host"}
+	for _, t := range tiers {
+		labels = append(labels, string(t)+":host")
+	}
+	return labels
 }
 
 // Config is what an environment is given: the one definition of the executor contract. A pod

@@ -136,3 +136,13 @@ func TestParseEnvRefuses(t *testing.T) {
 		})
 	}
 }
+
+func TestLabels(t *testing.T) {
+	assert.Equal(t, []string{"self-hosted:host", "pod:host"}, Labels(assignment.BackendPod))
+	assert.Equal(t, []string{"self-hosted:host", "vm:host"}, Labels(assignment.BackendVM))
+	assert.Equal(t, []string{"self-hosted:host", "pod:host", "vm:host"}, Labels(assignment.BackendPod, assignment.BackendVM))
+	// Each call is a fresh slice: a caller appending to its labels changes no one else's.
+	a := Labels(assignment.BackendPod)
+	a[0] = "x"
+	assert.Equal(t, "self-hosted:host", Labels(assignment.BackendPod)[0])
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/config"
@@ -58,7 +59,7 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.GuestNet,
 		FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID.String(), FacadeCA: facadeCA,
 		RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
-		Labels: []string{"self-hosted:host", "vm:host"}, Renew: cfg.Lease / 3, Log: vlog,
+		Labels: executor.Labels(assignment.BackendVM), Renew: cfg.Lease / 3, Log: vlog,
 	}, nonces, evlog)
 	if err != nil {
 		return err

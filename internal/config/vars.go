@@ -3,6 +3,13 @@
 // set. Long-lived credentials are only ever read from files (*_FILE variables).
 package config
 
+import (
+	"strings"
+
+	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/assignment"
+)
+
 // Var documents one environment variable. docs/configuration.md lists every Var with its
 // default; a test keeps the two in step.
 type Var struct {
@@ -110,7 +117,7 @@ var ExecutorVars = []Var{
 	{"DYNRUNNER_SECRETS_DIR", "", "Directory with the capability token (and, without a Workload API, the SVID files)."},
 	{"DYNRUNNER_WORK_DIR", "", "Work directory of the runner and the job."},
 	{"DYNRUNNER_FORGE_URL", "", "The forge's own URL, the job's server URL (the assignment's forge_url)."},
-	{"DYNRUNNER_LABELS", "self-hosted:host,pod:host", "Labels the runner declares (name:host,...)."},
+	{"DYNRUNNER_LABELS", strings.Join(executor.Labels(assignment.BackendPod), ","), "Labels the runner declares (name:host,...)."},
 	{"DYNRUNNER_RENEW_SECS", "100", "Lease renewal interval."},
 	{"SPIFFE_ENDPOINT_SOCKET", "", "Workload API socket; unset: SVID files in DYNRUNNER_SECRETS_DIR."},
 	{"LOG_FORMAT", "json", "json, or console for humans."},

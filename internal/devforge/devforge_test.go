@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
@@ -119,7 +121,7 @@ func TestStaticRunnerJob(t *testing.T) {
 		t.Errorf("RunnerRegistrationToken(%q) succeeded, want an error", "a/b/c")
 	}
 	runner, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), regToken,
-		[]string{"self-hosted:host", "pod:host"}, filepath.Join(t.TempDir(), "runner"), newLogWriter(t, "runner"))
+		executor.Labels(assignment.BackendPod), filepath.Join(t.TempDir(), "runner"), newLogWriter(t, "runner"))
 	if err != nil {
 		t.Fatal(err)
 	}
