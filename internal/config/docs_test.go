@@ -1,9 +1,15 @@
 package config
 
 import (
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/dynrunner/dynrunner/executor"
 )
 
 const configurationDoc = "../../docs/configuration.md"
@@ -102,4 +108,15 @@ func TestDocsListEveryVariable(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestExecutorVarsAreTheContract: ExecutorVars documents every variable of the executor
+// contract (executor.Config.Environ) and no other.
+func TestExecutorVarsAreTheContract(t *testing.T) {
+	c := executor.Config{Task: 1, Epoch: 1, SecretsDir: "/s", WorkDir: "/w", ForgeURL: "https://forge.test"}
+	var names []string
+	for _, v := range ExecutorVars {
+		names = append(names, v.Name)
+	}
+	assert.ElementsMatch(t, slices.Collect(maps.Keys(c.Environ())), names)
 }

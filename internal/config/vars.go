@@ -4,6 +4,7 @@
 package config
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/dynrunner/dynrunner/executor"
@@ -110,18 +111,18 @@ var ControllerVars = []Var{
 
 // Executor variables, set by the pod worker for each environment.
 var ExecutorVars = []Var{
-	{"DYNRUNNER_FACADE_URL", "", "Facade URL (https)."},
-	{"DYNRUNNER_FACADE_SPIFFE_ID", "", "SPIFFE ID the facade must present."},
-	{"DYNRUNNER_TASK_ID", "", "Forge task id of the assignment."},
-	{"DYNRUNNER_EPOCH", "", "Fencing epoch of the assignment."},
-	{"DYNRUNNER_SECRETS_DIR", "", "Directory with the capability token (and, without a Workload API, the SVID files)."},
-	{"DYNRUNNER_WORK_DIR", "", "Work directory of the runner and the job."},
-	{"DYNRUNNER_FORGE_URL", "", "The forge's own URL, the job's server URL (the assignment's forge_url)."},
-	{"DYNRUNNER_LABELS", strings.Join(executor.Labels(assignment.BackendPod), ","), "Labels the runner declares (name:host,...)."},
-	{"DYNRUNNER_RENEW_SECS", "100", "Lease renewal interval."},
-	{"SPIFFE_ENDPOINT_SOCKET", "", "Workload API socket; unset: SVID files in DYNRUNNER_SECRETS_DIR."},
-	{"LOG_FORMAT", "json", "json, or console for humans."},
-	{"GITEA_RUNNER_BIN", "", "The pinned Gitea runner."},
-	{"GITEA_RUNNER_SHA256", "", "Its SHA-256."},
-	{"GITEA_RUNNER_VERSION", "", "The version it must report."},
+	{executor.EnvFacadeURL, "", "Facade URL (https)."},
+	{executor.EnvFacadeSpiffeID, "", "SPIFFE ID the facade must present."},
+	{executor.EnvTaskID, "", "Forge task id of the assignment."},
+	{executor.EnvEpoch, "", "Fencing epoch of the assignment."},
+	{executor.EnvSecretsDir, "", "Directory with the capability token (and, without a Workload API, the SVID files)."},
+	{executor.EnvWorkDir, "", "Work directory of the runner and the job."},
+	{executor.EnvForgeURL, "", "The forge's own URL, the job's server URL (the assignment's forge_url)."},
+	{executor.EnvLabels, strings.Join(executor.Labels(assignment.BackendPod), ","), "Labels the runner declares (name:host,...)."},
+	{executor.EnvRenewSecs, strconv.Itoa(int(executor.DefaultRenew.Seconds())), "Lease renewal interval."},
+	{executor.EnvSpiffeSocket, "", "Workload API socket; unset: SVID files in DYNRUNNER_SECRETS_DIR."},
+	{executor.EnvLogFormat, executor.DefaultLogFormat, "json, or console for humans."},
+	{executor.EnvRunnerBin, "", "The pinned Gitea runner."},
+	{executor.EnvRunnerSHA256, "", "Its SHA-256."},
+	{executor.EnvRunnerVersion, "", "The version it must report."},
 }
