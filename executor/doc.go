@@ -3,7 +3,8 @@
 //
 // The contract is Config, the one definition of what an environment is given: the pod worker
 // passes it as environment variables (Config.Environ, read back by ParseEnv in `dynrunner
-// executor`), the vm worker's nonce endpoint as the grant a microVM guest redeems.
+// executor`), the vm worker's nonce endpoint as the grant a microVM guest redeems
+// (NewGrant, Grant.Config).
 //
 // The process (`dynrunner executor`, and the guest inside a microVM) waits for the
 // environment's SVID, checks the pinned Gitea runner binary, starts a loopback forwarder that

@@ -21,13 +21,10 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/dynrunner/dynrunner/executor"
-	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/workload"
-	"github.com/dynrunner/dynrunner/vmworker"
 )
 
 // Seed is what the NoCloud seed's meta-data tells the guest.
@@ -103,18 +100,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
-	task, err := assignment.ParseTaskID(fmt.Sprint(grant.TaskID))
+	ec, err := grant.Config()
 	if err != nil {
-		return err
+		return fmt.Errorf("guest: %w", err)
 	}
-	epoch, err := assignment.ParseEpoch(fmt.Sprint(grant.Epoch))
-	if err != nil {
-		return err
-	}
-	facadeID, err := spiffeid.FromString(grant.FacadeSpiffeID)
-	if err != nil {
-		return fmt.Errorf("guest: facade SPIFFE ID: %w", err)
-	}
+	facadeID := ec.FacadeID
 	bundle, err := x509bundle.Parse(facadeID.TrustDomain(), []byte(grant.FacadeCAPEM))
 	if err != nil {
 		return fmt.Errorf("guest: facade CA: %w", err)
@@ -133,23 +123,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log := cfg.Log.With().Int64("task_id", grant.TaskID).Uint64("epoch", grant.Epoch).Logger()
 	log.Info().Str("facade", grant.FacadeURL).Msg("nonce redeemed; running the job")
-	var forge assignment.ForgeURL
-	if grant.ForgeURL != "" {
-		if forge, err = assignment.ParseForgeURL(grant.ForgeURL); err != nil {
-			return fmt.Errorf("guest: grant: %w", err)
-		}
-	}
-	renew := time.Duration(grant.RenewSecs) * time.Second
-	if renew <= 0 {
-		renew = 100 * time.Second
-	}
+	ec.RunnerBin, ec.WorkDir = bin, filepath.Join(cfg.WorkDir, "job")
 	return executor.Run(ctx, executor.RunConfig{
-		Config: executor.Config{
-			FacadeURL: grant.FacadeURL, FacadeID: facadeID, Task: task, Epoch: epoch,
-			RunnerBin: bin, RunnerSHA256: grant.RunnerSHA256, RunnerVersion: grant.RunnerVersion,
-			Labels: grant.Labels, WorkDir: filepath.Join(cfg.WorkDir, "job"), Renew: renew, ForgeURL: forge,
-		},
-		Token: grant.Token, TLS: workload.GuestClientTLSConfig(bundle, facadeID),
+		Config: ec, Token: grant.Token, TLS: workload.GuestClientTLSConfig(bundle, facadeID),
 		Credential: cred, Env: env, Output: cfg.Output, Log: log,
 	})
 }
@@ -176,8 +152,8 @@ func runAs(name string) (*syscall.Credential, []string, error) {
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid), Groups: []uint32{}}, env, nil
 }
 
-func redeem(ctx context.Context, hc *http.Client, seed Seed) (vmworker.Grant, error) {
-	body, _ := json.Marshal(vmworker.RedeemRequest{InstanceID: seed.InstanceID, Nonce: seed.Nonce})
+func redeem(ctx context.Context, hc *http.Client, seed Seed) (executor.Grant, error) {
+	body, _ := json.Marshal(executor.RedeemRequest{InstanceID: seed.InstanceID, Nonce: seed.Nonce})
 	var last error
 	// The bridge may need a moment after boot; the nonce itself redeems once.
 	for attempt := range 30 {
@@ -186,13 +162,13 @@ func redeem(ctx context.Context, hc *http.Client, seed Seed) (vmworker.Grant, er
 			select {
 			case <-ctx.Done():
 				t.Stop()
-				return vmworker.Grant{}, ctx.Err()
+				return executor.Grant{}, ctx.Err()
 			case <-t.C:
 			}
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(seed.Endpoint, "/")+"/v1/redeem", bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(seed.Endpoint, "/")+executor.RedeemPath, bytes.NewReader(body))
 		if err != nil {
-			return vmworker.Grant{}, fmt.Errorf("guest: redeem: %w", err)
+			return executor.Grant{}, fmt.Errorf("guest: redeem: %w", err)
 		}
 		req.Header.Set("Content-Type", "application/json")
 		resp, err := hc.Do(req)
@@ -205,18 +181,18 @@ func redeem(ctx context.Context, hc *http.Client, seed Seed) (vmworker.Grant, er
 		if resp.StatusCode != http.StatusOK {
 			// A refused nonce is final: never retry a 4xx.
 			if resp.StatusCode < 500 {
-				return vmworker.Grant{}, fmt.Errorf("guest: redeem refused (%s): %s", resp.Status, strings.TrimSpace(string(data)))
+				return executor.Grant{}, fmt.Errorf("guest: redeem refused (%s): %s", resp.Status, strings.TrimSpace(string(data)))
 			}
 			last = fmt.Errorf("%s", resp.Status)
 			continue
 		}
-		var g vmworker.Grant
+		var g executor.Grant
 		if err := json.Unmarshal(data, &g); err != nil {
-			return vmworker.Grant{}, fmt.Errorf("guest: redeem answer: %w", err)
+			return executor.Grant{}, fmt.Errorf("guest: redeem answer: %w", err)
 		}
 		return g, nil
 	}
-	return vmworker.Grant{}, fmt.Errorf("guest: nonce endpoint %s unreachable: %w", seed.Endpoint, last)
+	return executor.Grant{}, fmt.Errorf("guest: nonce endpoint %s unreachable: %w", seed.Endpoint, last)
 }
 
 // download fetches the runner binary and keeps it only if its SHA-256 is the granted one.

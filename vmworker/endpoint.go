@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
@@ -27,41 +28,14 @@ type EndpointConfig struct {
 	Listen string
 	// Allowed is the bridge network; requests from anywhere else are refused.
 	Allowed netip.Prefix
-	// What a guest receives with its token.
-	FacadeURL string
-	FacadeID  string
+	// Executor is what every guest receives with its token and its assignment's task, epoch
+	// and forge URL (executor.NewGrant): the facade's guest URL and SPIFFE ID, the pinned
+	// runner (Executor.RunnerBin is served at executor.RunnerPath), labels, renewal interval.
+	Executor executor.Config
 	// FacadeCA returns the facade's CA bundle (PEM) at the time of each redemption, so a
 	// rotated CA reaches new guests.
-	FacadeCA      func() ([]byte, error)
-	RunnerBin     string
-	RunnerSHA256  string
-	RunnerVersion string
-	Labels        []string
-	Renew         time.Duration
-	Log           zerolog.Logger
-}
-
-// Grant is what a redeemed nonce returns to the guest.
-type Grant struct {
-	TaskID         int64    `json:"task_id"`
-	Epoch          uint64   `json:"epoch"`
-	Token          string   `json:"token"`
-	FacadeURL      string   `json:"facade_url"`
-	FacadeSpiffeID string   `json:"facade_spiffe_id"`
-	FacadeCAPEM    string   `json:"facade_ca_pem"`
-	RunnerPath     string   `json:"runner_path"`
-	RunnerSHA256   string   `json:"runner_sha256"`
-	RunnerVersion  string   `json:"runner_version"`
-	Labels         []string `json:"labels"`
-	RenewSecs      int      `json:"renew_secs"`
-	// ForgeURL is the forge's own URL, the server URL the job sees (empty when unknown).
-	ForgeURL string `json:"forge_url,omitempty"`
-}
-
-// RedeemRequest is the body of POST /v1/redeem.
-type RedeemRequest struct {
-	InstanceID string `json:"instance_id"`
-	Nonce      string `json:"nonce"`
+	FacadeCA func() ([]byte, error)
+	Log      zerolog.Logger
 }
 
 // Endpoint serves the nonce endpoint.
@@ -97,8 +71,8 @@ func canonicalUUID(s string) bool {
 // Handler serves POST /v1/redeem, GET /v1/runner and GET /v1/ping.
 func (e *Endpoint) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/redeem", e.redeem)
-	mux.HandleFunc("GET /v1/runner", e.runner)
+	mux.HandleFunc("POST "+executor.RedeemPath, e.redeem)
+	mux.HandleFunc("GET "+executor.RunnerPath, e.runner)
 	mux.HandleFunc("GET /v1/ping", func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "pong\n") })
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ap, err := netip.ParseAddrPort(r.RemoteAddr)
@@ -112,7 +86,7 @@ func (e *Endpoint) Handler() http.Handler {
 }
 
 func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
-	var req RedeemRequest
+	var req executor.RedeemRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil || !canonicalUUID(req.InstanceID) || !nonceRe.MatchString(req.Nonce) {
@@ -122,7 +96,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	// Check the assignment before the nonce is spent, so a failed read costs the guest a retry,
 	// not its job.
 	task, epoch, err := e.nonces.Peek(r.Context(), req.InstanceID, req.Nonce)
-	var forgeURL string
+	var forgeURL assignment.ForgeURL
 	if err == nil {
 		st, gerr := e.log.Get(r.Context(), task)
 		switch {
@@ -134,7 +108,7 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "dynrunner nonce endpoint: the assignment is no longer current", http.StatusGone)
 			return
 		}
-		forgeURL = st.ForgeURL.String()
+		forgeURL = st.ForgeURL
 	}
 	var token string
 	if err == nil {
@@ -162,18 +136,15 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	e.cfg.Log.Info().Int64(logkey.TaskID, int64(task)).Uint64(logkey.Epoch, uint64(epoch)).Str("instance_id", req.InstanceID).Msg("nonce redeemed")
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(Grant{
-		TaskID: int64(task), Epoch: uint64(epoch), Token: token,
-		FacadeURL: e.cfg.FacadeURL, FacadeSpiffeID: e.cfg.FacadeID, FacadeCAPEM: string(ca),
-		RunnerPath: "/v1/runner", RunnerSHA256: e.cfg.RunnerSHA256, RunnerVersion: e.cfg.RunnerVersion,
-		Labels: e.cfg.Labels, RenewSecs: int(e.cfg.Renew.Seconds()), ForgeURL: forgeURL,
-	})
+	c := e.cfg.Executor
+	c.Task, c.Epoch, c.ForgeURL = task, epoch, forgeURL
+	_ = json.NewEncoder(w).Encode(executor.NewGrant(c, token, ca))
 }
 
 // runner serves the pinned Gitea runner binary; it is not secret, and the guest checks its
 // SHA-256 against the grant before running it.
 func (e *Endpoint) runner(w http.ResponseWriter, r *http.Request) {
-	f, err := os.Open(e.cfg.RunnerBin)
+	f, err := os.Open(e.cfg.Executor.RunnerBin)
 	if err != nil {
 		http.Error(w, "dynrunner nonce endpoint: runner binary unavailable", http.StatusServiceUnavailable)
 		return
@@ -184,7 +155,7 @@ func (e *Endpoint) runner(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "dynrunner nonce endpoint: runner binary unavailable", http.StatusServiceUnavailable)
 		return
 	}
-	w.Header().Set("X-Runner-SHA256", e.cfg.RunnerSHA256)
+	w.Header().Set("X-Runner-SHA256", e.cfg.Executor.RunnerSHA256)
 	http.ServeContent(w, r, "gitea-runner", fi.ModTime(), f)
 }
 

@@ -17,7 +17,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
@@ -112,9 +115,11 @@ func endpoint(t *testing.T, r rig) *vmworker.Endpoint {
 		t.Fatal(err)
 	}
 	e, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
-		Listen: "10.213.0.1:7001", Allowed: netip.MustParsePrefix("10.213.0.0/24"),
-		FacadeURL: "https://10.213.0.1:8444", FacadeID: "spiffe://dynrunner.local/dynrunner/facade", FacadeCA: func() ([]byte, error) { return []byte("CA"), nil },
-		RunnerBin: bin, RunnerSHA256: "abc", RunnerVersion: "v1.0.8", Labels: []string{"vm:host"}, Renew: 30 * time.Second,
+		Listen: "10.213.0.1:7001", Allowed: netip.MustParsePrefix("10.213.0.0/24"), FacadeCA: func() ([]byte, error) { return []byte("CA"), nil },
+		Executor: executor.Config{
+			FacadeURL: "https://10.213.0.1:8444", FacadeID: spiffeid.RequireFromString("spiffe://dynrunner.local/dynrunner/facade"),
+			RunnerBin: bin, RunnerSHA256: "abc", RunnerVersion: "v1.0.8", Labels: []string{"vm:host"}, Renew: 30 * time.Second,
+		},
 		Log: zerolog.New(zerolog.NewTestWriter(t)),
 	}, r.nonces, r.log)
 	if err != nil {
@@ -142,10 +147,10 @@ func TestEndpoint(t *testing.T) {
 	h := endpoint(t, r).Handler()
 	guest := "10.213.0.17:40000"
 
-	if w := post(h, "127.0.0.1:5555", vmworker.RedeemRequest{InstanceID: instance, Nonce: nonce}); w.Code != http.StatusForbidden {
+	if w := post(h, "127.0.0.1:5555", executor.RedeemRequest{InstanceID: instance, Nonce: nonce}); w.Code != http.StatusForbidden {
 		t.Fatalf("caller outside the bridge: %d, want 403", w.Code)
 	}
-	for name, req := range map[string]vmworker.RedeemRequest{
+	for name, req := range map[string]executor.RedeemRequest{
 		"bad instance id": {InstanceID: "../../etc", Nonce: nonce},
 		// Only the canonical form a backend gives out, none of the others a UUID parser takes.
 		"upper-case instance id":      {InstanceID: strings.ToUpper(instance), Nonce: nonce},
@@ -158,15 +163,20 @@ func TestEndpoint(t *testing.T) {
 			t.Errorf("%s: %d, want 400", name, w.Code)
 		}
 	}
-	w := post(h, guest, vmworker.RedeemRequest{InstanceID: instance, Nonce: nonce})
+	w := post(h, guest, executor.RedeemRequest{InstanceID: instance, Nonce: nonce})
 	if w.Code != http.StatusOK {
 		t.Fatalf("redeem: %d %s", w.Code, w.Body)
 	}
-	var g vmworker.Grant
+	var g executor.Grant
 	if err := json.Unmarshal(w.Body.Bytes(), &g); err != nil || g.Token != "drc1.tok" || g.TaskID != 7 || g.FacadeURL == "" {
 		t.Fatalf("grant = %+v, %v", g, err)
 	}
-	if w := post(h, guest, vmworker.RedeemRequest{InstanceID: instance, Nonce: nonce}); w.Code != http.StatusGone {
+	require.Equal(t, executor.Grant{
+		TaskID: 7, Epoch: uint64(st.Epoch()), Token: "drc1.tok",
+		FacadeURL: "https://10.213.0.1:8444", FacadeSpiffeID: "spiffe://dynrunner.local/dynrunner/facade", FacadeCAPEM: "CA",
+		RunnerPath: "/v1/runner", RunnerSHA256: "abc", RunnerVersion: "v1.0.8", Labels: []string{"vm:host"}, RenewSecs: 30,
+	}, g)
+	if w := post(h, guest, executor.RedeemRequest{InstanceID: instance, Nonce: nonce}); w.Code != http.StatusGone {
 		t.Fatalf("reused nonce: %d, want 410", w.Code)
 	}
 	req := httptest.NewRequest(http.MethodGet, "/v1/runner", nil)

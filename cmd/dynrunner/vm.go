@@ -56,10 +56,12 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		return err
 	}
 	ep, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
-		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.GuestNet,
-		FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID.String(), FacadeCA: facadeCA,
-		RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
-		Labels: executor.Labels(assignment.BackendVM), Renew: cfg.Lease / 3, Log: vlog,
+		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.GuestNet, FacadeCA: facadeCA, Log: vlog,
+		Executor: executor.Config{
+			FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID,
+			RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
+			Labels: executor.Labels(assignment.BackendVM), Renew: cfg.Lease / 3,
+		},
 	}, nonces, evlog)
 	if err != nil {
 		return err
