@@ -22,10 +22,51 @@ func EnvName(flagName string) string {
 	return EnvPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
 
+// The variables a worker sets for each launch: the instance and its nonce endpoint (EnvName of
+// --instance-id, --nonce and --endpoint). The others are the same for every launch
+// (Config.Environ).
+const (
+	EnvInstanceID = EnvPrefix + "INSTANCE_ID"
+	EnvNonce      = EnvPrefix + "NONCE"
+	EnvEndpoint   = EnvPrefix + "ENDPOINT"
+)
+
 type flagDef struct {
 	name, usage string
 	def         func(Config) string
 	set         func(*Config, string) error
+	// enc encodes the value for Environ when def does not (it shows defaults only).
+	enc func(Config) string
+}
+
+// Environ encodes c as the DYNRUNNER_LAUNCH_* environment ParseFlags reads back: one variable
+// per flag whose value in c is not empty. Unset instance, nonce and endpoint are left out, so
+// a worker can add each launch's own to the settings of all launches.
+func (c Config) Environ() map[string]string {
+	env := map[string]string{}
+	for _, d := range flagDefs {
+		enc := d.enc
+		if enc == nil {
+			enc = d.def
+		}
+		if v := enc(c); v != "" {
+			env[EnvName(d.name)] = v
+		}
+	}
+	return env
+}
+
+// shortDuration writes d as time.ParseDuration takes it, without the zero minutes and
+// seconds of Duration.String: 6h, 90m as 1h30m.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 func intFlag(name, usage string, field func(*Config) *int) flagDef {
@@ -54,13 +95,21 @@ func stringFlag(name, usage string, field func(*Config) *string) flagDef {
 var flagDefs = []flagDef{
 	{name: "instance-id", usage: "instance id: a UUID in canonical lowercase form (required)",
 		def: func(Config) string { return "" },
-		set: func(c *Config, s string) (err error) { c.InstanceID, err = ParseInstanceID(s); return err }},
+		set: func(c *Config, s string) (err error) { c.InstanceID, err = ParseInstanceID(s); return err },
+		enc: func(c Config) string {
+			if c.InstanceID.IsZero() {
+				return ""
+			}
+			return c.InstanceID.String()
+		}},
 	{name: "nonce", usage: "single-use nonce for the nonce endpoint, [A-Za-z0-9_-]{16,128} (required; prefer the environment variable)",
 		def: func(Config) string { return "" },
-		set: func(c *Config, s string) (err error) { c.Nonce, err = ParseNonce(s); return err }},
+		set: func(c *Config, s string) (err error) { c.Nonce, err = ParseNonce(s); return err },
+		enc: func(c Config) string { return c.Nonce.Reveal() }},
 	{name: "endpoint", usage: "nonce endpoint URL, http://<ip>:<port> on the bridge network (required)",
 		def: func(Config) string { return "" },
-		set: func(c *Config, s string) (err error) { c.Endpoint, err = ParseEndpoint(s); return err }},
+		set: func(c *Config, s string) (err error) { c.Endpoint, err = ParseEndpoint(s); return err },
+		enc: func(c Config) string { return c.Endpoint.String() }},
 	stringFlag("image", "base image, qcow2 or raw: absolute path of a regular file (required)", func(c *Config) *string { return &c.Image }),
 	stringFlag("kernel", "kernel for direct kernel boot (optional)", func(c *Config) *string { return &c.Kernel }),
 	stringFlag("initramfs", "initramfs for direct kernel boot (optional, needs --kernel)", func(c *Config) *string { return &c.Initramfs }),
@@ -79,6 +128,12 @@ var flagDefs = []flagDef{
 			}
 			c.BridgeCIDR = p
 			return nil
+		},
+		enc: func(c Config) string {
+			if !c.BridgeCIDR.IsValid() {
+				return ""
+			}
+			return c.BridgeCIDR.String()
 		}},
 	{name: "dns", usage: "comma-separated IPv4 name servers the guest resolves with (network-config nameservers; optional)",
 		def: func(c Config) string { return JoinAddrs(c.DNS) },
@@ -106,6 +161,12 @@ var flagDefs = []flagDef{
 			}
 			c.Deadline = d
 			return nil
+		},
+		enc: func(c Config) string {
+			if c.Deadline == 0 {
+				return ""
+			}
+			return shortDuration(c.Deadline)
 		}},
 	stringFlag("root", "parent of the instance directories (on ext4 or xfs: O_DIRECT is required)", func(c *Config) *string { return &c.Root }),
 	stringFlag("console-log", "copy the guest's serial console log here at cleanup (optional)", func(c *Config) *string { return &c.ConsoleLog }),

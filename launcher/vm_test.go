@@ -160,18 +160,9 @@ func (e *vmEnv) config(t testing.TB, mode string) Config {
 
 // env renders c as the DYNRUNNER_LAUNCH_* environment of a launcher process.
 func (c Config) env() []string {
-	kv := map[string]string{
-		"instance-id": c.InstanceID.String(), "nonce": c.Nonce.Reveal(), "endpoint": c.Endpoint.String(),
-		"image": c.Image, "kernel": c.Kernel, "initramfs": c.Initramfs, "cmdline": c.Cmdline,
-		"cpus": fmt.Sprint(c.CPUs), "memory-mib": fmt.Sprint(c.MemoryMiB), "disk-gib": fmt.Sprint(c.DiskGiB),
-		"bridge": c.Bridge, "bridge-cidr": c.BridgeCIDR.String(), "hypervisor": c.Hypervisor,
-		"deadline": c.Deadline.String(), "root": c.Root, "console-log": c.ConsoleLog,
-	}
 	env := []string{childEnvVar + "=1", "PATH=" + os.Getenv("PATH")}
-	for k, v := range kv {
-		if v != "" {
-			env = append(env, EnvName(k)+"="+v)
-		}
+	for k, v := range c.Environ() {
+		env = append(env, k+"="+v)
 	}
 	return env
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -34,7 +35,7 @@ var (
 
 // NewBackend returns a VM backend running launchers through procs. endpoint is the nonce
 // endpoint's URL as guests reach it; launch holds the static DYNRUNNER_LAUNCH_* settings
-// (image, kernel, hypervisor, bridge, resources).
+// (image, kernel, hypervisor, bridge, resources: launcher.Config.Environ).
 func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[string]string) *Backend {
 	return &Backend{procs: procs, nonces: nonces, endpoint: endpoint, launch: maps.Clone(launch)}
 }
@@ -64,9 +65,9 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 		env = map[string]string{}
 	}
 	maps.Copy(env, b.launch)
-	env["DYNRUNNER_LAUNCH_INSTANCE_ID"] = instance
-	env["DYNRUNNER_LAUNCH_NONCE"] = nonce
-	env["DYNRUNNER_LAUNCH_ENDPOINT"] = b.endpoint
+	env[launcher.EnvInstanceID] = instance
+	env[launcher.EnvNonce] = nonce
+	env[launcher.EnvEndpoint] = b.endpoint
 	// Nothing secret is written to the launcher's directory: the nonce is useless without
 	// the bridge, and redeems once.
 	return b.procs.Start(ctx, podworker.Spec{Task: spec.Task, Epoch: spec.Epoch, Env: env, Files: map[string][]byte{}})

@@ -109,23 +109,19 @@ func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonc
 	if err != nil {
 		return nil, err
 	}
-	launch := map[string]string{
-		"DYNRUNNER_LAUNCH_IMAGE":       cfg.VM.Image,
-		"DYNRUNNER_LAUNCH_KERNEL":      cfg.VM.Kernel,
-		"DYNRUNNER_LAUNCH_INITRAMFS":   cfg.VM.Initramfs,
-		"DYNRUNNER_LAUNCH_CMDLINE":     cfg.VM.Cmdline,
-		"DYNRUNNER_LAUNCH_FIRMWARE":    cfg.VM.Firmware,
-		"DYNRUNNER_LAUNCH_HYPERVISOR":  cfg.VM.Hypervisor,
-		"DYNRUNNER_LAUNCH_CPUS":        fmt.Sprint(cfg.VM.CPUs),
-		"DYNRUNNER_LAUNCH_MEMORY_MIB":  fmt.Sprint(cfg.VM.MemoryMiB),
-		"DYNRUNNER_LAUNCH_DISK_GIB":    fmt.Sprint(cfg.VM.DiskGiB),
-		"DYNRUNNER_LAUNCH_BRIDGE":      cfg.VM.Bridge,
-		"DYNRUNNER_LAUNCH_BRIDGE_CIDR": cfg.VM.BridgeCIDR.String(),
-		"DYNRUNNER_LAUNCH_DNS":         launcher.JoinAddrs(cfg.VM.DNS),
-		"DYNRUNNER_LAUNCH_ROOT":        cfg.VM.LauncherRoot,
-		"DYNRUNNER_LAUNCH_DEADLINE":    "6h",
-	}
-	return vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launch), nil
+	return vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launchEnv(cfg)), nil
+}
+
+// launchEnv is the launcher settings of every microVM, as the DYNRUNNER_LAUNCH_* environment
+// of its launcher; the vm worker adds each one's instance, nonce and endpoint.
+func launchEnv(cfg config.Controller) map[string]string {
+	return launcher.Config{
+		Image: cfg.VM.Image, Kernel: cfg.VM.Kernel, Initramfs: cfg.VM.Initramfs, Cmdline: cfg.VM.Cmdline,
+		Firmware: cfg.VM.Firmware, Hypervisor: cfg.VM.Hypervisor,
+		CPUs: cfg.VM.CPUs, MemoryMiB: cfg.VM.MemoryMiB, DiskGiB: cfg.VM.DiskGiB,
+		Bridge: cfg.VM.Bridge, BridgeCIDR: cfg.VM.BridgeCIDR, DNS: cfg.VM.DNS,
+		Root: cfg.VM.LauncherRoot, Deadline: launcher.DefaultDeadline,
+	}.Environ()
 }
 
 // vmFirewall is what the guests on the bridge may reach: on the host, the nonce endpoint and
