@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"strconv"
 	"strings"
@@ -35,6 +36,9 @@ const (
 
 // DefaultRenew is the lease renewal interval when the environment names none.
 const DefaultRenew = 100 * time.Second
+
+// maxRenewSecs is the longest renewal interval a time.Duration holds.
+const maxRenewSecs = math.MaxInt64 / int64(time.Second)
 
 // DefaultLogFormat is the executor's log format when the environment names none.
 const DefaultLogFormat = "json"
@@ -187,8 +191,11 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 	}
 	if v := getenv(EnvRenewSecs); v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
+		switch {
+		case err != nil || n < 1:
 			refuse(EnvRenewSecs, fmt.Errorf("%q: want a positive integer", v))
+		case int64(n) > maxRenewSecs:
+			refuse(EnvRenewSecs, fmt.Errorf("%q: want at most %d seconds", v, maxRenewSecs))
 		}
 		c.Renew = time.Duration(n) * time.Second
 	}

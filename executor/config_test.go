@@ -116,6 +116,7 @@ func TestParseEnvRefuses(t *testing.T) {
 		{"renew zero", map[string]string{EnvRenewSecs: "0"}, []string{EnvRenewSecs}, false},
 		{"renew negative", map[string]string{EnvRenewSecs: "-100"}, []string{EnvRenewSecs}, false},
 		{"renew a duration", map[string]string{EnvRenewSecs: "100s"}, []string{EnvRenewSecs}, false},
+		{"renew beyond a duration", map[string]string{EnvRenewSecs: "9223372037"}, []string{EnvRenewSecs}, false},
 		{"forge url not http", map[string]string{EnvForgeURL: "ftp://gitea.example.com"}, []string{EnvForgeURL}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,4 +146,33 @@ func TestLabels(t *testing.T) {
 	a := Labels(assignment.BackendPod)
 	a[0] = "x"
 	assert.Equal(t, "self-hosted:host", Labels(assignment.BackendPod)[0])
+}
+
+// FuzzParseEnv: whatever environment the executor starts in, a configuration it accepts
+// names a valid assignment and facade and encodes back to itself.
+func FuzzParseEnv(f *testing.F) {
+	e := full().Environ()
+	f.Add(e[EnvFacadeURL], e[EnvFacadeSpiffeID], e[EnvTaskID], e[EnvEpoch], e[EnvRenewSecs], e[EnvForgeURL], e[EnvLabels])
+	f.Add("https://h:1", "spiffe://td/x", "1", "1", "", "", "")
+	f.Add("http://h", "spiffe://td", "-1", "0", "0", "ftp://x", ",,")
+	f.Add("https://h:1", "spiffe://td/x", "1", "1", "9223372037", "", "")
+	f.Fuzz(func(t *testing.T, facadeURL, facadeID, task, epoch, renew, forge, labels string) {
+		env := full().Environ()
+		maps.Copy(env, map[string]string{
+			EnvFacadeURL: facadeURL, EnvFacadeSpiffeID: facadeID, EnvTaskID: task, EnvEpoch: epoch,
+			EnvRenewSecs: renew, EnvForgeURL: forge, EnvLabels: labels,
+		})
+		c, err := ParseEnv(getenv(env))
+		if err != nil {
+			require.Equal(t, Config{}, c)
+			return
+		}
+		require.Positive(t, int64(c.Task))
+		require.Positive(t, uint64(c.Epoch))
+		require.False(t, c.FacadeID.IsZero())
+		require.GreaterOrEqual(t, c.Renew, time.Second)
+		again, err := ParseEnv(getenv(c.Environ()))
+		require.NoError(t, err)
+		require.Equal(t, c, again)
+	})
 }
