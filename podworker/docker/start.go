@@ -15,6 +15,7 @@ import (
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -119,17 +120,17 @@ func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) 
 func (b *Backend) containerConfig(spec podworker.Spec, secrets string) (*container.Config, *container.HostConfig) {
 	env := make([]string, 0, len(spec.Env)+5)
 	own := map[string]string{
-		"DYNRUNNER_SECRETS_DIR": SecretsDir,
-		"DYNRUNNER_WORK_DIR":    WorkDir,
-		"HOME":                  HomeDir,
-		"TMPDIR":                TmpDir,
+		executor.EnvSecretsDir: SecretsDir,
+		executor.EnvWorkDir:    WorkDir,
+		"HOME":                 HomeDir,
+		"TMPDIR":               TmpDir,
 	}
 	mounts := []mount.Mount{{Type: mount.TypeBind, Source: secrets, Target: SecretsDir, ReadOnly: true}}
 	if b.spiffeSocket != "" {
 		// The agent's directory, not the socket: a socket replaced by a restarted agent stays
 		// reachable.
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: filepath.Dir(b.spiffeSocket), Target: SpiffeSocketDir, ReadOnly: true})
-		own["SPIFFE_ENDPOINT_SOCKET"] = "unix://" + SpiffeSocketDir + "/" + filepath.Base(b.spiffeSocket)
+		own[executor.EnvSpiffeSocket] = "unix://" + SpiffeSocketDir + "/" + filepath.Base(b.spiffeSocket)
 	}
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		if _, mine := own[k]; !mine {

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -53,13 +54,13 @@ func (b *Backend) pod(spec podworker.Spec) *corev1.Pod {
 
 func (b *Backend) container(spec podworker.Spec) corev1.Container {
 	own := map[string]string{
-		"DYNRUNNER_SECRETS_DIR": SecretsDir,
-		"DYNRUNNER_WORK_DIR":    WorkDir,
-		"HOME":                  HomeDir,
-		"TMPDIR":                TmpDir,
+		executor.EnvSecretsDir: SecretsDir,
+		executor.EnvWorkDir:    WorkDir,
+		"HOME":                 HomeDir,
+		"TMPDIR":               TmpDir,
 	}
 	if b.spiffeCSI {
-		own["SPIFFE_ENDPOINT_SOCKET"] = SpiffeEndpointSocket
+		own[executor.EnvSpiffeSocket] = SpiffeEndpointSocket
 	}
 	env := make([]corev1.EnvVar, 0, len(spec.Env)+len(own))
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {

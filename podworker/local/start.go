@@ -15,6 +15,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -236,8 +237,8 @@ func (b *Backend) env(dir string, specEnv map[string]string) []string {
 	}
 	return append(env,
 		"DYNRUNNER_ENV_DIR="+dir,
-		"DYNRUNNER_SECRETS_DIR="+filepath.Join(dir, secretsDir),
-		"DYNRUNNER_WORK_DIR="+filepath.Join(dir, workDir),
+		executor.EnvSecretsDir+"="+filepath.Join(dir, secretsDir),
+		executor.EnvWorkDir+"="+filepath.Join(dir, workDir),
 		"HOME="+filepath.Join(dir, homeDir),
 		"TMPDIR="+filepath.Join(dir, tmpDir),
 	)
