@@ -74,7 +74,7 @@ func ownEnvRemoved(env []string) []string {
 		switch {
 		case k == "DYNRUNNER_ENV_DIR":
 		case strings.HasPrefix(k, "DYNRUNNER_"), strings.HasPrefix(k, "GITEA_RUNNER_"),
-			k == "SPIFFE_ENDPOINT_SOCKET", k == "LOG_FORMAT":
+			k == EnvSpiffeSocket, k == EnvLogFormat:
 			continue
 		}
 		out = append(out, kv)
