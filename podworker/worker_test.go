@@ -305,7 +305,10 @@ func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
 	if err := json.Unmarshal(got.Handle, &h); err != nil || h.ID != id || got.TokenID == "" {
 		t.Fatalf("started record: handle %s token %q", got.Handle, got.TokenID)
 	}
-	// The environment dies before the job completed: the assignment fails with a reason.
+	// The environment dies before the job completed: the assignment fails with a reason. The
+	// worker must be waiting on it first: the memory backend forgets an environment that exits
+	// unwatched, where a real one keeps its exit code.
+	eventually(t, "the worker waits on the environment", func() bool { return mem.watchers(id) == 1 })
 	mem.exit(id, 2)
 	eventually(t, "failed", func() bool { return r.phase(1).Phase == assignment.Failed })
 	if reason := r.phase(1).Reason; !strings.Contains(reason, "exit code 2") {
