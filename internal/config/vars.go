@@ -21,7 +21,7 @@ type Var struct {
 
 // Controller variables.
 var ControllerVars = []Var{
-	{"COMPONENTS", "all", "Comma-separated components to run: scheduler, facade, pod-worker, vm-worker. all = scheduler, facade and pod-worker, plus vm-worker when VM_IMAGE is set."},
+	{"COMPONENTS", "all", "Comma-separated components to run: scheduler, facade, pod-worker, vm-worker. all = scheduler, facade and pod-worker, plus vm-worker when VM_IMAGE is set or VM_BACKEND=opensandbox."},
 	{"TIERS", "pod (+ vm with the vm worker)", "Isolation tiers the scheduler routes to. Set pod,vm on a scheduler whose vm worker runs in another process; a job asking for a tier not listed is failed with a clear message."},
 	{"STATE_DIR", "$HOME/.local/state/dynrunner", "State directory: embedded JetStream store, generated keys, development CA, local environments. Mode 0700; 0711 when local environments run under uids of their own."},
 	{"LOG_FORMAT", "json", "json, or console for humans."},
