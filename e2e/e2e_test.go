@@ -354,3 +354,47 @@ func runningLog(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha string)
 	}
 	return log
 }
+
+// TestSilentStepOutlivesTheLease runs a job whose one step prints nothing for longer than the
+// lease: the environment renews the lease by its timer, not by log traffic, so the job
+// succeeds, and the audit stream shows the renewals that kept it alive.
+func TestSilentStepOutlivesTheLease(t *testing.T) {
+	tools := needTools(t)
+	f := startForge(t, tools)
+	ctx := t.Context()
+	repo, err := f.CreateRepo(ctx, "silent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv)
+	c.start()
+	began := time.Now()
+	res := runWorkflow(t, f, repo, `name: silent
+on: [push]
+jobs:
+  silent:
+    runs-on: [self-hosted, pod]
+    steps:
+      - run: sleep 100
+      - run: echo "after the silence"
+`, 6*time.Minute)
+	job, ok := res["silent"]
+	if !ok {
+		t.Fatalf("no job %q in the run: %v", "silent", keys(res))
+	}
+	if job.conclusion != "success" || !strings.Contains(job.log, "after the silence") {
+		t.Fatalf("job concluded %q after %s, want success past a silence longer than LEASE_SECS=90:\n%s",
+			job.conclusion, time.Since(began).Round(time.Second), tail(job.log, 30))
+	}
+	cmd := exec.Command(dynrunnerBin(t), "events", "--json", "--follow=false")
+	cmd.Env = c.env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("dynrunner events: %v\n%s", err, out)
+	}
+	// Every LEASE_SECS/3 = 30 s: at least three renewals during the 100 s of silence.
+	if n := strings.Count(string(out), `"transition":"renewed"`); n < 3 {
+		t.Fatalf("%d renewed transitions in the audit stream, want at least 3 during 100 s of silence:\n%s", n, tail(string(out), 20))
+	}
+	t.Logf("the job ran %s; %d renewals", time.Since(began).Round(time.Second), strings.Count(string(out), `"transition":"renewed"`))
+}
