@@ -12,18 +12,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/config"
-	"github.com/dynrunner/dynrunner/internal/eventlog"
-	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
-	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/local"
@@ -36,17 +30,15 @@ const nonceTTL = time.Hour
 
 // startVMWorker starts the nonce endpoint and the vm worker, whose environments are
 // `dynrunner launcher` processes.
-func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Controller, log zerolog.Logger, actor string,
-	issuer *captoken.Issuer, box *sealbox.Box, js jetstream.JetStream, evlog *eventlog.Log, view *eventlog.View,
-	facadeSrc workload.Source, ready *[]<-chan struct{},
-) error {
-	vlog := log.With().Str("component", "vm-worker").Logger()
-	nonces, err := vmworker.OpenNonces(ctx, js, box, cfg.NATSReplicas, nonceTTL)
+func startVMWorker(ctx context.Context, p *plane) error {
+	cfg := p.cfg
+	vlog := p.log.With().Str("component", "vm-worker").Logger()
+	nonces, err := vmworker.OpenNonces(ctx, p.js, p.box, cfg.NATSReplicas, nonceTTL)
 	if err != nil {
 		return err
 	}
 	facadeCA := func() ([]byte, error) {
-		bundle, err := facadeSrc.GetX509BundleForTrustDomain(cfg.TrustDomain)
+		bundle, err := p.facadeSrc.GetX509BundleForTrustDomain(cfg.TrustDomain)
 		if err != nil {
 			return nil, fmt.Errorf("vm worker: facade CA: %w", err)
 		}
@@ -62,11 +54,11 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 			RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
 			Labels: executor.Labels(assignment.BackendVM), Renew: cfg.Lease / 3,
 		},
-	}, nonces, evlog)
+	}, nonces, p.evlog)
 	if err != nil {
 		return err
 	}
-	g.Go(func() error { return ep.Run(gctx) })
+	p.g.Go(func() error { return ep.Run(p.gctx) })
 	vlog.Info().Str("listen", cfg.VM.NonceListen).Str("guests", cfg.VM.GuestNet.String()).Msg("nonce endpoint serving microVM guests")
 
 	backend, err := vmBackend(cfg, vlog, nonces)
@@ -74,11 +66,11 @@ func startVMWorker(ctx, gctx context.Context, g *errgroup.Group, cfg config.Cont
 		return err
 	}
 	w := podworker.New(podworker.Config{
-		Actor: "vm-worker@" + actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
-		Issuer: issuer, Log: vlog,
-	}, backend, evlog, view)
-	g.Go(func() error { return w.Run(gctx) })
-	*ready = append(*ready, w.Ready())
+		Actor: "vm-worker@" + p.actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
+		Issuer: p.issuer, Log: vlog,
+	}, backend, p.evlog, p.view)
+	p.g.Go(func() error { return w.Run(p.gctx) })
+	p.ready = append(p.ready, w.Ready())
 	return nil
 }
 
