@@ -33,6 +33,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/kube"
 	"github.com/dynrunner/dynrunner/scheduler"
 )
 
@@ -335,7 +336,7 @@ func (p *plane) podTier(ctx context.Context) (podTier, error) {
 		return podTier{}, fmt.Errorf("pod worker: locate the dynrunner binary: %w", err)
 	}
 	plog := p.log.With().Str("component", "pod-worker").Str("backend", p.cfg.PodBackend).Logger()
-	return newPodTier(ctx, p.cfg, exe, plog, p.warns, phaseRecorder(p.evlog, "pod-worker@"+p.actor, time.Now, plog))
+	return newPodTier(ctx, p.cfg, exe, plog, p.warns, kube.RecordPhases(p.evlog, "pod-worker@"+p.actor, time.Now, plog))
 }
 
 // startScheduler starts the scheduler.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/rs/zerolog"
 	"k8s.io/client-go/kubernetes"
@@ -13,8 +12,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dynrunner/dynrunner/internal/config"
-	"github.com/dynrunner/dynrunner/internal/eventlog"
-	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
@@ -200,27 +197,4 @@ func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger,
 	}
 	log.Info().Str("namespace", k.Namespace).Str("image", k.Image).Bool("spiffe_csi", k.SpiffeCSI).Msg("kubernetes pod backend ready")
 	return b, kube.RunnerBin, nil
-}
-
-// phaseRecordTimeout bounds the append of one Pod phase: Wait waits for it.
-const phaseRecordTimeout = 2 * time.Second
-
-// phaseRecorder returns a kube.Config.OnPhase that appends each Pod phase to the event log's
-// environment stream. A failed append is logged and otherwise ignored: the records are an
-// audit trail, never an input to the assignment's state machine.
-func phaseRecorder(evlog *eventlog.Log, actor string, now func() time.Time, log zerolog.Logger) func(context.Context, podworker.Handle, kube.PhaseChange) {
-	return func(ctx context.Context, h podworker.Handle, c kube.PhaseChange) {
-		l := log.With().Str(logkey.Env, h.ID).Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).
-			Str(logkey.PodUID, c.UID).Str(logkey.Phase, c.Phase).Logger()
-		l.Debug().Str("reason", c.Reason).Str("node", c.Node).Msg("pod phase")
-		rctx, cancel := context.WithTimeout(ctx, phaseRecordTimeout)
-		defer cancel()
-		err := evlog.RecordEnvironment(rctx, eventlog.EnvironmentRecord{
-			Task: h.Task, Epoch: h.Epoch, Backend: h.Backend, Env: h.ID, PodUID: c.UID, Phase: c.Phase,
-			Reason: c.Reason, Message: c.Message, Node: c.Node, At: now(), Actor: actor,
-		})
-		if err != nil && ctx.Err() == nil {
-			l.Warn().Err(err).Msg("could not record the pod phase in the event log")
-		}
-	}
 }

@@ -3,9 +3,13 @@ package kube
 import (
 	"cmp"
 	"context"
+	"time"
 
+	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -102,4 +106,34 @@ func statusWords(pod *corev1.Pod) (reason, message string) {
 		}
 	}
 	return "", ""
+}
+
+// phaseRecordTimeout bounds the append of one Pod phase: Wait waits for it.
+const phaseRecordTimeout = 2 * time.Second
+
+// EnvironmentRecorder appends environment records; *eventlog.Log is one.
+type EnvironmentRecorder interface {
+	RecordEnvironment(ctx context.Context, rec eventlog.EnvironmentRecord) error
+}
+
+var _ EnvironmentRecorder = (*eventlog.Log)(nil)
+
+// RecordPhases returns a Config.OnPhase that appends each Pod phase to the event log's
+// environment stream as actor, at now. A failed append is logged and otherwise ignored: the
+// records are an audit trail, never an input to the assignment's state machine.
+func RecordPhases(rec EnvironmentRecorder, actor string, now func() time.Time, log zerolog.Logger) func(context.Context, podworker.Handle, PhaseChange) {
+	return func(ctx context.Context, h podworker.Handle, c PhaseChange) {
+		l := log.With().Str(logkey.Env, h.ID).Int64(logkey.TaskID, int64(h.Task)).Uint64(logkey.Epoch, uint64(h.Epoch)).
+			Str(logkey.PodUID, c.UID).Str(logkey.Phase, c.Phase).Logger()
+		l.Debug().Str("reason", c.Reason).Str("node", c.Node).Msg("pod phase")
+		rctx, cancel := context.WithTimeout(ctx, phaseRecordTimeout)
+		defer cancel()
+		err := rec.RecordEnvironment(rctx, eventlog.EnvironmentRecord{
+			Task: h.Task, Epoch: h.Epoch, Backend: h.Backend, Env: h.ID, PodUID: c.UID, Phase: c.Phase,
+			Reason: c.Reason, Message: c.Message, Node: c.Node, At: now(), Actor: actor,
+		})
+		if err != nil && ctx.Err() == nil {
+			l.Warn().Err(err).Msg("could not record the pod phase in the event log")
+		}
+	}
 }
