@@ -69,14 +69,28 @@ jobs:
           echo "$(. /etc/os-release; echo "$PRETTY_NAME"), node $(node --version), $(git --version)"
 ` + demoCloneStep
 
-// runDemo starts a development Gitea and a controller on embedded defaults, pushes a sample
-// workflow with a [self-hosted, pod] job, and prints its result and log.
-func runDemo(ctx context.Context, args []string) error {
+// demoOptions are the flags of `dynrunner demo`.
+type demoOptions struct {
+	once, keep, vm bool
+}
+
+// parseDemoFlags parses the flags of `dynrunner demo`.
+func parseDemoFlags(args []string) (demoOptions, error) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	once := fs.Bool("once", false, "exit after the sample job instead of running until Ctrl-C")
 	keep := fs.Bool("keep", false, "keep the demo's state directory")
 	vm := fs.Bool("vm", false, "run the sample job in a microVM booted under QEMU (needs root and scripts/vm-deps.sh)")
 	if err := fs.Parse(args); err != nil {
+		return demoOptions{}, err
+	}
+	return demoOptions{once: *once, keep: *keep, vm: *vm}, nil
+}
+
+// runDemo starts a development Gitea and a controller on embedded defaults, pushes a sample
+// workflow with a [self-hosted, pod] job, and prints its result and log.
+func runDemo(ctx context.Context, args []string) error {
+	opts, err := parseDemoFlags(args)
+	if err != nil {
 		return err
 	}
 	out := zerolog.ConsoleWriter{Out: os.Stderr, TimeFormat: time.TimeOnly}
@@ -86,89 +100,32 @@ func runDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w\nbuild them with: go tool task tools", err)
 	}
-	cache := os.Getenv("DYNRUNNER_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "dynrunner")
-	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return err
-	}
-	dir, err := os.MkdirTemp(cache, "demo-")
+	dir, err := demoDir()
 	if err != nil {
 		return err
 	}
-	if !*keep {
+	if !opts.keep {
 		defer os.RemoveAll(dir)
 	}
-	forgeAddr := ""
-	if *vm {
-		// Guests cannot reach the host's loopback: Gitea listens on the microVM bridge, which
-		// the guests' firewall lets them reach (VM_EGRESS=nat).
-		if forgeAddr, err = demoBridge(ctx, dir); err != nil {
-			return err
-		}
-	}
-	log.Info().Str("dir", dir).Msg("starting Gitea " + tools.GiteaVersion)
-	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: filepath.Join(dir, "gitea"), Addr: forgeAddr, Logger: log})
+	forge, err := startDemoForge(ctx, tools, dir, opts.vm, log)
 	if err != nil {
 		return err
 	}
 	defer forge.Close()
-	repo, err := forge.CreateRepo(ctx, "demo")
+	repo, regToken, err := prepareDemoRepo(ctx, forge)
 	if err != nil {
 		return err
 	}
-	if err := forge.SetSecret(ctx, repo, "DEMO_SECRET", "correct-horse-battery-staple"); err != nil {
-		return err
-	}
-	regToken, err := forge.RunnerRegistrationToken(ctx, "")
+	state, temp, err := demoStateDir(dir, log)
 	if err != nil {
 		return err
 	}
-	state := filepath.Join(dir, "controller")
-	if os.Geteuid() == 0 {
-		// As root the local environments run under uids of their own, which must pass through
-		// every directory above STATE_DIR; a home directory (/root) does not let them.
-		if state, err = os.MkdirTemp("", "dynrunner-demo-controller-"); err != nil {
-			return err
-		}
-		if !*keep {
-			defer os.RemoveAll(state)
-		}
-		log.Info().Str("state_dir", state).Msg("controller state outside the demo directory: the jobs' uids must reach it")
+	if temp && !opts.keep {
+		defer os.RemoveAll(state)
 	}
-	regFile := filepath.Join(dir, "registration-token")
-	if err := secretfile.WriteNew(regFile, []byte(regToken)); err != nil {
-		return err
-	}
-	ports, err := freePorts(3)
+	cfg, workflow, err := demoConfig(ctx, dir, state, forge.URL(), regToken, tools, opts.vm)
 	if err != nil {
 		return err
-	}
-	env := map[string]string{
-		"STATE_DIR":                            state,
-		"GITEA_URL":                            forge.URL(),
-		"GITEA_RUNNER_REGISTRATION_TOKEN_FILE": regFile,
-		"GITEA_RUNNER_NAME":                    "dynrunner-demo",
-		"GITEA_RUNNER_BIN":                     tools.RunnerBin,
-		"GITEA_RUNNER_SHA256":                  tools.RunnerSHA256,
-		"GITEA_RUNNER_VERSION":                 tools.RunnerVersion,
-		"HTTP_LISTEN":                          fmt.Sprintf("127.0.0.1:%d", ports[0]),
-		"RUNNER_FACADE_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[1]),
-		"NATS_EMBEDDED_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[2]),
-		"LOG_FORMAT":                           "console",
-	}
-	workflow := demoWorkflow
-	if *vm {
-		if err := demoVMEnv(ctx, dir, env); err != nil {
-			return err
-		}
-		workflow = demoVMWorkflow
-	}
-	cfg, err := config.LoadController(func(k string) string { return env[k] })
-	if err != nil {
-		return fmt.Errorf("demo configuration: %w", err)
 	}
 	clog, err := newLogger(os.Stderr, "console", "info", "controller")
 	if err != nil {
@@ -181,7 +138,121 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := waitReady(ctx, "http://"+cfg.HTTPListen+"/readyz", cerr); err != nil {
 		return err
 	}
+	if err := runDemoWorkflow(ctx, forge, repo, workflow, log); err != nil {
+		return err
+	}
+	if opts.once {
+		stopController()
+		return <-cerr
+	}
+	fmt.Printf("\nGitea: %s (user %s, token in %s)\nController: http://%s/metrics — push more workflows; Ctrl-C stops.\n",
+		forge.URL(), devforge.AdminUser, filepath.Join(dir, "gitea"), cfg.HTTPListen)
+	select {
+	case <-ctx.Done():
+		stopController()
+		return <-cerr
+	case err := <-cerr:
+		return err
+	}
+}
 
+// demoDir creates the demo's directory under DYNRUNNER_CACHE (default ~/.cache/dynrunner).
+func demoDir() (string, error) {
+	cache := os.Getenv("DYNRUNNER_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "dynrunner")
+	}
+	if err := os.MkdirAll(cache, 0o755); err != nil {
+		return "", err
+	}
+	return os.MkdirTemp(cache, "demo-")
+}
+
+// startDemoForge starts the demo's Gitea in dir; with vm it listens on the microVM bridge.
+func startDemoForge(ctx context.Context, tools devforge.Tools, dir string, vm bool, log zerolog.Logger) (*devforge.Forge, error) {
+	forgeAddr := ""
+	if vm {
+		// Guests cannot reach the host's loopback: Gitea listens on the microVM bridge, which
+		// the guests' firewall lets them reach (VM_EGRESS=nat).
+		var err error
+		if forgeAddr, err = demoBridge(ctx, dir); err != nil {
+			return nil, err
+		}
+	}
+	log.Info().Str("dir", dir).Msg("starting Gitea " + tools.GiteaVersion)
+	return devforge.Start(ctx, tools, devforge.Options{Dir: filepath.Join(dir, "gitea"), Addr: forgeAddr, Logger: log})
+}
+
+// prepareDemoRepo creates the demo repository with its secret and returns it with a runner
+// registration token.
+func prepareDemoRepo(ctx context.Context, forge *devforge.Forge) (devforge.Repo, string, error) {
+	repo, err := forge.CreateRepo(ctx, "demo")
+	if err != nil {
+		return repo, "", err
+	}
+	if err := forge.SetSecret(ctx, repo, "DEMO_SECRET", "correct-horse-battery-staple"); err != nil {
+		return repo, "", err
+	}
+	regToken, err := forge.RunnerRegistrationToken(ctx, "")
+	return repo, regToken, err
+}
+
+// demoStateDir is the controller's STATE_DIR: dir/controller, or as root a temporary directory
+// of its own (temp), which the demo removes on its own.
+func demoStateDir(dir string, log zerolog.Logger) (state string, temp bool, err error) {
+	if os.Geteuid() != 0 {
+		return filepath.Join(dir, "controller"), false, nil
+	}
+	// As root the local environments run under uids of their own, which must pass through
+	// every directory above STATE_DIR; a home directory (/root) does not let them.
+	if state, err = os.MkdirTemp("", "dynrunner-demo-controller-"); err != nil {
+		return "", false, err
+	}
+	log.Info().Str("state_dir", state).Msg("controller state outside the demo directory: the jobs' uids must reach it")
+	return state, true, nil
+}
+
+// demoConfig is the demo controller's configuration, on embedded defaults and free loopback
+// ports, and the sample workflow it runs; with vm, the vm worker's too.
+func demoConfig(ctx context.Context, dir, state, forgeURL, regToken string, tools devforge.Tools, vm bool) (config.Controller, string, error) {
+	regFile := filepath.Join(dir, "registration-token")
+	if err := secretfile.WriteNew(regFile, []byte(regToken)); err != nil {
+		return config.Controller{}, "", err
+	}
+	ports, err := freePorts(3)
+	if err != nil {
+		return config.Controller{}, "", err
+	}
+	env := map[string]string{
+		"STATE_DIR":                            state,
+		"GITEA_URL":                            forgeURL,
+		"GITEA_RUNNER_REGISTRATION_TOKEN_FILE": regFile,
+		"GITEA_RUNNER_NAME":                    "dynrunner-demo",
+		"GITEA_RUNNER_BIN":                     tools.RunnerBin,
+		"GITEA_RUNNER_SHA256":                  tools.RunnerSHA256,
+		"GITEA_RUNNER_VERSION":                 tools.RunnerVersion,
+		"HTTP_LISTEN":                          fmt.Sprintf("127.0.0.1:%d", ports[0]),
+		"RUNNER_FACADE_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[1]),
+		"NATS_EMBEDDED_LISTEN":                 fmt.Sprintf("127.0.0.1:%d", ports[2]),
+		"LOG_FORMAT":                           "console",
+	}
+	workflow := demoWorkflow
+	if vm {
+		if err := demoVMEnv(ctx, dir, env); err != nil {
+			return config.Controller{}, "", err
+		}
+		workflow = demoVMWorkflow
+	}
+	cfg, err := config.LoadController(func(k string) string { return env[k] })
+	if err != nil {
+		return cfg, "", fmt.Errorf("demo configuration: %w", err)
+	}
+	return cfg, workflow, nil
+}
+
+// runDemoWorkflow pushes workflow, waits for its run and prints its jobs' logs and conclusion.
+func runDemoWorkflow(ctx context.Context, forge *devforge.Forge, repo devforge.Repo, workflow string, log zerolog.Logger) error {
 	sha, err := forge.PushWorkflow(ctx, repo, ".gitea/workflows/demo.yml", workflow)
 	if err != nil {
 		return err
@@ -206,19 +277,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if !run.Succeeded() {
 		return fmt.Errorf("demo: the sample run concluded %s", run.Conclusion)
 	}
-	if *once {
-		stopController()
-		return <-cerr
-	}
-	fmt.Printf("\nGitea: %s (user %s, token in %s)\nController: http://%s/metrics — push more workflows; Ctrl-C stops.\n",
-		forge.URL(), devforge.AdminUser, filepath.Join(dir, "gitea"), cfg.HTTPListen)
-	select {
-	case <-ctx.Done():
-		stopController()
-		return <-cerr
-	case err := <-cerr:
-		return err
-	}
+	return nil
 }
 
 func freePorts(n int) ([]int, error) {
