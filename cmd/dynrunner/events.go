@@ -21,18 +21,72 @@ import (
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
 
-// runEvents follows the audit streams: every assignment transition and, unless
-// --environments=false, every recorded environment phase, human-readable or as JSON.
-// Records hold no secrets (the sealed task lives in a separate bucket), so nothing is masked.
-func runEvents(ctx context.Context, args []string, out io.Writer) error {
+// eventsOptions are the flags of `dynrunner events`.
+type eventsOptions struct {
+	asJSON, follow, envs bool
+	task                 int64
+}
+
+// parseEventsFlags parses the flags of `dynrunner events`.
+func parseEventsFlags(args []string) (eventsOptions, error) {
 	fs := flag.NewFlagSet("events", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print each transition as one JSON object per line")
 	task := fs.Int64("task", 0, "only this task id")
 	follow := fs.Bool("follow", true, "keep following new transitions (false: print the history and exit)")
 	envs := fs.Bool("environments", true, "also print the environments' records (Pod phases) from "+eventlog.StreamEnvironments)
 	if err := fs.Parse(args); err != nil {
+		return eventsOptions{}, err
+	}
+	return eventsOptions{asJSON: *asJSON, follow: *follow, envs: *envs, task: *task}, nil
+}
+
+// runEvents follows the audit streams: every assignment transition and, unless
+// --environments=false, every recorded environment phase, human-readable or as JSON.
+// Records hold no secrets (the sealed task lives in a separate bucket), so nothing is masked.
+func runEvents(ctx context.Context, args []string, out io.Writer) error {
+	opts, err := parseEventsFlags(args)
+	if err != nil {
 		return err
 	}
+	cfg, err := eventsNATSConfig()
+	if err != nil {
+		return err
+	}
+	nc, err := natsconn.Connect(cfg)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc.NC)
+	if err != nil {
+		return err
+	}
+	c, ec, err := eventsConsumers(ctx, js, opts)
+	if err != nil {
+		return err
+	}
+	p := &eventsPrinter{out: out, asJSON: opts.asJSON}
+	if !opts.follow {
+		// The history: the assignments' records, then the environments'.
+		tail(ctx, c, false, p.assignment)
+		if ec != nil {
+			tail(ctx, ec, false, p.environment)
+		}
+		return nil
+	}
+	var wg sync.WaitGroup
+	if ec != nil {
+		wg.Go(func() { tail(ctx, ec, true, p.environment) })
+	}
+	tail(ctx, c, true, p.assignment)
+	wg.Wait()
+	return nil
+}
+
+// eventsNATSConfig is the NATS connection of `dynrunner events`: NATS_URL, NATS_USER and
+// NATS_PASSWORD_FILE, or without NATS_URL the embedded server of a controller on embedded
+// defaults.
+func eventsNATSConfig() (natsconn.Config, error) {
 	cfg := natsconn.Config{URL: os.Getenv("NATS_URL"), User: os.Getenv("NATS_USER"), Name: "dynrunner events"}
 	if cfg.URL == "" {
 		// A controller on embedded defaults: its NATS listens on loopback with a generated
@@ -48,104 +102,99 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 		}
 		pw, err := secretfile.Read(filepath.Join(state, embeddedPasswordFile))
 		if err != nil {
-			return fmt.Errorf("no NATS_URL, and no embedded NATS password in STATE_DIR=%s (is a controller running there?): %w", state, err)
+			return cfg, fmt.Errorf("no NATS_URL, and no embedded NATS password in STATE_DIR=%s (is a controller running there?): %w", state, err)
 		}
 		cfg.URL, cfg.User, cfg.Password = "nats://"+listen, embeddedUser, string(pw)
 	} else if f := os.Getenv("NATS_PASSWORD_FILE"); f != "" {
 		pw, err := secretfile.Read(f)
 		if err != nil {
-			return fmt.Errorf("NATS_PASSWORD_FILE: %w", err)
+			return cfg, fmt.Errorf("NATS_PASSWORD_FILE: %w", err)
 		}
 		cfg.Password = string(pw)
 	}
-	nc, err := natsconn.Connect(cfg)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc.NC)
-	if err != nil {
-		return err
-	}
+	return cfg, nil
+}
+
+// eventsConsumers opens ordered consumers on the assignments' stream and, with
+// --environments, the environments' (nil when that stream does not exist), filtered to
+// --task when given.
+func eventsConsumers(ctx context.Context, js jetstream.JetStream, opts eventsOptions) (c, ec jetstream.Consumer, err error) {
 	filter, envFilter := eventlog.AllRecords, eventlog.SubjectEnvironment+"*"
-	if *task > 0 {
-		filter, envFilter = eventlog.Subject(assignment.TaskID(*task)), eventlog.EnvironmentSubject(assignment.TaskID(*task))
+	if opts.task > 0 {
+		filter, envFilter = eventlog.Subject(assignment.TaskID(opts.task)), eventlog.EnvironmentSubject(assignment.TaskID(opts.task))
 	}
-	c, err := js.OrderedConsumer(ctx, eventlog.StreamAssignments, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
+	c, err = js.OrderedConsumer(ctx, eventlog.StreamAssignments, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}})
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("no %s stream: has a controller run against this NATS/STATE_DIR?", eventlog.StreamAssignments)
+		return nil, nil, fmt.Errorf("no %s stream: has a controller run against this NATS/STATE_DIR?", eventlog.StreamAssignments)
 	}
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	var ec jetstream.Consumer
-	if *envs {
-		ec, err = js.OrderedConsumer(ctx, eventlog.StreamEnvironments, jetstream.OrderedConsumerConfig{FilterSubjects: []string{envFilter}})
-		switch {
-		case errors.Is(err, jetstream.ErrStreamNotFound):
-			ec = nil // a controller of a release without environment records
-		case err != nil:
-			return err
-		}
+	if !opts.envs {
+		return c, nil, nil
 	}
-	var mu sync.Mutex // the two streams' lines, when following both
-	emit := func(line string) {
-		mu.Lock()
-		defer mu.Unlock()
-		fmt.Fprintln(out, line)
+	ec, err = js.OrderedConsumer(ctx, eventlog.StreamEnvironments, jetstream.OrderedConsumerConfig{FilterSubjects: []string{envFilter}})
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return c, nil, nil // a controller of a release without environment records
+	case err != nil:
+		return nil, nil, err
 	}
-	printAssignment := func(msg jetstream.Msg) {
-		md, _ := msg.Metadata()
-		var rec assignment.Record
-		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
-			emit(fmt.Sprintf("undecodable record on %s: %v", msg.Subject(), err))
-			return
-		}
-		st := assignment.State{Record: rec, Seq: md.Sequence.Stream}
-		if *asJSON {
-			line, _ := json.Marshal(struct {
-				Seq   uint64           `json:"seq"`
-				Epoch assignment.Epoch `json:"epoch"`
-				assignment.Record
-			}{st.Seq, st.Epoch(), rec})
-			emit(string(line))
-			return
-		}
-		emit(formatEvent(st))
+	return c, ec, nil
+}
+
+// eventsPrinter prints the records of both streams, one line each, as text or JSON.
+type eventsPrinter struct {
+	mu     sync.Mutex // the two streams' lines, when following both
+	out    io.Writer
+	asJSON bool
+}
+
+func (p *eventsPrinter) emit(line string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fmt.Fprintln(p.out, line)
+}
+
+// assignment prints a record of the assignments' stream.
+func (p *eventsPrinter) assignment(msg jetstream.Msg) {
+	md, _ := msg.Metadata()
+	var rec assignment.Record
+	if err := json.Unmarshal(msg.Data(), &rec); err != nil {
+		p.emit(fmt.Sprintf("undecodable record on %s: %v", msg.Subject(), err))
+		return
 	}
-	printEnvironment := func(msg jetstream.Msg) {
-		md, _ := msg.Metadata()
-		var rec eventlog.EnvironmentRecord
-		if err := json.Unmarshal(msg.Data(), &rec); err != nil {
-			emit(fmt.Sprintf("undecodable record on %s: %v", msg.Subject(), err))
-			return
-		}
-		if *asJSON {
-			line, _ := json.Marshal(struct {
-				Kind string `json:"kind"`
-				Seq  uint64 `json:"seq"`
-				eventlog.EnvironmentRecord
-			}{"environment", md.Sequence.Stream, rec})
-			emit(string(line))
-			return
-		}
-		emit(formatEnvironment(rec))
+	st := assignment.State{Record: rec, Seq: md.Sequence.Stream}
+	if p.asJSON {
+		line, _ := json.Marshal(struct {
+			Seq   uint64           `json:"seq"`
+			Epoch assignment.Epoch `json:"epoch"`
+			assignment.Record
+		}{st.Seq, st.Epoch(), rec})
+		p.emit(string(line))
+		return
 	}
-	if !*follow {
-		// The history: the assignments' records, then the environments'.
-		tail(ctx, c, false, printAssignment)
-		if ec != nil {
-			tail(ctx, ec, false, printEnvironment)
-		}
-		return nil
+	p.emit(formatEvent(st))
+}
+
+// environment prints a record of the environments' stream.
+func (p *eventsPrinter) environment(msg jetstream.Msg) {
+	md, _ := msg.Metadata()
+	var rec eventlog.EnvironmentRecord
+	if err := json.Unmarshal(msg.Data(), &rec); err != nil {
+		p.emit(fmt.Sprintf("undecodable record on %s: %v", msg.Subject(), err))
+		return
 	}
-	var wg sync.WaitGroup
-	if ec != nil {
-		wg.Go(func() { tail(ctx, ec, true, printEnvironment) })
+	if p.asJSON {
+		line, _ := json.Marshal(struct {
+			Kind string `json:"kind"`
+			Seq  uint64 `json:"seq"`
+			eventlog.EnvironmentRecord
+		}{"environment", md.Sequence.Stream, rec})
+		p.emit(string(line))
+		return
 	}
-	tail(ctx, c, true, printAssignment)
-	wg.Wait()
-	return nil
+	p.emit(formatEnvironment(rec))
 }
 
 // tail hands every message of c to handle until ctx ends or, without follow, until no message

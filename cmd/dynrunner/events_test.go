@@ -16,22 +16,23 @@ import (
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 )
 
-// TestEventsShowsEnvironments runs `dynrunner events` against a NATS server holding one
-// assignment's claim and two Pod phases of its environment.
-func TestEventsShowsEnvironments(t *testing.T) {
+// eventsFixture starts a NATS server holding one assignment's claim (task 12) and two Pod
+// phases of its environment, and points `dynrunner events` at it through the environment.
+func eventsFixture(t *testing.T) {
+	t.Helper()
 	dir := t.TempDir()
 	const user, password = "dynrunner", "events-test-password"
 	srv, err := natsconn.Embed(filepath.Join(dir, "js"), "127.0.0.1:-1", user, password)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.WaitForShutdown()
-	defer srv.Shutdown()
+	t.Cleanup(srv.WaitForShutdown)
+	t.Cleanup(srv.Shutdown)
 	nc, err := natsconn.Connect(natsconn.Config{URL: srv.ClientURL(), User: user, Password: password, Name: t.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc.NC)
 	if err != nil {
 		t.Fatal(err)
@@ -66,6 +67,13 @@ func TestEventsShowsEnvironments(t *testing.T) {
 	t.Setenv("NATS_URL", srv.ClientURL())
 	t.Setenv("NATS_USER", user)
 	t.Setenv("NATS_PASSWORD_FILE", pwFile)
+}
+
+// TestEventsShowsEnvironments runs `dynrunner events` against a NATS server holding one
+// assignment's claim and two Pod phases of its environment.
+func TestEventsShowsEnvironments(t *testing.T) {
+	eventsFixture(t)
+	ctx := t.Context()
 	events := func(t *testing.T, args ...string) []string {
 		t.Helper()
 		var out bytes.Buffer
