@@ -42,27 +42,11 @@ func runIdentity(ctx context.Context, args []string) error {
 		TrustDomain: cfg.TrustDomain, ParentID: cfg.ParentID, Selectors: identity.Selectors(cfg.Selectors),
 		SVIDTTL: cfg.SVIDTTL, Resync: cfg.Resync, Log: log,
 	}
-	if rcfg.Source == identity.SourceDocker {
-		inv, err := docker.NewInventory(cfg.DockerSocket, cfg.DockerScope)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = inv.Close() }()
-		rcfg.Docker = inv
-	} else {
-		var rc *rest.Config
-		if cfg.Kubeconfig != "" {
-			rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-		} else {
-			rc, err = rest.InClusterConfig()
-		}
-		if err != nil {
-			return fmt.Errorf("kubernetes client configuration: %w", err)
-		}
-		if rcfg.Kube, err = kubernetes.NewForConfig(rc); err != nil {
-			return fmt.Errorf("kubernetes client: %w", err)
-		}
+	closeSource, err := registrarSource(cfg, &rcfg)
+	if err != nil {
+		return err
 	}
+	defer closeSource()
 	// The SPIRE server's admin socket is local: a unix socket whose peers the server trusts as
 	// admins (no TLS on it).
 	conn, err := grpc.NewClient("unix://"+cfg.ServerSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -71,6 +55,62 @@ func runIdentity(ctx context.Context, args []string) error {
 	}
 	defer func() { _ = conn.Close() }()
 	rcfg.Entries = entryv1.NewEntryClient(conn)
+	if err := registrarSelectors(cfg, &rcfg); err != nil {
+		return err
+	}
+	reg, err := identity.New(rcfg)
+	if err != nil {
+		return err
+	}
+	mux := registrarMux(reg)
+	hln, err := net.Listen("tcp", cfg.HTTPListen)
+	if err != nil {
+		return fmt.Errorf("HTTP_LISTEN: %w", err)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return reg.Run(gctx) })
+	g.Go(func() error {
+		return serve(gctx, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, hln, false)
+	})
+	log.Info().Str("listen", hln.Addr().String()).Str("spire_server_socket", cfg.ServerSocket).Msg("identity registrar started")
+	err = g.Wait()
+	created, deleted := reg.Stats()
+	log.Info().Int64("entries_created", created).Int64("entries_deleted", deleted).Msg("identity registrar stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// registrarSource gives rcfg where it finds the workloads: the docker engine's containers, or
+// the cluster's Pods (KUBECONFIG, or in-cluster). It returns what closes it at exit.
+func registrarSource(cfg config.Identity, rcfg *identity.Config) (func(), error) {
+	if rcfg.Source == identity.SourceDocker {
+		inv, err := docker.NewInventory(cfg.DockerSocket, cfg.DockerScope)
+		if err != nil {
+			return nil, err
+		}
+		rcfg.Docker = inv
+		return func() { _ = inv.Close() }, nil
+	}
+	var rc *rest.Config
+	var err error
+	if cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
+	}
+	if rcfg.Kube, err = kubernetes.NewForConfig(rc); err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return func() {}, nil
+}
+
+// registrarSelectors gives rcfg the node alias and the facade's entry, when configured.
+func registrarSelectors(cfg config.Identity, rcfg *identity.Config) error {
 	if len(cfg.NodeAliasSelectors) > 0 {
 		sel, err := identity.ParseSelectors(cfg.NodeAliasSelectors)
 		if err != nil {
@@ -78,24 +118,27 @@ func runIdentity(ctx context.Context, args []string) error {
 		}
 		rcfg.NodeAlias = &identity.NodeAlias{Selectors: sel}
 	}
-	if len(cfg.FacadeSelectors) > 0 {
-		sel, err := identity.ParseSelectors(cfg.FacadeSelectors)
-		if err != nil {
-			return fmt.Errorf("IDENTITY_FACADE_SELECTORS: %w", err)
-		}
-		rcfg.FacadeSelectors, rcfg.FacadeID = sel, cfg.FacadeID
-		if len(cfg.FacadeNodeSelectors) > 0 {
-			nodes, err := identity.ParseSelectors(cfg.FacadeNodeSelectors)
-			if err != nil {
-				return fmt.Errorf("IDENTITY_FACADE_NODE_SELECTORS: %w", err)
-			}
-			rcfg.FacadeParent = &identity.FacadeParent{ID: cfg.FacadeParentID, Selectors: nodes}
-		}
+	if len(cfg.FacadeSelectors) == 0 {
+		return nil
 	}
-	reg, err := identity.New(rcfg)
+	sel, err := identity.ParseSelectors(cfg.FacadeSelectors)
 	if err != nil {
-		return err
+		return fmt.Errorf("IDENTITY_FACADE_SELECTORS: %w", err)
 	}
+	rcfg.FacadeSelectors, rcfg.FacadeID = sel, cfg.FacadeID
+	if len(cfg.FacadeNodeSelectors) > 0 {
+		nodes, err := identity.ParseSelectors(cfg.FacadeNodeSelectors)
+		if err != nil {
+			return fmt.Errorf("IDENTITY_FACADE_NODE_SELECTORS: %w", err)
+		}
+		rcfg.FacadeParent = &identity.FacadeParent{ID: cfg.FacadeParentID, Selectors: nodes}
+	}
+	return nil
+}
+
+// registrarMux serves the registrar's metrics, health and readiness (a reconciliation has
+// succeeded).
+func registrarMux(reg *identity.Registrar) http.Handler {
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "dynrunner_identity_entries_created_total", Help: "SPIRE entries the registrar created."},
@@ -120,21 +163,5 @@ func runIdentity(ctx context.Context, args []string) error {
 		}
 		_, _ = w.Write([]byte("ready\n"))
 	})
-	hln, err := net.Listen("tcp", cfg.HTTPListen)
-	if err != nil {
-		return fmt.Errorf("HTTP_LISTEN: %w", err)
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return reg.Run(gctx) })
-	g.Go(func() error {
-		return serve(gctx, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, hln, false)
-	})
-	log.Info().Str("listen", hln.Addr().String()).Str("spire_server_socket", cfg.ServerSocket).Msg("identity registrar started")
-	err = g.Wait()
-	created, deleted := reg.Stats()
-	log.Info().Int64("entries_created", created).Int64("entries_deleted", deleted).Msg("identity registrar stopped")
-	if errors.Is(err, context.Canceled) {
-		return nil
-	}
-	return err
+	return mux
 }
