@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/launcher"
 )
 
 // vmImage builds the microVM guest image operators deploy (deploy/vm-image/build.sh: the
@@ -42,7 +44,16 @@ func vmEnv(t testing.TB, img, bridge, cidr string, extra ...string) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	t.Cleanup(func() {
+		// The controller keeps the guests' firewall while launchers may run; the test removes it
+		// with the bridge.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := launcher.RemoveFirewall(ctx, bridge); err != nil {
+			t.Errorf("remove the guests' firewall of %s: %v", bridge, err)
+		}
+		_ = exec.Command("ip", "link", "del", bridge).Run()
+	})
 	return append([]string{
 		"VM_IMAGE=" + filepath.Join(img, "rootfs.qcow2"),
 		"VM_KERNEL=" + filepath.Join(img, "vmlinuz"),
