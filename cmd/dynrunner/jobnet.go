@@ -119,25 +119,21 @@ func (jn jobNetwork) installFirewall(ctx context.Context, cfg config.Controller,
 // resolveURL returns the IPv4 addresses and port of u's host; loopback addresses are left
 // out, since no container on a bridge reaches them.
 func resolveURL(ctx context.Context, raw string) ([]netip.AddrPort, error) {
-	u, err := url.Parse(raw)
+	host, p, err := urlHostPort(raw)
 	if err != nil {
 		return nil, err
-	}
-	p := u.Port()
-	if p == "" {
-		p = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 	}
 	port, err := strconv.ParseUint(p, 10, 16)
 	if err != nil || port == 0 {
 		return nil, fmt.Errorf("no port")
 	}
 	var addrs []netip.Addr
-	if a, err := netip.ParseAddr(u.Hostname()); err == nil {
+	if a, err := netip.ParseAddr(host); err == nil {
 		addrs = []netip.Addr{a}
 	} else {
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		if addrs, err = net.DefaultResolver.LookupNetIP(rctx, "ip4", u.Hostname()); err != nil {
+		if addrs, err = net.DefaultResolver.LookupNetIP(rctx, "ip4", host); err != nil {
 			return nil, err
 		}
 	}
@@ -148,6 +144,20 @@ func resolveURL(ctx context.Context, raw string) ([]netip.AddrPort, error) {
 		}
 	}
 	return out, nil
+}
+
+// urlHostPort returns the host of the URL raw and its port, the scheme's (http 80, https 443)
+// when it names none.
+func urlHostPort(raw string) (host, port string, err error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", "", err
+	}
+	port = u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	return u.Hostname(), port, nil
 }
 
 // listensEverywhere reports whether a listen address is a wildcard, which covers the gateway.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -131,15 +130,11 @@ func vmFirewall(ctx context.Context, cfg config.Controller) (launcher.Firewall, 
 	if cfg.VM.Egress != launcher.EgressNAT {
 		return fw, nil
 	}
-	forge, err := url.Parse(cfg.GiteaURL)
+	host, port, err := urlHostPort(cfg.GiteaURL)
 	if err != nil {
 		return fw, fmt.Errorf("vm firewall: GITEA_URL: %w", err)
 	}
-	port := forge.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[forge.Scheme]
-	}
-	list := net.JoinHostPort(forge.Hostname(), port)
+	list := net.JoinHostPort(host, port)
 	for _, a := range cfg.VM.DNS {
 		list += "," + net.JoinHostPort(a.String(), "53")
 	}
