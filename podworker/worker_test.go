@@ -20,6 +20,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -174,17 +175,9 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	js, err := jetstream.New(c.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, js := eventlogtest.Connect(t)
 	cfg := eventlog.DefaultConfig()
-	cfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	cfg.Key = eventlogtest.Key
 	cfg.DispatchMaxDeliver = 3
 	l, err := eventlog.Open(t.Context(), js, cfg)
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/require"
@@ -23,7 +22,7 @@ import (
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
-	"github.com/dynrunner/dynrunner/internal/natsconn"
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/vmworker"
 )
@@ -35,17 +34,9 @@ type rig struct {
 
 func newRig(t *testing.T) rig {
 	t.Helper()
-	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	js, err := jetstream.New(c.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := eventlogtest.Connect(t)
 	elCfg := eventlog.DefaultConfig()
-	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	elCfg.Key = eventlogtest.Key
 	l, err := eventlog.Open(t.Context(), js, elCfg)
 	if err != nil {
 		t.Fatal(err)

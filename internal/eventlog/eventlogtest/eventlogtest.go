@@ -10,13 +10,13 @@ import (
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 )
 
-// key authenticates the records of the event logs Open opens.
-var key = []byte("0123456789abcdef0123456789abcdef")
+// Key authenticates the records of the event logs Open opens; tests that open their own
+// use it too.
+var Key = []byte("0123456789abcdef0123456789abcdef")
 
-// Open starts an in-process nats-server with JetStream in a temporary directory, opens the
-// event log on it (its default configuration, records authenticated with a fixed test key), and feeds the
-// returned view from it until the test ends.
-func Open(t testing.TB) (*eventlog.Log, *eventlog.View) {
+// Connect starts an in-process nats-server with JetStream in a temporary directory, closed
+// when the test ends, and returns the connection and its JetStream.
+func Connect(t testing.TB) (*natsconn.Conn, jetstream.JetStream) {
 	t.Helper()
 	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
 	if err != nil {
@@ -27,8 +27,17 @@ func Open(t testing.TB) (*eventlog.Log, *eventlog.View) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c, js
+}
+
+// Open starts an in-process nats-server with JetStream in a temporary directory, opens the
+// event log on it (its default configuration, records authenticated with a fixed test key), and feeds the
+// returned view from it until the test ends.
+func Open(t testing.TB) (*eventlog.Log, *eventlog.View) {
+	t.Helper()
+	_, js := Connect(t)
 	cfg := eventlog.DefaultConfig()
-	cfg.Key = key
+	cfg.Key = Key
 	l, err := eventlog.Open(t.Context(), js, cfg)
 	if err != nil {
 		t.Fatal(err)
