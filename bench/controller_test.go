@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 )
 
 // needTools returns the cached Gitea and Gitea runner. Without them it skips with the command

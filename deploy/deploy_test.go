@@ -28,7 +28,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dynrunner/dynrunner/identity"
-	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
 

@@ -25,9 +25,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
-	"github.com/dynrunner/dynrunner/internal/netnstest"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 )
 
 // seen is one request that reached the forge.

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/devforge"
-	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 )

@@ -15,9 +15,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynrunner/dynrunner/internal/devforge"
-	"github.com/dynrunner/dynrunner/internal/netnstest"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 )
 
 // binary is the dynrunner binary built once for the package's tests.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/devforge"
-	"github.com/dynrunner/dynrunner/internal/netnstest"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 )
 
 // greetAction is a JavaScript action as most published ones are, without dependencies: it

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynrunner/dynrunner/internal/devforge"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/launcher"
 )
 

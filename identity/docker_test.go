@@ -20,8 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/dynrunner/dynrunner/identity"
-	"github.com/dynrunner/dynrunner/internal/kubetest"
-	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 )
 

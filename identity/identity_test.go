@@ -22,8 +22,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dynrunner/dynrunner/identity"
-	"github.com/dynrunner/dynrunner/internal/kubetest"
-	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )

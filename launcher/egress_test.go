@@ -15,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynrunner/dynrunner/internal/netnstest"
+	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 	"github.com/dynrunner/dynrunner/launcher"
 )
 

@@ -3,7 +3,7 @@
 # kube-apiserver and etcd, from the Go module proxy, cached under
 # ${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}/tools/<name>-<version>.
 # Usage: scripts/k8s-tools.sh [kube-apiserver|etcd|all]   (prints nothing but errors and progress)
-# internal/kubetest finds the binaries there (or through KUBE_APISERVER_BIN / ETCD_BIN).
+# internal/testbed/kubetest finds the binaries there (or through KUBE_APISERVER_BIN / ETCD_BIN).
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.36.3}

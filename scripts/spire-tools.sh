@@ -3,7 +3,7 @@
 # SVIDs with, from the Go module proxy, cached under
 # ${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}/tools/spire-<version>/{spire-server,spire-agent}.
 # Usage: scripts/spire-tools.sh   (prints nothing but errors and progress)
-# internal/spiretest finds the binaries there (or through SPIRE_SERVER_BIN / SPIRE_AGENT_BIN).
+# internal/testbed/spiretest finds the binaries there (or through SPIRE_SERVER_BIN / SPIRE_AGENT_BIN).
 set -euo pipefail
 
 SPIRE_VERSION=${SPIRE_VERSION:-v1.13.3}

@@ -13,7 +13,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 
 	"github.com/dynrunner/dynrunner/internal/secretfile"
-	"github.com/dynrunner/dynrunner/internal/workload/workloadtest"
+	"github.com/dynrunner/dynrunner/internal/testbed/workloadtest"
 )
 
 func mustIssue(t *testing.T, ca *DevCA, id string) *x509svid.SVID {

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
 

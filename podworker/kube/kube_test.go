@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 	"github.com/dynrunner/dynrunner/podworker/podworkertest"

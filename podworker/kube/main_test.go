@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )

@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/dynrunner/dynrunner/internal/testbed/workloadtest"
 	dynworkload "github.com/dynrunner/dynrunner/internal/workload"
-	"github.com/dynrunner/dynrunner/internal/workload/workloadtest"
 )
 
 func dial(t *testing.T, addr string) workload.SpiffeWorkloadAPIClient {

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dynrunner/dynrunner/internal/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 )
 
 // fakeEnv makes the test binary, inside the test image, play the program it names.

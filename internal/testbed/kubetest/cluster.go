@@ -26,7 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
-	"github.com/dynrunner/dynrunner/internal/testproc"
+	"github.com/dynrunner/dynrunner/internal/testbed/testproc"
 )
 
 // Versions of the control plane, kept in step with scripts/k8s-tools.sh.

@@ -16,8 +16,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 
-	"github.com/dynrunner/dynrunner/internal/kubetest"
-	"github.com/dynrunner/dynrunner/internal/spiretest"
+	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
+	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
 )
 
 // helperEnv makes the test binary, inside the test image, play the workload it names.

@@ -17,7 +17,7 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
-	"github.com/dynrunner/dynrunner/internal/testproc"
+	"github.com/dynrunner/dynrunner/internal/testbed/testproc"
 )
 
 // Version of SPIRE, kept in step with scripts/spire-tools.sh.
