@@ -420,7 +420,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 		"IDENTITY_PARENT_ID="+sp.AgentID.String(),
 		// The controller's own SVID (the facade's identity) comes from the same agent; the job
 		// containers run another binary (/usr/local/bin/dynrunner in the image) as uid 1000.
-		fmt.Sprintf("IDENTITY_FACADE_SELECTORS=unix:uid:%d,unix:path:%s", os.Getuid(), dynrunnerBin(t)),
+		fmt.Sprintf("IDENTITY_FACADE_SELECTORS=unix:uid:%d,unix:path:%s", os.Getuid(), controllerBin(t)),
 		"IDENTITY_SVID_TTL=5m",
 		"IDENTITY_RESYNC=5s",
 	)

@@ -309,7 +309,7 @@ jobs:
 	}
 	// Reported once: the audit stream holds exactly one completed transition, read with the
 	// operator's command.
-	cmd := exec.Command(dynrunnerBin(t), "events", "--json", "--follow=false")
+	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -386,7 +386,7 @@ jobs:
 		t.Fatalf("job concluded %q after %s, want success past a silence longer than LEASE_SECS=90:\n%s",
 			job.conclusion, time.Since(began).Round(time.Second), tail(job.log, 30))
 	}
-	cmd := exec.Command(dynrunnerBin(t), "events", "--json", "--follow=false")
+	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
 	if err != nil {

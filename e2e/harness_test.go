@@ -15,39 +15,79 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 )
 
-// binary is the dynrunner binary built once for the package's tests.
+// The package's tests use two dynrunner binaries, each built once: a static one that the
+// images carry (the executor image, the microVM guest), and the one every process on the host
+// runs (controller, identity, events), built with the race detector so that the controller-level
+// tests also check the controller for data races (raceCheck).
 var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
+	staticBin = onceBinary{flags: []string{"-trimpath"}, env: []string{"CGO_ENABLED=0"}}
+	hostBin   = onceBinary{flags: []string{"-race"}, env: []string{"CGO_ENABLED=1"}}
 )
 
-func dynrunnerBin(t testing.TB) string {
+type onceBinary struct {
+	flags []string
+	env   []string
+	once  sync.Once
+	path  string
+	err   error
+}
+
+func (b *onceBinary) build(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "dynrunner-e2e-bin-")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "dynrunner")
-		// Static, so the same binary also runs as the guest inside the test microVM.
-		build := exec.Command("go", "build", "-o", binPath, "github.com/dynrunner/dynrunner/cmd/dynrunner")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		out, err := build.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build: %w\n%s", err, out)
+		b.path = filepath.Join(dir, "dynrunner")
+		args := append(append([]string{"build"}, b.flags...), "-o", b.path, "github.com/dynrunner/dynrunner/cmd/dynrunner")
+		build := exec.Command("go", args...)
+		build.Env = append(os.Environ(), b.env...)
+		if out, err := build.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	require.NoError(t, b.err)
+	return b.path
+}
+
+// dynrunnerBin is the static binary, for images: the same binary runs as the guest inside the
+// test microVM and as the executor in the executor image.
+func dynrunnerBin(t testing.TB) string { return staticBin.build(t) }
+
+// controllerBin is the race-enabled binary for processes on the host. The local backend's
+// executors and the vm worker's launchers are started from it too (os.Executable).
+func controllerBin(t testing.TB) string { return hostBin.build(t) }
+
+// raceReport is how the race detector begins each report it writes to stderr.
+const raceReport = "WARNING: DATA RACE"
+
+// raceCheck fails t when the log at path holds a race detector report, with the report.
+func raceCheck(t testing.TB, what, path string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return
 	}
-	return binPath
+	if i := strings.Index(string(b), raceReport); i >= 0 {
+		t.Errorf("%s: the race detector found a data race:\n%s", what, head(string(b[i:]), 80))
+	}
+}
+
+func head(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	if len(lines) > n {
+		lines = lines[:n]
+	}
+	return strings.Join(lines, "\n")
 }
 
 // needTools returns the cached Gitea and runner, skipping (failing in CI) when missing.
@@ -123,6 +163,7 @@ func newController(t testing.TB, tools devforge.Tools, forge *devforge.Forge, sc
 	}, extra...)
 	t.Cleanup(func() {
 		c.stop()
+		raceCheck(t, "controller", c.logPath)
 		if t.Failed() {
 			if b, err := os.ReadFile(c.logPath); err == nil {
 				t.Logf("controller log:\n%s", tail(string(b), 150))
@@ -148,7 +189,7 @@ func (c *controller) start() {
 		c.t.Fatal(err)
 	}
 	defer logf.Close()
-	c.cmd = exec.Command(dynrunnerBin(c.t), "controller")
+	c.cmd = exec.Command(controllerBin(c.t), "controller")
 	c.cmd.Env = c.env
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	if err := c.cmd.Start(); err != nil {

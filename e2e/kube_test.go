@@ -120,7 +120,7 @@ func startRegistrar(t *testing.T, e *kubeEnv) {
 		// the registrar's facade entry. The selectors name the controller binary run by root;
 		// a job container's processes, root too when privileged, run another path
 		// (/usr/local/bin/dynrunner in the image), and their own entries select their Pod's UID.
-		"IDENTITY_FACADE_SELECTORS=unix:uid:0,unix:path:"+dynrunnerBin(t),
+		"IDENTITY_FACADE_SELECTORS=unix:uid:0,unix:path:"+controllerBin(t),
 		"IDENTITY_SVID_TTL=5m",
 		"IDENTITY_RESYNC=5s",
 	)
@@ -139,7 +139,7 @@ func runRegistrar(t *testing.T, env ...string) string {
 	}
 	defer logf.Close()
 	port := freePort(t)
-	cmd := exec.Command(dynrunnerBin(t), "identity")
+	cmd := exec.Command(controllerBin(t), "identity")
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", port)}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -157,6 +157,7 @@ func runRegistrar(t *testing.T, env ...string) string {
 			_ = cmd.Process.Kill()
 			<-done
 		}
+		raceCheck(t, "dynrunner identity", logPath)
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("dynrunner identity log:\n%s", tail(string(b), 60))
@@ -363,7 +364,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 
 	// The pod worker recorded the Pod's UID and phases in the event log, as an operator reads
 	// them.
-	cmd := exec.Command(dynrunnerBin(t), "events", "--json", "--follow=false")
+	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
 	if err != nil {

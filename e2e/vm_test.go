@@ -222,7 +222,7 @@ func benchVMBoot(b *testing.B, tools devforge.Tools, vm []string) {
 		}
 	}
 	// Read started → registered of every assignment from the audit stream.
-	cmd := exec.Command(dynrunnerBin(b), "events", "--json", "--follow=false")
+	cmd := exec.Command(controllerBin(b), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.Output()
 	if err != nil {
