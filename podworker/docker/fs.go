@@ -2,13 +2,10 @@ package docker
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
-	"time"
 
 	"github.com/dynrunner/dynrunner/internal/envlock"
 )
@@ -66,32 +63,4 @@ func (b *Backend) chown(p string) error {
 		return nil
 	}
 	return os.Lchown(p, b.uid, b.gid)
-}
-
-// removeEnvDir removes entry name of StateDir and everything below it, without following
-// symbolic links. It reports whether there was anything to remove.
-func (b *Backend) removeEnvDir(name string) (bool, error) {
-	root, err := os.OpenRoot(b.stateDir)
-	if err != nil {
-		return false, err
-	}
-	defer root.Close()
-	if _, err := root.Lstat(name); errors.Is(err, fs.ErrNotExist) {
-		return false, nil
-	} else if err != nil {
-		return false, err
-	}
-	return true, root.RemoveAll(name)
-}
-
-// sleepCtx waits for d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }

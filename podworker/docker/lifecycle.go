@@ -13,6 +13,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"github.com/dynrunner/dynrunner/internal/envlock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -41,7 +42,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		// The engine restarts or is overloaded; with live-restore the container runs on, so
 		// keep waiting instead of declaring the environment lost.
 		b.envLog(h).Warn().Err(werr).Dur("retry_in", pause).Msg("wait on the engine failed; retrying")
-		if err := sleepCtx(ctx, pause); err != nil {
+		if err := podworker.Sleep(ctx, pause); err != nil {
 			return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, err)
 		}
 	}
@@ -144,7 +145,7 @@ func (b *Backend) destroyLocked(ctx context.Context, name, ref string) (bool, er
 			return found, err
 		}
 	}
-	removed, err := b.removeEnvDir(name)
+	removed, err := envlock.RemoveDir(b.stateDir, name)
 	return found || removed, err
 }
 
@@ -172,7 +173,7 @@ func (b *Backend) removeContainer(ctx context.Context, id string, graceful bool)
 		if _, ierr := b.inspect(rctx, id); cerrdefs.IsNotFound(ierr) {
 			return nil
 		}
-		if serr := sleepCtx(rctx, pause); serr != nil {
+		if serr := podworker.Sleep(rctx, pause); serr != nil {
 			return fmt.Errorf("%w (waited %v for its removal)", err, removeWait)
 		}
 	}

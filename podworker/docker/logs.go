@@ -1,14 +1,11 @@
 package docker
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/api/pkg/stdcopy"
@@ -61,15 +58,8 @@ func lastExecutorError(logs io.Reader) (string, error) {
 	// On an error (the stream broke, or the engine reported one in it), what came before still
 	// counts.
 	_, cerr := stdcopy.StdCopy(io.Discard, &stderr, logs)
-	var last string
-	sc := bufio.NewScanner(&stderr)
-	sc.Buffer(make([]byte, 64<<10), maxLogRead)
-	for sc.Scan() {
-		if s := strings.TrimSpace(sc.Text()); strings.HasPrefix(s, podworker.ExecutorErrorPrefix) {
-			last = s
-		}
-	}
-	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
+	last, err := podworker.LastErrorLine(&stderr, maxLogRead, podworker.ExecutorErrorPrefix)
+	if err != nil {
 		return last, err
 	}
 	return last, cerr

@@ -18,36 +18,22 @@ var (
 	containerIDRe   = regexp.MustCompile(`^[0-9a-f]{64}$`)
 )
 
+// envPrefix is what every container name of the backend's scope starts with.
+func (b *Backend) envPrefix() string {
+	if b.scope == DefaultScope {
+		return namePrefix
+	}
+	return namePrefix + b.scope + "-"
+}
+
 // envName is the container name, Handle.ID and StateDir entry of an assignment's environment.
 func (b *Backend) envName(task assignment.TaskID, epoch assignment.Epoch) string {
-	if b.scope == DefaultScope {
-		return namePrefix + task.String() + "-" + epoch.String()
-	}
-	return namePrefix + b.scope + "-" + task.String() + "-" + epoch.String()
+	return podworker.EnvName(b.envPrefix(), task, epoch)
 }
 
 // parseEnvName is the inverse of envName; ok is false for any other name.
 func (b *Backend) parseEnvName(name string) (assignment.TaskID, assignment.Epoch, bool) {
-	rest, ok := strings.CutPrefix(name, namePrefix)
-	if b.scope != DefaultScope && ok {
-		rest, ok = strings.CutPrefix(rest, b.scope+"-")
-	}
-	if !ok {
-		return 0, 0, false
-	}
-	t, e, found := strings.Cut(rest, "-")
-	if !found {
-		return 0, 0, false
-	}
-	task, err := assignment.ParseTaskID(t)
-	if err != nil {
-		return 0, 0, false
-	}
-	epoch, err := assignment.ParseEpoch(e)
-	if err != nil {
-		return 0, 0, false
-	}
-	return task, epoch, b.envName(task, epoch) == name
+	return podworker.ParseEnvName(b.envPrefix(), name)
 }
 
 // checkHandle validates h and returns the reference the engine knows it by: the container id

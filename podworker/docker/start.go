@@ -17,6 +17,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/envlock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -52,7 +53,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 			return podworker.Handle{}, fmt.Errorf("docker: start %s: wipe: %w", name, err)
 		}
 	case cerrdefs.IsNotFound(err):
-		if _, err := b.removeEnvDir(name); err != nil {
+		if _, err := envlock.RemoveDir(b.stateDir, name); err != nil {
 			return podworker.Handle{}, fmt.Errorf("docker: start %s: wipe: %w", name, err)
 		}
 	default:
@@ -85,7 +86,7 @@ func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) 
 				err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
 			}
 		}
-		if _, rerr := b.removeEnvDir(name); rerr != nil {
+		if _, rerr := envlock.RemoveDir(b.stateDir, name); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
 		}
 	}()

@@ -118,7 +118,7 @@ func (b *Backend) waitGone(ctx context.Context, name string, uid types.UID) erro
 		case ctx.Err() != nil:
 			return fmt.Errorf("pod still terminating after %v (does its node's kubelet run?): %w", bound, ctx.Err())
 		}
-		if err := sleepCtx(ctx, pause); err != nil {
+		if err := podworker.Sleep(ctx, pause); err != nil {
 			return fmt.Errorf("pod still terminating after %v (does its node's kubelet run?): %w", bound, err)
 		}
 	}
@@ -155,16 +155,4 @@ func (b *Backend) List(ctx context.Context) ([]podworker.Handle, error) {
 	}
 	slices.SortFunc(out, func(a, b podworker.Handle) int { return strings.Compare(a.ID, b.ID) })
 	return out, nil
-}
-
-// sleepCtx pauses for d or until ctx is done.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -1,12 +1,8 @@
 package kube
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,15 +54,8 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 		return "", fmt.Errorf("kube: diagnose %s: %w", h.ID, err)
 	}
 	defer rc.Close()
-	var last string
-	sc := bufio.NewScanner(io.LimitReader(rc, maxLogRead))
-	sc.Buffer(make([]byte, 64<<10), maxLogRead)
-	for sc.Scan() {
-		if s := strings.TrimSpace(sc.Text()); strings.HasPrefix(s, podworker.ExecutorErrorPrefix) {
-			last = s
-		}
-	}
-	if err := sc.Err(); err != nil && !errors.Is(err, bufio.ErrTooLong) {
+	last, err := podworker.LastErrorLine(rc, maxLogRead, podworker.ExecutorErrorPrefix)
+	if err != nil {
 		return last, fmt.Errorf("kube: diagnose %s: %w", h.ID, err)
 	}
 	return last, nil

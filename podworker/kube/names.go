@@ -17,28 +17,12 @@ const namePrefix = "dynrunner-"
 // podName is the name of the Pod and of its Secret, and the Handle.ID, of an assignment's
 // environment: dynrunner-<task>-<epoch>, at most 50 characters.
 func podName(task assignment.TaskID, epoch assignment.Epoch) string {
-	return namePrefix + task.String() + "-" + epoch.String()
+	return podworker.EnvName(namePrefix, task, epoch)
 }
 
 // parseName is the inverse of podName; ok is false for any other name.
 func parseName(name string) (assignment.TaskID, assignment.Epoch, bool) {
-	rest, ok := strings.CutPrefix(name, namePrefix)
-	if !ok {
-		return 0, 0, false
-	}
-	t, e, found := strings.Cut(rest, "-")
-	if !found {
-		return 0, 0, false
-	}
-	task, err := assignment.ParseTaskID(t)
-	if err != nil {
-		return 0, 0, false
-	}
-	epoch, err := assignment.ParseEpoch(e)
-	if err != nil {
-		return 0, 0, false
-	}
-	return task, epoch, true
+	return podworker.ParseEnvName(namePrefix, name)
 }
 
 // labels are the labels of an environment's Pod and Secret.

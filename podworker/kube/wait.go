@@ -51,7 +51,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 			return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
 		case err != nil:
 			b.envLog(h).Warn().Err(err).Dur("retry_in", pause).Msg("get pod failed; retrying")
-			if err := sleepCtx(ctx, pause); err != nil {
+			if err := podworker.Sleep(ctx, pause); err != nil {
 				return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
 			}
 			pause = min(2*pause, maxWaitRetry)
@@ -74,7 +74,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		}
 		if err != nil {
 			b.envLog(h).Debug().Err(err).Dur("retry_in", pause).Msg("watch ended; resuming")
-			if err := sleepCtx(ctx, pause); err != nil {
+			if err := podworker.Sleep(ctx, pause); err != nil {
 				return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
 			}
 			pause = min(2*pause, maxWaitRetry)

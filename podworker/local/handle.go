@@ -37,24 +37,12 @@ const (
 
 // envID is the directory name, and Handle.ID, of an assignment's environment.
 func envID(task assignment.TaskID, epoch assignment.Epoch) string {
-	return task.String() + "-" + epoch.String()
+	return podworker.EnvName("", task, epoch)
 }
 
 // parseEnvID is the inverse of envID; ok is false for any other name.
 func parseEnvID(id string) (assignment.TaskID, assignment.Epoch, bool) {
-	t, e, found := strings.Cut(id, "-")
-	if !found {
-		return 0, 0, false
-	}
-	task, err := assignment.ParseTaskID(t)
-	if err != nil {
-		return 0, 0, false
-	}
-	epoch, err := assignment.ParseEpoch(e)
-	if err != nil {
-		return 0, 0, false
-	}
-	return task, epoch, true
+	return podworker.ParseEnvName("", id)
 }
 
 // validName reports whether name is safe as a single entry of a directory the backend owns: not

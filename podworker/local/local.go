@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/dynrunner/dynrunner/internal/envlock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -275,7 +276,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		return podworker.Exit{}, errorf("wait", id, podworker.ErrNotFound)
 	}
 	for running() {
-		if err := sleepCtx(ctx, b.poll); err != nil {
+		if err := podworker.Sleep(ctx, b.poll); err != nil {
 			return podworker.Exit{}, errorf("wait", id, err)
 		}
 	}
@@ -377,7 +378,7 @@ func (b *Backend) destroyLocked(ctx context.Context, id string, refs []procRef) 
 		}
 		b.mu.Unlock()
 	}
-	removed, err := removeEnvDir(b.root, id)
+	removed, err := envlock.RemoveDir(b.root, id)
 	if err == nil {
 		err = b.releaseUID(context.WithoutCancel(ctx), uid, b.dir(id))
 	}

@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/envlock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -112,7 +113,7 @@ func (b *Backend) create(ctx context.Context, id string, spec podworker.Spec) (h
 				return // keep the claim: the uid may still run something
 			}
 		}
-		if _, rerr := removeEnvDir(b.root, id); rerr != nil {
+		if _, rerr := envlock.RemoveDir(b.root, id); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("clean up: %w", rerr))
 			return
 		}

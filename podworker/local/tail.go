@@ -1,13 +1,11 @@
 package local
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -34,16 +32,9 @@ func (b *Backend) Diagnose(_ context.Context, h podworker.Handle) (string, error
 			return "", fmt.Errorf("local: diagnose %s: %w", id, err)
 		}
 	}
-	data, err := io.ReadAll(f)
+	last, err := podworker.LastErrorLine(f, maxTail, podworker.ExecutorErrorPrefix, podworker.LauncherErrorPrefix)
 	if err != nil {
-		return "", fmt.Errorf("local: diagnose %s: %w", id, err)
-	}
-	var last string
-	for line := range bytes.Lines(data) {
-		s := strings.TrimSpace(string(line))
-		if strings.HasPrefix(s, podworker.ExecutorErrorPrefix) || strings.HasPrefix(s, podworker.LauncherErrorPrefix) {
-			last = s
-		}
+		return last, fmt.Errorf("local: diagnose %s: %w", id, err)
 	}
 	return last, nil
 }

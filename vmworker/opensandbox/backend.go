@@ -86,7 +86,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		default:
 			return podworker.Exit{}, fmt.Errorf("opensandbox: wait for sandbox %s: %w", id, err)
 		}
-		if err := sleep(ctx, b.cfg.PollInterval); err != nil {
+		if err := podworker.Sleep(ctx, b.cfg.PollInterval); err != nil {
 			return podworker.Exit{}, fmt.Errorf("opensandbox: wait for sandbox %s: %w", id, err)
 		}
 	}

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/podworker"
 )
 
 // maxBody bounds how much of an answer the client reads.
@@ -101,7 +103,7 @@ func (cl *client) do(ctx context.Context, c call) error {
 		}
 		cl.log.Warn().Err(err).Str("method", c.method).Str("path", c.path).Int("attempt", attempt).
 			Dur("retry_in", wait).Msg("OpenSandbox request failed; retrying")
-		if err := sleep(ctx, wait); err != nil {
+		if err := podworker.Sleep(ctx, wait); err != nil {
 			return fmt.Errorf("%s %s: %w", c.method, c.path, err)
 		}
 	}
@@ -207,16 +209,4 @@ func stripURL(err error) error {
 		return ue.Err
 	}
 	return err
-}
-
-// sleep pauses for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -143,7 +143,7 @@ func (b *Backend) create(ctx context.Context, spec podworker.Spec, instance, non
 		}
 		wait := b.cl.backoff(attempt)
 		b.log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", wait).Msg("sandbox create failed; retrying")
-		if err := sleep(ctx, wait); err != nil {
+		if err := podworker.Sleep(ctx, wait); err != nil {
 			return sandbox{}, fmt.Errorf("create sandbox in pool %s: %w", b.cfg.Pool, err)
 		}
 	}
@@ -269,7 +269,7 @@ func (b *Backend) awaitRunning(ctx context.Context, id string) error {
 			lastErr = err
 		}
 		if sctx.Err() == nil {
-			_ = sleep(sctx, b.cfg.PollInterval)
+			_ = podworker.Sleep(sctx, b.cfg.PollInterval)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("wait for sandbox %s to run: %w", id, ctx.Err())
