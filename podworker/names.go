@@ -40,6 +40,13 @@ func ParseEnvName(prefix, name string) (task assignment.TaskID, epoch assignment
 	return task, epoch, true
 }
 
+// Bounds on what a Diagnoser reads of an environment's log: its last DiagnoseTail lines, at
+// most DiagnoseMaxBytes bytes.
+const (
+	DiagnoseTail     = 200
+	DiagnoseMaxBytes = 1 << 20
+)
+
 // LastErrorLine returns the last line of r that starts, after trimming white space, with one of
 // prefixes (ExecutorErrorPrefix, LauncherErrorPrefix): what a Diagnoser returns. It reads at
 // most limit bytes; a line longer than that ends the scan without an error, and what came

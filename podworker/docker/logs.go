@@ -16,13 +16,6 @@ import (
 
 var _ podworker.Diagnoser = (*Backend)(nil)
 
-// Bounds on what Diagnose reads: the last diagnoseTail lines of stderr, at most maxLogRead
-// bytes of the engine's answer.
-const (
-	diagnoseTail = 200
-	maxLogRead   = 1 << 20
-)
-
 // Diagnose returns the executor's own final error line, if it wrote one. It reads only the
 // container's stderr, where the executor logs; the job's output goes to stdout and is never
 // returned.
@@ -35,7 +28,7 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 	if err != nil {
 		return "", fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
 	}
-	logs, err := api.ContainerLogs(ctx, ref, client.ContainerLogsOptions{ShowStderr: true, Tail: strconv.Itoa(diagnoseTail)})
+	logs, err := api.ContainerLogs(ctx, ref, client.ContainerLogsOptions{ShowStderr: true, Tail: strconv.Itoa(podworker.DiagnoseTail)})
 	if cerrdefs.IsNotFound(err) {
 		return "", fmt.Errorf("docker: diagnose %s: %w", h.ID, podworker.ErrNotFound)
 	}
@@ -43,7 +36,7 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 		return "", fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
 	}
 	defer logs.Close()
-	last, err := lastExecutorError(io.LimitReader(logs, maxLogRead))
+	last, err := lastExecutorError(io.LimitReader(logs, podworker.DiagnoseMaxBytes))
 	if err != nil {
 		return last, fmt.Errorf("docker: diagnose %s: %w", h.ID, err)
 	}
@@ -58,7 +51,7 @@ func lastExecutorError(logs io.Reader) (string, error) {
 	// On an error (the stream broke, or the engine reported one in it), what came before still
 	// counts.
 	_, cerr := stdcopy.StdCopy(io.Discard, &stderr, logs)
-	last, err := podworker.LastErrorLine(&stderr, maxLogRead, podworker.ExecutorErrorPrefix)
+	last, err := podworker.LastErrorLine(&stderr, podworker.DiagnoseMaxBytes, podworker.ExecutorErrorPrefix)
 	if err != nil {
 		return last, err
 	}

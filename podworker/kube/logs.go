@@ -14,15 +14,8 @@ import (
 
 var _ podworker.Diagnoser = (*Backend)(nil)
 
-// Bounds on what Diagnose reads: the last diagnoseTail lines of the log, at most maxLogRead
-// bytes.
-const (
-	diagnoseTail = 200
-	maxLogRead   = 1 << 20
-)
-
 // Diagnose returns the executor's own final error line, if it wrote one: the last line of the
-// container's log (pods/log, the last diagnoseTail lines) that starts with
+// container's log (pods/log, the last podworker.DiagnoseTail lines) that starts with
 // podworker.ExecutorErrorPrefix. Kubernetes serves stdout and stderr as one stream (the
 // stream selection of pods/log is an alpha feature, PodLogsQuerySplitStreams), so unlike the
 // docker backend it cannot leave the job's stdout out: a job line that starts with the prefix
@@ -42,8 +35,8 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 	}
 	rc, err := pods.GetLogs(h.ID, &corev1.PodLogOptions{
 		Container:  ContainerName,
-		TailLines:  ptr.To[int64](diagnoseTail),
-		LimitBytes: ptr.To[int64](maxLogRead),
+		TailLines:  ptr.To[int64](podworker.DiagnoseTail),
+		LimitBytes: ptr.To[int64](podworker.DiagnoseMaxBytes),
 	}).Stream(ctx)
 	switch {
 	case apierrors.IsNotFound(err):
@@ -54,7 +47,7 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 		return "", fmt.Errorf("kube: diagnose %s: %w", h.ID, err)
 	}
 	defer rc.Close()
-	last, err := podworker.LastErrorLine(rc, maxLogRead, podworker.ExecutorErrorPrefix)
+	last, err := podworker.LastErrorLine(rc, podworker.DiagnoseMaxBytes, podworker.ExecutorErrorPrefix)
 	if err != nil {
 		return last, fmt.Errorf("kube: diagnose %s: %w", h.ID, err)
 	}
