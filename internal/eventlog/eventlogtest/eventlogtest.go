@@ -35,6 +35,14 @@ func Connect(t testing.TB) (*natsconn.Conn, jetstream.JetStream) {
 // returned view from it until the test ends.
 func Open(t testing.TB) (*eventlog.Log, *eventlog.View) {
 	t.Helper()
+	l, v, _ := OpenJetStream(t)
+	return l, v
+}
+
+// OpenJetStream is Open, and also returns the JetStream handle the log was opened on, for
+// tests that write around the log (a forged record, a deleted stream).
+func OpenJetStream(t testing.TB) (*eventlog.Log, *eventlog.View, jetstream.JetStream) {
+	t.Helper()
 	_, js := Connect(t)
 	cfg := eventlog.DefaultConfig()
 	cfg.Key = Key
@@ -47,5 +55,5 @@ func Open(t testing.TB) (*eventlog.Log, *eventlog.View) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Watch(ctx, v) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return l, v
+	return l, v, js
 }
