@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
@@ -19,14 +20,10 @@ var Key = []byte("0123456789abcdef0123456789abcdef")
 func Connect(t testing.TB) (*natsconn.Conn, jetstream.JetStream) {
 	t.Helper()
 	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	js, err := jetstream.New(c.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return c, js
 }
 
@@ -47,9 +44,7 @@ func OpenJetStream(t testing.TB) (*eventlog.Log, *eventlog.View, jetstream.JetSt
 	cfg := eventlog.DefaultConfig()
 	cfg.Key = Key
 	l, err := eventlog.Open(t.Context(), js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	v := eventlog.NewView()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
