@@ -54,6 +54,7 @@ func reapInterval() time.Duration {
 type plane struct {
 	b      *testing.B
 	nc     *natsconn.Conn
+	js     jetstream.JetStream
 	log    *eventlog.Log
 	view   *eventlog.View
 	forge  *fakeForge
@@ -98,7 +99,7 @@ func newPlane(b *testing.B) *plane {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p := &plane{b: b, nc: c, log: l, view: eventlog.NewView(), forge: newFakeForge(), ca: ca, ln: ln,
+	p := &plane{b: b, nc: c, js: js, log: l, view: eventlog.NewView(), forge: newFakeForge(), ca: ca, ln: ln,
 		target: facadeTarget{URL: "https://" + ln.Addr().String(), TD: td}, changed: make(chan struct{}, 1),
 		seen: make(map[assignment.Transition]int), lastT: make(map[assignment.Transition]time.Time)}
 	p.view.OnChange(p.count)
@@ -268,7 +269,7 @@ func (c jsCounts) sub(o jsCounts) jsCounts {
 
 func (p *plane) counts() jsCounts {
 	p.b.Helper()
-	js := p.log.JetStream()
+	js := p.js
 	last := func(name string) uint64 {
 		s, err := js.Stream(context.Background(), name)
 		if err != nil {

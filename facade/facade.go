@@ -24,7 +24,6 @@ import (
 	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
-	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
@@ -55,8 +54,8 @@ type Facade struct {
 	cfg     Config
 	limits  ServerLimits
 	forge   forge.Forge
-	log     *eventlog.Log
-	view    *eventlog.View
+	log     EventLog
+	view    View
 	started time.Time
 	// logLimit holds back refusal log lines beyond one per kind and HandshakeLogEvery.
 	logLimit *logLimit
@@ -69,7 +68,7 @@ var (
 )
 
 // New returns a Facade forwarding reports to forge.
-func New(cfg Config, forge forge.Forge, log *eventlog.Log, view *eventlog.View) *Facade {
+func New(cfg Config, forge forge.Forge, log EventLog, view View) *Facade {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

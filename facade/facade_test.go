@@ -11,7 +11,12 @@ import (
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/facade"
 
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -53,101 +58,79 @@ func TestFacadeLifecycle(t *testing.T) {
 	// Another assignment's identity cannot redeem this token.
 	other := e.client(workload.AssignmentID(e.td, 43, epoch))
 	_, err := runnerClient(other, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "x", Token: tok.Secret()}))
-	if codeOf(err) != connect.CodePermissionDenied {
-		t.Fatalf("register with another assignment's SVID: %v, want permission denied", err)
-	}
+	require.Equal(t, connect.CodePermissionDenied, codeOf(err), "register with another assignment's SVID: %v", err)
 	// A SPIFFE ID that is no assignment identity is refused outright.
 	stranger := e.client(spiffeid.RequireFromPath(e.td, "/somebody/else"))
 	_, err = runnerClient(stranger, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "x", Token: tok.Secret()}))
-	if codeOf(err) != connect.CodePermissionDenied {
-		t.Fatalf("register with a non-assignment SVID: %v, want permission denied", err)
-	}
+	require.Equal(t, connect.CodePermissionDenied, codeOf(err), "register with a non-assignment SVID: %v", err)
 	// A forged token is refused.
 	_, err = runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "x", Token: tok.Secret() + "x"}))
-	if codeOf(err) != connect.CodeUnauthenticated {
-		t.Fatalf("register with a forged token: %v, want unauthenticated", err)
-	}
+	require.Equal(t, connect.CodeUnauthenticated, codeOf(err), "register with a forged token: %v", err)
 
 	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// The token is single-use: a replay is refused, decided by JetStream.
 	_, err = runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret()}))
-	if codeOf(err) != connect.CodePermissionDenied {
-		t.Fatalf("replayed token: %v, want permission denied (token redeemed)", err)
-	}
+	require.Equal(t, connect.CodePermissionDenied, codeOf(err), "replayed token (redeemed): %v", err)
 	r := reg.Msg.GetRunner()
-	if cur, _ := e.log.Get(ctx, 42); cur.RunnerUUID != r.GetUuid() || cur.Phase != assignment.Registered {
-		t.Fatalf("after the replay the assignment is %s with runner %s, want registered with %s", cur.Phase, cur.RunnerUUID, r.GetUuid())
-	}
+	cur, err := e.log.Get(ctx, 42)
+	require.NoError(t, err)
+	require.Equal(t, assignment.Registered, cur.Phase, "after the replay")
+	require.Equal(t, r.GetUuid(), cur.RunnerUUID, "after the replay")
 	rc := runnerClient(hc, srv.URL, r.GetUuid(), r.GetToken())
-	if _, err := runnerClient(hc, srv.URL, r.GetUuid(), "wrong").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); codeOf(err) != connect.CodeUnauthenticated {
-		t.Fatalf("fetch with a wrong runner token: %v, want unauthenticated", err)
-	}
-	if _, err := rc.Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Labels: []string{"pod"}})); err != nil {
-		t.Fatal(err)
-	}
+	_, err = runnerClient(hc, srv.URL, r.GetUuid(), "wrong").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.Equal(t, connect.CodeUnauthenticated, codeOf(err), "fetch with a wrong runner token: %v", err)
+	_, err = rc.Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Labels: []string{"pod"}}))
+	require.NoError(t, err)
 	got, err := rc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.Msg.GetTask().GetId() != 42 || got.Msg.GetTask().GetSecrets()["API_KEY"] != "s3cr3t" {
-		t.Fatalf("fetched task = %v", got.Msg.GetTask())
-	}
+	require.NoError(t, err)
+	require.Equal(t, int64(42), got.Msg.GetTask().GetId())
+	require.Equal(t, "s3cr3t", got.Msg.GetTask().GetSecrets()["API_KEY"])
 	// A retried fetch (its first answer lost) gets the same task again, and only this runner
 	// can ask: the handover is recorded once.
 	again, err := rc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
-	if err != nil || again.Msg.GetTask().GetId() != 42 {
-		t.Fatalf("second fetch = %v, %v; want the same task", again.Msg.GetTask(), err)
-	}
-	if cur, _ := e.log.Get(ctx, 42); cur.Phase != assignment.Running {
-		t.Fatalf("after a second fetch the assignment is %s, want running", cur.Phase)
-	}
+	require.NoError(t, err)
+	require.Equal(t, int64(42), again.Msg.GetTask().GetId(), "second fetch")
+	cur, err = e.log.Get(ctx, 42)
+	require.NoError(t, err)
+	require.Equal(t, assignment.Running, cur.Phase, "after a second fetch")
 
-	if _, err := rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Rows: []*runnerv1.LogRow{{Content: "hello"}}})); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7, Rows: []*runnerv1.LogRow{{Content: "x"}}})); codeOf(err) != connect.CodePermissionDenied {
-		t.Fatalf("log for another task: %v, want permission denied", err)
-	}
+	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Rows: []*runnerv1.LogRow{{Content: "hello"}}}))
+	require.NoError(t, err)
+	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 7, Rows: []*runnerv1.LogRow{{Content: "x"}}}))
+	require.Equal(t, connect.CodePermissionDenied, codeOf(err), "log for another task: %v", err)
 
 	lease := dynrunnerv1connect.NewLeaseServiceClient(hc, srv.URL)
 	ren, err := lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(epoch)}))
-	if err != nil || ren.Msg.GetEnded() {
-		t.Fatalf("renew = %v, %v", ren, err)
-	}
+	require.NoError(t, err)
+	require.False(t, ren.Msg.GetEnded())
 	// A holder of a stale epoch (an SVID of an earlier handover) is rejected.
 	stale := e.client(workload.AssignmentID(e.td, 42, epoch-1))
 	_, err = dynrunnerv1connect.NewLeaseServiceClient(stale, srv.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(epoch - 1)}))
-	if codeOf(err) != connect.CodeFailedPrecondition {
-		t.Fatalf("stale renew: %v, want failed precondition (stale epoch)", err)
-	}
-	_, err = runnerClient(stale, srv.URL, r.GetUuid(), r.GetToken()).UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 42}}))
-	if codeOf(err) != connect.CodeUnauthenticated && codeOf(err) != connect.CodeFailedPrecondition {
-		t.Fatalf("stale report: %v, want it rejected", err)
-	}
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "stale renew: %v", err)
+	// A stale report: the SVID of an earlier epoch, with runner credentials the facade issued
+	// for it, naming the runner now registered. Everything checks out but the epoch, so the
+	// refusal is the epoch's, and nothing reaches the forge.
+	staleEpoch := func() float64 { return testutil.ToFloat64(e.metrics.Refused.WithLabelValues("stale_epoch")) }
+	refused := staleEpoch()
+	staleToken := facade.RunnerToken(runnerKey, 42, epoch-1, r.GetUuid())
+	_, err = runnerClient(stale, srv.URL, r.GetUuid(), staleToken).UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 42}}))
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "stale report: %v", err)
+	assert.Equal(t, refused+1, staleEpoch(), "the stale report was refused for its epoch")
+	assert.Zero(t, e.forge.Reports(42), "state reports the forge got")
 
-	if _, err := rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS}})); err != nil {
-		t.Fatal(err)
-	}
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS}}))
+	require.NoError(t, err)
 	final, err := e.log.Get(ctx, 42)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if final.Phase != assignment.Completed || final.Result != "success" || final.Epoch() != epoch {
-		t.Fatalf("final state = %+v", final)
-	}
-	if e.forge.Result(42) != runnerv1.Result_RESULT_SUCCESS {
-		t.Fatalf("upstream result = %v", e.forge.Result(42))
-	}
-	if got := e.forge.Log(42); len(got) != 1 || got[0] != "hello" {
-		t.Fatalf("upstream log = %q", got)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, assignment.Completed, final.Phase)
+	assert.Equal(t, "success", final.Result)
+	assert.Equal(t, epoch, final.Epoch())
+	assert.Equal(t, runnerv1.Result_RESULT_SUCCESS, e.forge.Result(42), "upstream result")
+	assert.Equal(t, []string{"hello"}, e.forge.Log(42), "upstream log")
 	ren, err = lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(epoch)}))
-	if err != nil || !ren.Msg.GetEnded() {
-		t.Fatalf("renew after the end = %v, %v; want ended", ren, err)
-	}
+	require.NoError(t, err)
+	require.True(t, ren.Msg.GetEnded(), "renew after the end")
 
 	// The attack: after the end, the environment (or the job inside it, which can read the
 	// runner's credentials) reports again — a second final state with injected outputs, a late
@@ -156,19 +139,12 @@ func TestFacadeLifecycle(t *testing.T) {
 		State:   &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS},
 		Outputs: map[string]string{"injected": "by the job after its end"},
 	}))
-	if codeOf(err) != connect.CodeFailedPrecondition || !strings.Contains(err.Error(), "nothing more is forwarded") {
-		t.Fatalf("a final report after the end: %v, want it refused", err)
-	}
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a final report after the end: %v", err)
+	require.ErrorContains(t, err, "nothing more is forwarded")
 	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Index: 1, Rows: []*runnerv1.LogRow{{Content: "late"}}}))
-	if codeOf(err) != connect.CodeFailedPrecondition {
-		t.Fatalf("a log after the end: %v, want it refused", err)
-	}
-	if n := e.forge.Reports(42); n != 1 {
-		t.Fatalf("the forge got %d state reports for task 42, want the one final report", n)
-	}
-	if got := e.forge.Log(42); len(got) != 1 {
-		t.Fatalf("upstream log after the end = %q", got)
-	}
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a log after the end: %v", err)
+	assert.Equal(t, 1, e.forge.Reports(42), "state reports for task 42: the one final report")
+	assert.Equal(t, []string{"hello"}, e.forge.Log(42), "upstream log after the end")
 }
 
 // TestFacadeRefusesForeignCA: a client whose SVID comes from another CA fails the handshake.
@@ -177,24 +153,17 @@ func TestFacadeRefusesForeignCA(t *testing.T) {
 	srv := e.facadeServer()
 	st := e.claim(forgetest.Task(5))
 	foreign, err := workload.LoadOrCreateDevCA(t.TempDir(), e.td)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	src, err := foreign.Source(workload.AssignmentID(e.td, 5, st.Epoch()), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// The client trusts the real facade (its bundle) but presents a foreign SVID.
 	cfg := workload.ClientTLSConfig(bundleOverride{src, e.ca}, workload.FacadeID(e.td))
 	_, err = runnerClient(e.clientTLS(cfg), srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Token: "x"}))
-	if err == nil || codeOf(err) == connect.CodePermissionDenied {
-		t.Fatalf("foreign SVID: %v, want a failed handshake", err)
-	}
+	require.Error(t, err, "foreign SVID")
+	require.NotEqual(t, connect.CodePermissionDenied, codeOf(err), "foreign SVID: %v, want a failed handshake", err)
 	// Without any client certificate the handshake fails too.
 	_, err = runnerClient(&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}, srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Token: "x"}))
-	if err == nil {
-		t.Fatal("a client without an SVID was served")
-	}
+	require.Error(t, err, "a client without an SVID was served")
 }
 
 // TestFacadeGuestListener: a microVM guest without an SVID registers with its token over
@@ -209,36 +178,27 @@ func TestFacadeGuestListener(t *testing.T) {
 	pod := e.claim(forgetest.Task(60))
 	_, podTok := e.start(pod)
 	_, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: podTok.Secret()}))
-	if codeOf(err) != connect.CodePermissionDenied {
-		t.Fatalf("pod token on the guest listener: %v, want permission denied", err)
-	}
+	require.Equal(t, connect.CodePermissionDenied, codeOf(err), "pod token on the guest listener: %v", err)
 
 	vm := e.claimOn(forgetest.Task(61), assignment.BackendVM)
 	_, tok := e.start(vm)
-	if _, err := runnerClient(hc, srv.URL, "", "").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{})); codeOf(err) != connect.CodeUnauthenticated {
-		t.Fatalf("guest fetch without credentials: %v, want unauthenticated", err)
-	}
+	_, err = runnerClient(hc, srv.URL, "", "").FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.Equal(t, connect.CodeUnauthenticated, codeOf(err), "guest fetch without credentials: %v", err)
 	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: tok.Secret()}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: tok.Secret()})); codeOf(err) != connect.CodePermissionDenied {
-		t.Fatalf("replayed guest token: %v, want permission denied", err)
-	}
+	require.NoError(t, err)
+	_, err = runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "vm", Token: tok.Secret()}))
+	require.Equal(t, connect.CodePermissionDenied, codeOf(err), "replayed guest token: %v", err)
 	r := reg.Msg.GetRunner()
 	rc := runnerClient(hc, srv.URL, r.GetUuid(), r.GetToken())
 	got, err := rc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
-	if err != nil || got.Msg.GetTask().GetId() != 61 {
-		t.Fatalf("guest fetch = %v, %v", got.Msg.GetTask(), err)
-	}
+	require.NoError(t, err)
+	require.Equal(t, int64(61), got.Msg.GetTask().GetId(), "guest fetch")
 	// A forged token naming another assignment fails the HMAC.
 	forged := strings.Replace(r.GetToken(), "61.", "60.", 1)
-	if _, err := runnerClient(hc, srv.URL, r.GetUuid(), forged).UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 60})); err == nil {
-		t.Fatal("a forged runner token was served")
-	}
-	if _, err := rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 61, Result: runnerv1.Result_RESULT_SUCCESS}})); err != nil {
-		t.Fatal(err)
-	}
+	_, err = runnerClient(hc, srv.URL, r.GetUuid(), forged).UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 60}))
+	require.Equal(t, connect.CodeUnauthenticated, codeOf(err), "a forged runner token: %v", err)
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 61, Result: runnerv1.Result_RESULT_SUCCESS}}))
+	require.NoError(t, err)
 }
 
 // TestFacadeRegisterBeforeStartedIsRetryable: an environment faster than its worker's
@@ -248,12 +208,8 @@ func TestFacadeRegisterBeforeStartedIsRetryable(t *testing.T) {
 	srv := e.facadeServer()
 	st := e.claim(forgetest.Task(70))
 	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	hc := e.client(workload.AssignmentID(e.td, 70, st.Epoch()))
 	_, err = runnerClient(hc, srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret()}))
-	if codeOf(err) != connect.CodeUnavailable {
-		t.Fatalf("register before started: %v, want unavailable (retry)", err)
-	}
+	require.Equal(t, connect.CodeUnavailable, codeOf(err), "register before started (retry): %v", err)
 }

@@ -11,6 +11,7 @@ import (
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/facade"
 	"github.com/dynrunner/dynrunner/forge/forgetest"
@@ -39,25 +40,24 @@ type env struct {
 	logw   io.Writer
 	// now is the facades' clock (zero: time.Now).
 	now func() time.Time
+	// metrics count what the facades serve and refuse.
+	metrics *facade.Metrics
 }
+
+// runnerKey derives the runner tokens of the facades serve starts.
+var runnerKey = []byte("runner-key-runner-key-runner-key")
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	l, v := eventlogtest.Open(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	issuer, err := captoken.NewIssuer([]byte("fedcba9876543210fedcba9876543210"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	td := spiffeid.RequireTrustDomainFromString("test.dynrunner")
 	ca, err := workload.LoadOrCreateDevCA(t.TempDir(), td)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &env{t: t, log: l, view: v, box: box, issuer: issuer, ca: ca, td: td, forge: forgetest.New()}
+	require.NoError(t, err)
+	return &env{t: t, log: l, view: v, box: box, issuer: issuer, ca: ca, td: td, forge: forgetest.New(), metrics: facade.NewMetrics(nil)}
 }
 
 // server is a facade listening for mTLS on loopback.
@@ -76,16 +76,12 @@ func (e *env) serve(guest bool) server {
 	}
 	f := facade.New(facade.Config{
 		Actor: "facade-test", TrustDomain: e.td, Lease: 5 * time.Minute, Issuer: e.issuer,
-		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: e.box, Log: zerolog.New(logw), Limits: e.limits, Now: e.now,
+		RunnerKey: runnerKey, Box: e.box, Log: zerolog.New(logw), Limits: e.limits, Now: e.now, Metrics: e.metrics,
 	}, e.forge, e.log, e.view)
 	src, err := e.ca.ServerSource(workload.FacadeID(e.td), time.Hour, workload.LocalHosts())
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	hs := f.Server(f.Handler(), workload.ServerTLSConfig(src))
 	if guest {
 		hs = f.Server(f.GuestHandler(), workload.GuestServerTLSConfig(src))
@@ -100,9 +96,7 @@ func (e *env) serve(guest bool) server {
 func (e *env) client(id spiffeid.ID) *http.Client {
 	e.t.Helper()
 	src, err := e.ca.Source(id, time.Hour)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	return &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(src, workload.FacadeID(e.td)), ForceAttemptHTTP2: true}}
 }
 
@@ -120,17 +114,11 @@ func (e *env) claimOn(task *runnerv1.Task, backend assignment.Backend) assignmen
 	ctx := e.t.Context()
 	id := assignment.TaskID(task.GetId())
 	sealed, digest, err := sealedtask.Seal(e.box, id, task)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if err := e.log.PutTask(ctx, id, sealed); err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
+	require.NoError(e.t, e.log.PutTask(ctx, id, sealed))
 	st, err := e.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: id, At: time.Now(), Actor: "test",
 		Backend: backend, TaskDigest: digest, Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	return st
 }
 
@@ -138,13 +126,9 @@ func (e *env) claimOn(task *runnerv1.Task, backend assignment.Backend) assignmen
 func (e *env) start(st assignment.State) (assignment.State, captoken.Token) {
 	e.t.Helper()
 	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	next, err := e.log.Apply(e.t.Context(), assignment.Event{Transition: assignment.Started, Task: st.Task, Epoch: st.Epoch(),
 		At: time.Now(), Actor: "test", Handle: []byte(`{"id":"test"}`), TokenID: tok.ID()}, nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	require.NoError(e.t, err)
 	return next, tok
 }

@@ -148,7 +148,7 @@ func TestFacadeCutsOffSlowBodies(t *testing.T) {
 		assert.Less(t, a.at.Sub(began), 5*time.Second)
 		assert.Equal(t, "HTTP/1.1 504 Gateway Timeout", a.status, "Connect's deadline_exceeded")
 	case <-time.After(10 * time.Second):
-		t.Fatal("a trickled body held its request open for 10 s; ReadTimeout is 1 s")
+		require.FailNow(t, "a trickled body held its request open for 10 s; ReadTimeout is 1 s")
 	}
 
 	// In flight: two slow requests of one identity; the third is refused, another identity's

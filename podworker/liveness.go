@@ -10,12 +10,11 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 )
 
-// BucketWorkers holds two kinds of keys, each put again at every heartbeat and expired three
-// heartbeats after the last one:
+// The workers' keys in eventlog.BucketWorkers are of two kinds, each put again at every
+// heartbeat and expired eventlog.Config.WorkersTTL (three heartbeats) after the last one:
 //
 //   - env.<task>.<epoch>: the actor of the worker that watches that environment. Created
 //     (atomically: only if absent) by the worker that starts or adopts the environment,
@@ -23,45 +22,25 @@ import (
 //     key, so however many workers find it unwatched, one adopts it.
 //   - the base64url of a worker's actor, its value the actor: which workers run, for operators
 //     (nats kv ls). Deleted when the worker shuts down cleanly; nothing decides on it.
-const BucketWorkers = "dynrunner_workers"
-
-// DefaultHeartbeat is how often a worker renews its keys unless Config.Heartbeat says
-// otherwise.
-const DefaultHeartbeat = 10 * time.Second
 
 // heartbeatsPerTTL is how many heartbeats a key outlives: a worker is declared gone after
-// missing this many in a row.
+// missing this many in a row. The heartbeat is the bucket's TTL over it unless
+// Config.Heartbeat says otherwise.
 const heartbeatsPerTTL = 3
 
-// openWorkers ensures the liveness bucket.
-func openWorkers(ctx context.Context, js jetstream.JetStream, replicas int, ttl time.Duration) (jetstream.KeyValue, error) {
-	kv, err := eventlog.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
-		Bucket:      BucketWorkers,
-		Description: "dynrunner workers that are alive (base64url of the actor) and the environments they watch (env.<task>.<epoch>)",
-		History:     1,
-		TTL:         ttl,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("podworker: bucket %s: %w", BucketWorkers, err)
-	}
-	return kv, nil
-}
-
-// workerKey is an actor's key in BucketWorkers. Actors hold characters keys may not
+// workerKey is an actor's key in eventlog.BucketWorkers. Actors hold characters keys may not
 // ("pod-worker@host/pid"); base64url yields only ones they may, and never a dot, so a worker
 // key is never an environment's.
 func workerKey(actor string) string { return base64.RawURLEncoding.EncodeToString([]byte(actor)) }
 
-// envKey is the key in BucketWorkers naming the worker that watches an environment. A task
+// envKey is the key in eventlog.BucketWorkers naming the worker that watches an environment. A task
 // has one assignment, so one backend: its key is the same in every tier.
 func envKey(task assignment.TaskID, epoch assignment.Epoch) string {
 	return fmt.Sprintf("env.%d.%d", task, epoch)
 }
 
-// ttl is how long a key outlives its last heartbeat.
-func (w *Worker) ttl() time.Duration { return heartbeatsPerTTL * w.cfg.Heartbeat }
+// ttl is how long a key outlives its last heartbeat: the bucket's TTL.
+func (w *Worker) ttl() time.Duration { return w.log.Config().WorkersTTL }
 
 // holder is what an environment's key says about who watches it.
 type holder struct {

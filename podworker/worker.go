@@ -33,7 +33,7 @@ const TokenFile = "capability-token"
 // Config configures a Worker.
 type Config struct {
 	// Actor names the worker in the records it appends ("pod-worker@host/pid"). It must be
-	// unique among the running workers: it is the value of the keys in BucketWorkers that
+	// unique among the running workers: it is the value of the keys in eventlog.BucketWorkers that
 	// name the environments it watches, which other workers adopt only once the key is gone.
 	Actor string
 	// Backend is the isolation tier this worker consumes: pod (or vm, for the vm worker's reuse).
@@ -47,8 +47,8 @@ type Config struct {
 	ExecutorEnv map[string]string
 	// Reap is how often environments no live assignment owns are looked for.
 	Reap time.Duration
-	// Heartbeat is how often the worker renews its keys in BucketWorkers (DefaultHeartbeat);
-	// they expire after three.
+	// Heartbeat is how often the worker renews its keys in eventlog.BucketWorkers; they expire
+	// after the bucket's TTL (eventlog.Config.WorkersTTL), by default three heartbeats.
 	Heartbeat time.Duration
 	// RetryDelay is the redelivery delay after a failed start, times the delivery count.
 	RetryDelay time.Duration
@@ -60,8 +60,8 @@ type Config struct {
 type Worker struct {
 	cfg     Config
 	backend Backend
-	log     *eventlog.Log
-	view    *eventlog.View
+	log     EventLog
+	view    View
 	workers jetstream.KeyValue
 
 	slots chan struct{}
@@ -76,15 +76,15 @@ type Worker struct {
 type env struct {
 	h      Handle
 	cancel context.CancelCauseFunc
-	// key is the environment's key in BucketWorkers; rev the revision this worker last wrote
+	// key is the environment's key in eventlog.BucketWorkers; rev the revision this worker last wrote
 	// there, 0 while it holds none (the claim failed; the next heartbeat claims it). rev is
 	// guarded by Worker.mu.
 	key string
 	rev uint64
 }
 
-// New returns a Worker.
-func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *Worker {
+// New returns a Worker, subscribed to view: call it before view is fed (eventlog.View).
+func New(cfg Config, backend Backend, log EventLog, view View) *Worker {
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 1
 	}
@@ -98,7 +98,7 @@ func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *W
 		cfg.RetryDelay = 2 * time.Second
 	}
 	if cfg.Heartbeat <= 0 {
-		cfg.Heartbeat = DefaultHeartbeat
+		cfg.Heartbeat = log.Config().WorkersTTL / heartbeatsPerTTL
 	}
 	w := &Worker{cfg: cfg, backend: backend, log: log, view: view,
 		slots: make(chan struct{}, cfg.Concurrency), envs: make(map[assignment.TaskID]*env), ready: make(chan struct{})}
@@ -109,7 +109,7 @@ func New(cfg Config, backend Backend, log *eventlog.Log, view *eventlog.View) *W
 // Ready is closed once the worker recovered its environments and consumes dispatches.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
-// Run announces the worker in BucketWorkers, recovers environments, then consumes dispatches
+// Run announces the worker in eventlog.BucketWorkers, recovers environments, then consumes dispatches
 // until ctx ends. Environments keep running when it returns; it deletes its keys, and the next
 // Run, or another worker, adopts them. It returns nil on cancellation.
 func (w *Worker) Run(ctx context.Context) error {
@@ -118,11 +118,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	case <-ctx.Done():
 		return nil
 	}
-	kv, err := openWorkers(ctx, w.log.JetStream(), w.log.Config().Replicas, w.ttl())
-	if err != nil {
-		return err
+	if w.cfg.Heartbeat >= w.ttl() {
+		return fmt.Errorf("podworker: heartbeat %s: the keys in %s expire after %s, so it must be shorter", w.cfg.Heartbeat, eventlog.BucketWorkers, w.ttl())
 	}
-	w.workers = kv
+	w.workers = w.log.Workers()
 	if err := w.beat(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
@@ -564,7 +563,7 @@ func (w *Worker) onChange(st assignment.State) {
 }
 
 // sweep adopts the environments live assignments own and no other worker watches (their key
-// in BucketWorkers is absent, or this worker's), and destroys the environments no live
+// in eventlog.BucketWorkers is absent, or this worker's), and destroys the environments no live
 // assignment owns. It returns when the first key of another worker it left environments to
 // expires unless renewed (zero when it left none): the next sweep is due then.
 //

@@ -175,10 +175,18 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
+	return newRigHeartbeat(t, 0)
+}
+
+// newRigHeartbeat is newRig with the workers' keys expiring after three heartbeats (the
+// default TTL when heartbeat is 0).
+func newRigHeartbeat(t *testing.T, heartbeat time.Duration) *rig {
+	t.Helper()
 	c, js := eventlogtest.Connect(t)
 	cfg := eventlog.DefaultConfig()
 	cfg.Key = eventlogtest.Key
 	cfg.DispatchMaxDeliver = 3
+	cfg.WorkersTTL = 3 * heartbeat
 	l, err := eventlog.Open(t.Context(), js, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -371,7 +379,7 @@ func TestWorkerAdoptsOwnedAndReapsOrphans(t *testing.T) {
 // sharing a namespace). The second does not adopt the first's environment while the first is
 // alive, and adopts it once the first stopped cleanly (deleting its key).
 func TestWorkerLeavesEnvironmentsOfLiveWorkers(t *testing.T) {
-	r := newRig(t)
+	r := newRigHeartbeat(t, 500*time.Millisecond)
 	mem := newMem()
 	const a, b = "pod-worker@a/1", "pod-worker@b/2"
 	stopA := r.runWorker(r.log, mem, podworker.Config{Actor: a, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
@@ -411,7 +419,7 @@ func TestWorkerLeavesEnvironmentsOfLiveWorkers(t *testing.T) {
 // controller) cannot delete its key; another worker adopts its environment once the key has
 // expired, without waiting for its reap interval.
 func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
-	r := newRig(t)
+	r := newRigHeartbeat(t, 500*time.Millisecond)
 	mem := newMem()
 	const a, b = "pod-worker@a/1", "pod-worker@b/2"
 	nc, la := r.replica()
@@ -449,10 +457,10 @@ func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
 // once its key expired, and exactly one adopts it. The other keeps leaving it alone, though
 // the worker recorded as its starter stays gone.
 func TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker(t *testing.T) {
-	r := newRig(t)
+	const heartbeat = time.Second // keys expire 3 s after the last heartbeat
+	r := newRigHeartbeat(t, heartbeat)
 	mem := newMem()
 	const a, b, c = "pod-worker@a/1", "pod-worker@b/2", "pod-worker@c/3"
-	const heartbeat = time.Second // keys expire 3 s after the last heartbeat
 	nc, la := r.replica()
 	stopA := r.runWorker(la, mem, podworker.Config{Actor: a, Reap: time.Hour, Heartbeat: heartbeat})
 	st := r.claim(7)
@@ -507,7 +515,7 @@ func TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker(t *testing.T) {
 // keys' TTL finds, once back, that another worker adopted its environment (the key names that
 // worker). It stops watching, and neither fails the assignment nor destroys the environment.
 func TestWorkerStopsWatchingWhenAdoptedElsewhere(t *testing.T) {
-	r := newRig(t)
+	r := newRigHeartbeat(t, 200*time.Millisecond)
 	mem := newMem()
 	r.runWorker(r.log, mem, podworker.Config{Actor: "pod-worker@a/1", Reap: time.Hour, Heartbeat: 200 * time.Millisecond})
 	st := r.claim(8)
@@ -531,7 +539,7 @@ func TestWorkerStopsWatchingWhenAdoptedElsewhere(t *testing.T) {
 
 func workersBucket(t *testing.T, r *rig) jetstream.KeyValue {
 	t.Helper()
-	kv, err := r.js.KeyValue(t.Context(), podworker.BucketWorkers)
+	kv, err := r.js.KeyValue(t.Context(), eventlog.BucketWorkers)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,8 +54,8 @@ type Config struct {
 type Scheduler struct {
 	cfg   Config
 	forge forge.Forge
-	log   *eventlog.Log
-	view  *eventlog.View
+	log   EventLog
+	view  View
 
 	started time.Time // when Run began; deadlines wait a grace period after it
 
@@ -67,7 +67,7 @@ type Scheduler struct {
 }
 
 // New returns a Scheduler. view must be fed by a running eventlog Watch.
-func New(cfg Config, forge forge.Forge, log *eventlog.Log, view *eventlog.View) *Scheduler {
+func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}

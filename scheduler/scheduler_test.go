@@ -244,7 +244,7 @@ func TestSchedulerIsNotWedgedByForgedRecords(t *testing.T) {
 		st, err = e.log.Get(t.Context(), 31)
 		return err == nil
 	})
-	js := e.log.JetStream()
+	js := e.js
 	_, err := js.Publish(t.Context(), eventlog.RecordSubject(31, assignment.Renewed), []byte(`{"transition":"renewed","task_id":"31"`))
 	require.NoError(t, err)
 	forged := st.Record

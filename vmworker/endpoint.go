@@ -38,15 +38,23 @@ type EndpointConfig struct {
 	Log      zerolog.Logger
 }
 
+// Assignments is what the Endpoint reads of the event log: the assignment a nonce was issued
+// for. *eventlog.Log is one.
+type Assignments interface {
+	Get(ctx context.Context, task assignment.TaskID) (assignment.State, error)
+}
+
+var _ Assignments = (*eventlog.Log)(nil)
+
 // Endpoint serves the nonce endpoint.
 type Endpoint struct {
 	cfg    EndpointConfig
 	nonces *Nonces
-	log    *eventlog.Log
+	log    Assignments
 }
 
 // NewEndpoint returns an Endpoint; it refuses a wildcard or out-of-network listen address.
-func NewEndpoint(cfg EndpointConfig, nonces *Nonces, log *eventlog.Log) (*Endpoint, error) {
+func NewEndpoint(cfg EndpointConfig, nonces *Nonces, log Assignments) (*Endpoint, error) {
 	ap, err := netip.ParseAddrPort(cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("vmworker: nonce endpoint address %q: %w", cfg.Listen, err)

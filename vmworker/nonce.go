@@ -14,12 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 )
-
-// BucketNonces holds one sealed record per issued nonce, keyed by the nonce's SHA-256.
-const BucketNonces = "dynrunner_nonces"
 
 // Errors of Redeem. The endpoint maps them to HTTP statuses.
 var (
@@ -45,20 +41,11 @@ type nonceRecord struct {
 	Issued     time.Time         `json:"issued"`
 }
 
-// OpenNonces ensures the nonce bucket. Records expire after ttl (unredeemed nonces included).
-func OpenNonces(ctx context.Context, js jetstream.JetStream, box *sealbox.Box, replicas int, ttl time.Duration) (*Nonces, error) {
-	kv, err := eventlog.EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
-		Bucket:      BucketNonces,
-		Description: "dynrunner single-use microVM nonces (sealed)",
-		History:     1,
-		TTL:         ttl,
-		Storage:     jetstream.FileStorage,
-		Replicas:    max(replicas, 1),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("vmworker: bucket %s: %w", BucketNonces, err)
-	}
-	return &Nonces{kv: kv, box: box}, nil
+// NewNonces returns Nonces keeping one record per nonce, sealed with box, in kv: the event
+// log's eventlog.BucketNonces (eventlog.Log.Nonces), whose records expire after
+// eventlog.Config.NoncesTTL, unredeemed nonces included.
+func NewNonces(kv jetstream.KeyValue, box *sealbox.Box) *Nonces {
+	return &Nonces{kv: kv, box: box}
 }
 
 func nonceKey(nonce string) string {

@@ -45,11 +45,7 @@ func newRig(t *testing.T) rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := vmworker.OpenNonces(t.Context(), js, box, 1, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return rig{log: l, nonces: n}
+	return rig{log: l, nonces: vmworker.NewNonces(l.Nonces(), box)}
 }
 
 const instance = "0f8fad5b-d9cb-469f-a165-70867728950e"

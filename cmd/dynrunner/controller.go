@@ -130,6 +130,7 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 	if cfg.Has(config.PodWorker) {
 		p.startPodWorker(pods)
 	}
+	p.follow()
 	if err := p.serveHTTP(); err != nil {
 		return err
 	}

@@ -81,7 +81,7 @@ func (p *plane) close() {
 }
 
 // open prepares what every component shares: the state directory, the keys, the actor, NATS
-// and JetStream, the metrics registry and the event log, followed into the view.
+// and JetStream, the metrics registry, the event log and the view, which follow starts feeding.
 func (p *plane) open(ctx context.Context) error {
 	cfg := p.cfg
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
@@ -108,14 +108,24 @@ func (p *plane) open(ctx context.Context) error {
 	elCfg.Replicas = cfg.NATSReplicas
 	elCfg.Key = recordKey
 	elCfg.OnReject = rejectionReporter(p.log, rejectedRecords)
+	elCfg.NoncesTTL = nonceTTL
 	if p.evlog, err = eventlog.Open(ctx, p.js, elCfg); err != nil {
 		return err
 	}
 	p.view = eventlog.NewView()
 	p.g, p.gctx = errgroup.WithContext(ctx)
+	return nil
+}
+
+// nonceTTL bounds how long an unredeemed nonce lives in JetStream.
+const nonceTTL = time.Hour
+
+// follow feeds the view from the event log. The components subscribe to the view when they
+// are built (eventlog.View.OnChange), so it runs once every component is: a view is
+// subscribed before it is fed.
+func (p *plane) follow() {
 	p.g.Go(func() error { return p.evlog.Watch(p.gctx, p.view) })
 	p.ready = append(p.ready, p.view.Ready())
-	return nil
 }
 
 // newActor names the process in the records and, for the pod and vm workers, in the liveness

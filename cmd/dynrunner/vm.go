@@ -24,18 +24,12 @@ import (
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
 )
 
-// nonceTTL bounds how long an unredeemed nonce lives in JetStream.
-const nonceTTL = time.Hour
-
 // startVMWorker starts the nonce endpoint and the vm worker, whose environments are
 // `dynrunner launcher` processes.
 func startVMWorker(ctx context.Context, p *plane) error {
 	cfg := p.cfg
 	vlog := p.log.With().Str("component", "vm-worker").Logger()
-	nonces, err := vmworker.OpenNonces(ctx, p.js, p.box, cfg.NATSReplicas, nonceTTL)
-	if err != nil {
-		return err
-	}
+	nonces := vmworker.NewNonces(p.evlog.Nonces(), p.box)
 	facadeCA := func() ([]byte, error) {
 		bundle, err := p.facadeSrc.GetX509BundleForTrustDomain(cfg.TrustDomain)
 		if err != nil {

@@ -1,7 +1,10 @@
 // Package eventlog is dynrunner's JetStream topology and the compare-and-swap appender for
 // assignment transitions.
 //
-// Streams and subjects (see docs/events.md):
+// Open creates every stream and bucket dynrunner uses; no other package creates one. The
+// buckets other components keep their state in are reached through the Log (Workers, Nonces).
+//
+// Streams, subjects and buckets (see docs/events.md):
 //
 //	DYNRUNNER_ASSIGNMENTS   dynrunner.assignment.<task_id>.<transition>  every transition, JSON, limits retention
 //	DYNRUNNER_DISPATCH      dynrunner.dispatch.<backend>     work queue, one durable consumer per backend
@@ -9,6 +12,8 @@
 //	                        dynrunner.dead.record            rejected messages, quarantined
 //	DYNRUNNER_ENVIRONMENTS  dynrunner.environment.<task_id>  environment observations (Pod phases), JSON, limits retention
 //	KV dynrunner_tasks      task.<task_id>                   the sealed forge task (AES-GCM), purged at the end
+//	KV dynrunner_workers    env.<task>.<epoch>, workers      which worker watches each environment (package podworker), TTL Config.WorkersTTL
+//	KV dynrunner_nonces     SHA-256 of a nonce               single-use microVM nonces (package vmworker), TTL Config.NoncesTTL
 //
 // Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence over
 // the task's subjects; the claim's stream sequence is the assignment's fencing epoch. Every
@@ -17,4 +22,7 @@
 // reported (Config.OnReject).
 // Environment records are plain appends (RecordEnvironment), deduplicated by message id: they
 // are an audit trail beside the assignment's, never an input to its state machine.
+//
+// A View is subscribed before it is fed: every View.OnChange comes before the Log.Watch that
+// feeds it, and OnChange afterwards panics with ErrSubscribedLate.
 package eventlog

@@ -2,14 +2,14 @@ package eventlog_test
 
 import (
 	"encoding/json"
-	"errors"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -19,24 +19,17 @@ func TestEnvironmentStream(t *testing.T) {
 	l, done := openLog(t, t.TempDir())
 	defer done()
 	ctx := t.Context()
-	js := l.JetStream()
-	env, err := js.Stream(ctx, eventlog.StreamEnvironments)
-	if err != nil {
-		t.Fatal(err)
-	}
-	asg, err := js.Stream(ctx, eventlog.StreamAssignments)
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, err := l.js.Stream(ctx, eventlog.StreamEnvironments)
+	require.NoError(t, err)
+	asg, err := l.js.Stream(ctx, eventlog.StreamAssignments)
+	require.NoError(t, err)
 	got, want := env.CachedInfo().Config, asg.CachedInfo().Config
-	if !reflect.DeepEqual(got.Subjects, []string{"dynrunner.environment.*"}) {
-		t.Errorf("subjects = %v", got.Subjects)
-	}
-	if got.Retention != jetstream.LimitsPolicy || got.Storage != jetstream.FileStorage ||
-		got.MaxAge != want.MaxAge || got.Replicas != want.Replicas || got.Duplicates != want.Duplicates {
-		t.Errorf("config = %+v, want limits retention, file storage and the assignments stream's max age %v, replicas %d, duplicate window %v",
-			got, want.MaxAge, want.Replicas, want.Duplicates)
-	}
+	assert.Equal(t, []string{"dynrunner.environment.*"}, got.Subjects)
+	assert.Equal(t, jetstream.LimitsPolicy, got.Retention)
+	assert.Equal(t, jetstream.FileStorage, got.Storage)
+	assert.Equal(t, want.MaxAge, got.MaxAge, "the assignments stream's max age")
+	assert.Equal(t, want.Replicas, got.Replicas, "the assignments stream's replicas")
+	assert.Equal(t, want.Duplicates, got.Duplicates, "the assignments stream's duplicate window")
 }
 
 func TestRecordEnvironment(t *testing.T) {
@@ -57,72 +50,46 @@ func TestRecordEnvironment(t *testing.T) {
 		rec(eventlog.EnvRunning, t0.Add(2*time.Second)), // a resumed Wait reports it again
 		failed,
 	} {
-		if err := l.RecordEnvironment(ctx, r); err != nil {
-			t.Fatalf("RecordEnvironment(%s): %v", r.Phase, err)
-		}
+		require.NoError(t, l.RecordEnvironment(ctx, r), r.Phase)
 	}
 
-	c, err := l.JetStream().OrderedConsumer(ctx, eventlog.StreamEnvironments, jetstream.OrderedConsumerConfig{
+	c, err := l.js.OrderedConsumer(ctx, eventlog.StreamEnvironments, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{eventlog.EnvironmentSubject(12)},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	batch, err := c.FetchNoWait(10)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var raw []map[string]any
 	var recs []eventlog.EnvironmentRecord
 	for msg := range batch.Messages() {
 		var m map[string]any
 		var r eventlog.EnvironmentRecord
-		if err := json.Unmarshal(msg.Data(), &m); err != nil {
-			t.Fatal(err)
-		}
-		if err := json.Unmarshal(msg.Data(), &r); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, json.Unmarshal(msg.Data(), &m))
+		require.NoError(t, json.Unmarshal(msg.Data(), &r))
 		raw, recs = append(raw, m), append(recs, r)
 	}
 	var phases []string
 	for _, r := range recs {
 		phases = append(phases, r.Phase)
 	}
-	if want := []string{"Pending", "Running", "Failed"}; !reflect.DeepEqual(phases, want) {
-		t.Fatalf("phases = %v, want %v (the repeated Running dropped as a duplicate)", phases, want)
-	}
-	if got, want := recs[0].At, t0; !got.Equal(want) || got.Location() != time.UTC {
-		t.Errorf("at = %v, want %v in UTC", got, want)
-	}
-	var keys []string
-	for k := range raw[2] {
-		keys = append(keys, k)
-	}
+	require.Equal(t, []string{"Pending", "Running", "Failed"}, phases, "the repeated Running dropped as a duplicate")
+	assert.True(t, recs[0].At.Equal(t0), "at = %v, want %v", recs[0].At, t0)
+	assert.Equal(t, time.UTC, recs[0].At.Location())
 	for _, k := range []string{"task_id", "epoch", "backend", "env", "pod_uid", "phase", "reason", "message", "node", "at", "actor"} {
-		if _, ok := raw[2][k]; !ok {
-			t.Errorf("record lacks %q; it has %v", k, keys)
-		}
+		assert.Contains(t, raw[2], k)
 	}
-	if got := raw[2]["at"]; got != "2026-12-02T12:00:03Z" {
-		t.Errorf("at = %v, want RFC 3339 in UTC", got)
-	}
-	if m := recs[2].Message; len(m) > 512 || !utf8.ValidString(m) || !strings.HasSuffix(m, "…") {
-		t.Errorf("message of %d bytes (valid UTF-8: %v), want at most 512 ending in …", len(m), utf8.ValidString(m))
-	}
+	assert.Equal(t, "2026-12-02T12:00:03Z", raw[2]["at"], "RFC 3339 in UTC")
+	m := recs[2].Message
+	assert.LessOrEqual(t, len(m), 512)
+	assert.True(t, utf8.ValidString(m), "valid UTF-8")
+	assert.True(t, strings.HasSuffix(m, "…"), "ends in …")
 
 	// The audit trail of the assignment is not touched.
-	asg, err := l.JetStream().Stream(ctx, eventlog.StreamAssignments)
-	if err != nil {
-		t.Fatal(err)
-	}
+	asg, err := l.js.Stream(ctx, eventlog.StreamAssignments)
+	require.NoError(t, err)
 	info, err := asg.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != 0 {
-		t.Errorf("the assignments stream holds %d messages, want 0", info.State.Msgs)
-	}
+	require.NoError(t, err)
+	assert.Zero(t, info.State.Msgs, "messages in the assignments stream")
 }
 
 func TestRecordEnvironmentRefusesIncomplete(t *testing.T) {
@@ -144,11 +111,11 @@ func TestRecordEnvironmentRefusesIncomplete(t *testing.T) {
 			r := good
 			tc.edit(&r)
 			err := l.RecordEnvironment(t.Context(), r)
-			if err == nil {
-				t.Fatal("recorded")
-			}
-			if got := errors.Is(err, assignment.ErrInvalidID); got != tc.wantID {
-				t.Fatalf("err = %v; errors.Is(ErrInvalidID) = %v, want %v", err, got, tc.wantID)
+			require.Error(t, err, "recorded")
+			if tc.wantID {
+				require.ErrorIs(t, err, assignment.ErrInvalidID)
+			} else {
+				require.NotErrorIs(t, err, assignment.ErrInvalidID)
 			}
 		})
 	}

@@ -25,6 +25,12 @@ const (
 	StreamDead         = "DYNRUNNER_DEAD"
 	StreamEnvironments = "DYNRUNNER_ENVIRONMENTS"
 	BucketTasks        = "dynrunner_tasks"
+	// BucketWorkers holds the pod and vm workers' liveness keys and the key of every
+	// environment naming the worker that watches it (package podworker says which keys).
+	BucketWorkers = "dynrunner_workers"
+	// BucketNonces holds one sealed record per microVM nonce the vm worker issued, keyed by
+	// the nonce's SHA-256 (package vmworker).
+	BucketNonces = "dynrunner_nonces"
 
 	SubjectAssignment = "dynrunner.assignment."
 	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
@@ -50,11 +56,24 @@ type Config struct {
 	Key []byte
 	// OnReject, when set, hears of every message the log rejected, once per message.
 	OnReject func(Rejection)
+	// WorkersTTL is how long a key in BucketWorkers outlives its last put: three of the
+	// workers' heartbeats (DefaultWorkersTTL, when zero). Every component must use the same.
+	WorkersTTL time.Duration
+	// NoncesTTL is how long a nonce's record lives in BucketNonces, redeemed or not
+	// (DefaultNoncesTTL, when zero).
+	NoncesTTL time.Duration
 }
+
+// Defaults of Config's TTLs.
+const (
+	DefaultWorkersTTL = 30 * time.Second
+	DefaultNoncesTTL  = time.Hour
+)
 
 // DefaultConfig is the single-node topology.
 func DefaultConfig() Config {
-	return Config{Replicas: 1, Retention: 7 * 24 * time.Hour, DispatchMaxDeliver: 5, DispatchAckWait: 30 * time.Second}
+	return Config{Replicas: 1, Retention: 7 * 24 * time.Hour, DispatchMaxDeliver: 5, DispatchAckWait: 30 * time.Second,
+		WorkersTTL: DefaultWorkersTTL, NoncesTTL: DefaultNoncesTTL}
 }
 
 // Log appends and reads assignment transitions.
@@ -64,15 +83,24 @@ type Log struct {
 	asg      jetstream.Stream
 	envs     jetstream.Stream
 	tasks    jetstream.KeyValue
+	workers  jetstream.KeyValue
+	nonces   jetstream.KeyValue
 	sign     signer
 	rejected seen
 }
 
-// Open ensures the topology exists (creating or updating streams and buckets) and returns a Log.
-// A key shorter than MinKeySize fails with ErrShortKey.
+// Open ensures the whole topology dynrunner uses exists, creating or updating every stream and
+// bucket (the package doc lists them; no other package creates one), and returns a Log. A key
+// shorter than MinKeySize fails with ErrShortKey.
 func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error) {
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
+	}
+	if cfg.WorkersTTL <= 0 {
+		cfg.WorkersTTL = DefaultWorkersTTL
+	}
+	if cfg.NoncesTTL <= 0 {
+		cfg.NoncesTTL = DefaultNoncesTTL
 	}
 	if len(cfg.Key) < MinKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, at least %d are required", ErrShortKey, len(cfg.Key), MinKeySize)
@@ -129,7 +157,7 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: stream %s: %w", StreamEnvironments, err)
 	}
-	tasks, err := EnsureKeyValue(ctx, js, jetstream.KeyValueConfig{
+	tasks, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
 		Bucket:      BucketTasks,
 		Description: "dynrunner sealed forge tasks (AES-GCM), purged when the assignment ends",
 		History:     1,
@@ -141,10 +169,40 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketTasks, err)
 	}
+	workers, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketWorkers,
+		Description: "dynrunner workers that are alive (base64url of the actor) and the environments they watch (env.<task>.<epoch>)",
+		History:     1,
+		TTL:         cfg.WorkersTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketWorkers, err)
+	}
+	nonces, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketNonces,
+		Description: "dynrunner single-use microVM nonces (sealed)",
+		History:     1,
+		TTL:         cfg.NoncesTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketNonces, err)
+	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, sign: signer{key: key.Sum(nil)}}, nil
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, sign: signer{key: key.Sum(nil)}}, nil
 }
+
+// Workers returns BucketWorkers, the workers' liveness bucket. Its keys expire
+// Config.WorkersTTL after their last put.
+func (l *Log) Workers() jetstream.KeyValue { return l.workers }
+
+// Nonces returns BucketNonces, the vm worker's nonce bucket. Its records expire
+// Config.NoncesTTL after they were written.
+func (l *Log) Nonces() jetstream.KeyValue { return l.nonces }
 
 // ensureStream returns the stream as configured, creating or updating it only when it is
 // missing or differs: a component whose NATS user may only look streams up (docs/security.md)
@@ -162,9 +220,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	return js.CreateOrUpdateStream(ctx, want)
 }
 
-// EnsureKeyValue is jetstream's CreateOrUpdateKeyValue that only looks the bucket up when it
+// ensureKeyValue is jetstream's CreateOrUpdateKeyValue that only looks the bucket up when it
 // exists as configured, so a component whose NATS user may not change buckets binds to one.
-func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+func ensureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
 	if kv, err := js.KeyValue(ctx, want.Bucket); err == nil {
 		if st, err := kv.Status(ctx); err == nil {
 			if s, ok := st.(*jetstream.KeyValueBucketStatus); ok {
@@ -184,7 +242,7 @@ func EnsureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.
 // every job fail; /readyz shows it with Check's error, which names what is missing.
 func (l *Log) Check(ctx context.Context) error {
 	var errs []error
-	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks} {
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces} {
 		if _, err := l.js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)
@@ -199,9 +257,6 @@ func (l *Log) Check(ctx context.Context) error {
 
 // Config returns the topology's configuration.
 func (l *Log) Config() Config { return l.cfg }
-
-// JetStream returns the JetStream handle the log uses.
-func (l *Log) JetStream() jetstream.JetStream { return l.js }
 
 // Subject returns the subjects of a task's records: dynrunner.assignment.<task_id>.*, one
 // per transition (RecordSubject).

@@ -111,7 +111,7 @@ func TestPerComponentUsers(t *testing.T) {
 		select {
 		case <-view.Ready():
 		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: the view did not catch up: %s", name, c.violations())
+			require.FailNow(t, "the view did not catch up", "%s: %s", name, c.violations())
 		}
 		require.NoError(t, c.log.Check(ctx), name)
 	}
@@ -142,12 +142,18 @@ func TestPerComponentUsers(t *testing.T) {
 	require.NoError(t, pod.log.RecordEnvironment(ctx, eventlog.EnvironmentRecord{Task: 5, Epoch: st.Epoch(), Backend: "docker",
 		Env: "x", Phase: eventlog.EnvRunning, At: t0, Actor: "test"}), pod.violations())
 	require.NoError(t, pod.log.DeadLetter(ctx, assignment.BackendPod, []byte("{}"), "test"), pod.violations())
-	workers, err := eventlog.EnsureKeyValue(ctx, pod.js, jetstream.KeyValueConfig{Bucket: "dynrunner_workers", History: 1, TTL: time.Minute, Storage: jetstream.FileStorage})
-	require.NoError(t, err, pod.violations())
+	workers := pod.log.Workers()
 	_, err = workers.Put(ctx, "env.5.1", []byte("pod-worker"))
 	require.NoError(t, err, pod.violations())
 	_, err = workers.Get(ctx, "env.5.1")
 	require.NoError(t, err, pod.violations())
+
+	// The vm worker keeps its nonces.
+	nonces := vm.log.Nonces()
+	_, err = nonces.Create(ctx, "n1", []byte("sealed"))
+	require.NoError(t, err, vm.violations())
+	_, err = nonces.Get(ctx, "n1")
+	require.NoError(t, err, vm.violations())
 
 	// The facade reads the sealed task and records what the environment reports.
 	sealed, err := facade.log.GetTask(ctx, 5)
@@ -171,6 +177,10 @@ func TestPerComponentUsers(t *testing.T) {
 	})
 	denied(t, pod, "a pod worker reads a sealed task", func(ctx context.Context) error {
 		_, err := pod.log.GetTask(ctx, 5)
+		return err
+	})
+	denied(t, pod, "a pod worker writes a nonce", func(ctx context.Context) error {
+		_, err := pod.log.Nonces().Put(ctx, "n2", []byte("sealed"))
 		return err
 	})
 	denied(t, pod, "a pod worker consumes the vm tier's dispatches", func(ctx context.Context) error {

@@ -14,12 +14,18 @@ import (
 
 // View is a component's read model of all assignments, rebuilt from JetStream by Watch. It is
 // a cache: every decision is still checked by a compare-and-swap append.
+//
+// A view is subscribed before it is fed: every OnChange comes before the Watch that feeds the
+// view starts, so each subscriber hears the initial replay and the subscriber list never
+// changes while the view is fed. OnChange after Watch started panics.
 type View struct {
 	mu     sync.RWMutex
 	states map[assignment.TaskID]assignment.State
 	ready  chan struct{}
 	once   sync.Once
-	subs   []func(assignment.State)
+	// subs is fixed once fed is set, by Watch.
+	subs []func(assignment.State)
+	fed  bool
 }
 
 // NewView returns an empty view.
@@ -28,12 +34,26 @@ func NewView() *View {
 }
 
 // OnChange registers fn to be called (from the watch goroutine, or the goroutine of an
-// Observe) with every state the view learns from then on, the initial replay included when it
-// is registered before Watch starts. It is safe to call while Watch runs.
+// Observe) with every state the view learns, the initial replay included. It must be called
+// before Watch starts feeding the view: a subscriber registered later would miss the replay,
+// so OnChange then panics (a wiring mistake, like net/http's duplicate pattern).
 func (v *View) OnChange(fn func(assignment.State)) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if v.fed {
+		panic(ErrSubscribedLate)
+	}
 	v.subs = append(v.subs, fn)
+}
+
+// ErrSubscribedLate is what OnChange panics with when Watch already feeds the view.
+var ErrSubscribedLate = errors.New("eventlog: View.OnChange after Watch started feeding the view: subscribe every consumer before starting Watch")
+
+// feed marks the view as fed: from now on its subscribers are fixed.
+func (v *View) feed() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.fed = true
 }
 
 // Ready is closed once the view has caught up with the stream.
@@ -106,7 +126,7 @@ func (v *View) Observe(s assignment.State) {
 		// stream's retention bounds how many a restart reloads.
 		v.states[s.Task] = s
 	}
-	subs := v.subs // appends never change the elements a copy of the header sees
+	subs := v.subs
 	v.mu.Unlock()
 	if newer {
 		for _, fn := range subs {
@@ -115,9 +135,10 @@ func (v *View) Observe(s assignment.State) {
 	}
 }
 
-// Watch replays the last state of every assignment and then follows new transitions until ctx
-// ends. It returns nil on cancellation.
+// Watch replays the last state of every assignment into v and then follows new transitions
+// until ctx ends. It returns nil on cancellation. Every v.OnChange must come before it.
 func (l *Log) Watch(ctx context.Context, v *View) error {
+	v.feed()
 	info, err := l.asg.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("eventlog: watch: %w", err)

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
@@ -19,14 +20,10 @@ var Key = []byte("0123456789abcdef0123456789abcdef")
 func Connect(t testing.TB) (*natsconn.Conn, jetstream.JetStream) {
 	t.Helper()
 	c, err := natsconn.Connect(natsconn.Config{StoreDir: t.TempDir(), Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(c.Close)
 	js, err := jetstream.New(c.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return c, js
 }
 
@@ -35,17 +32,23 @@ func Connect(t testing.TB) (*natsconn.Conn, jetstream.JetStream) {
 // returned view from it until the test ends.
 func Open(t testing.TB) (*eventlog.Log, *eventlog.View) {
 	t.Helper()
+	l, v, _ := OpenJetStream(t)
+	return l, v
+}
+
+// OpenJetStream is Open, and also returns the JetStream handle the log was opened on, for
+// tests that write around the log (a forged record, a deleted stream).
+func OpenJetStream(t testing.TB) (*eventlog.Log, *eventlog.View, jetstream.JetStream) {
+	t.Helper()
 	_, js := Connect(t)
 	cfg := eventlog.DefaultConfig()
 	cfg.Key = Key
 	l, err := eventlog.Open(t.Context(), js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	v := eventlog.NewView()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Watch(ctx, v) }()
 	t.Cleanup(func() { cancel(); <-done })
-	return l, v
+	return l, v, js
 }

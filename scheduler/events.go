@@ -1,0 +1,34 @@
+package scheduler
+
+import (
+	"context"
+	"time"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+)
+
+// EventLog is what the Scheduler uses of the event log: the assignments it claims and ends,
+// their sealed tasks and the dispatch queue. *eventlog.Log is one.
+type EventLog interface {
+	Get(ctx context.Context, task assignment.TaskID) (assignment.State, error)
+	Apply(ctx context.Context, ev assignment.Event, hint *assignment.State) (assignment.State, error)
+	Dispatch(ctx context.Context, backend assignment.Backend, task assignment.TaskID, epoch assignment.Epoch) error
+	PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error
+	DropTask(ctx context.Context, task assignment.TaskID) error
+}
+
+// View is what the Scheduler uses of the read model of the assignments. *eventlog.View is
+// one.
+type View interface {
+	Ready() <-chan struct{}
+	Live() []assignment.State
+	Ended() []assignment.State
+	Forget(cutoff time.Time) []assignment.TaskID
+	Observe(s assignment.State)
+}
+
+var (
+	_ EventLog = (*eventlog.Log)(nil)
+	_ View     = (*eventlog.View)(nil)
+)
