@@ -49,7 +49,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 	if !ok {
 		return podworker.Handle{}, fmt.Errorf("vmworker: spec for task %d has no capability token", spec.Task)
 	}
-	instance, err := newInstanceID()
+	instance, err := NewInstanceID()
 	if err != nil {
 		return podworker.Handle{}, err
 	}
@@ -94,8 +94,9 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 	return "", nil
 }
 
-// newInstanceID returns a random UUID (version 4) in canonical form.
-func newInstanceID() (string, error) {
+// NewInstanceID returns a new microVM instance id: a random UUID (version 4) in canonical
+// form, the only form the nonce endpoint accepts. Every VM backend uses it.
+func NewInstanceID() (string, error) {
 	u, err := uuid.NewRandom()
 	if err != nil {
 		return "", fmt.Errorf("vmworker: instance id: %w", err)
