@@ -40,8 +40,9 @@ func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[stri
 	return &Backend{procs: procs, nonces: nonces, endpoint: endpoint, launch: maps.Clone(launch)}
 }
 
-// Name implements podworker.Backend.
-func (b *Backend) Name() string { return "launcher" }
+// Name implements podworker.Backend: "local" (VM_BACKEND=local), the name of the launcher
+// processes' backend, which every handle carries.
+func (b *Backend) Name() string { return b.procs.Name() }
 
 // Start issues a nonce for the assignment's token and starts a launcher.
 func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Handle, error) {

@@ -268,14 +268,14 @@ func (s *suite) start(t *testing.T, b podworker.Backend, spec podworker.Spec) po
 	t.Helper()
 	h, err := b.Start(s.ctx(t), spec)
 	require.NoError(t, err, "Start(task %d)", spec.Task)
-	want := podworker.Handle{Backend: b.Name(), ID: h.ID, Task: spec.Task, Epoch: spec.Epoch, Data: h.Data}
-	require.Equal(t, want, h, "Start(task %d epoch %d): want backend %q and the spec's task and epoch", spec.Task, spec.Epoch, b.Name())
-	require.NotEmpty(t, h.ID, "Start(task %d) returned a handle without an id", spec.Task)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.h.Timeout)
 		defer cancel()
 		assert.NoError(t, b.Destroy(ctx, h), "cleanup: Destroy(%s)", h.ID)
 	})
+	want := podworker.Handle{Backend: b.Name(), ID: h.ID, Task: spec.Task, Epoch: spec.Epoch, Data: h.Data}
+	require.Equal(t, want, h, "Start(task %d epoch %d): want backend %q and the spec's task and epoch", spec.Task, spec.Epoch, b.Name())
+	require.NotEmpty(t, h.ID, "Start(task %d) returned a handle without an id", spec.Task)
 	return h
 }
 

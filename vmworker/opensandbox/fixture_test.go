@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -70,14 +71,10 @@ func newFixture(t *testing.T, scfg opensandboxtest.ServerConfig) *fixture {
 		Log:          zerolog.New(f.logs),
 	}
 	t.Cleanup(func() {
-		logs := f.logs.String()
-		if strings.Contains(logs, f.srv.APIKey()) {
-			t.Errorf("the API key is in the log:\n%s", logs)
-		}
+		assert.NotContains(t, f.logs.String(), f.srv.APIKey(), "the API key is in the log")
 		for _, r := range f.srv.Requests() {
-			if bytes.Contains(r.Body, []byte(podworkertest.TokenPrefix)) || bytes.Contains(r.Body, []byte(testToken)) {
-				t.Errorf("a capability token was sent to OpenSandbox: %s %s %s", r.Method, r.Path, r.Body)
-			}
+			assert.NotContains(t, string(r.Body), podworkertest.TokenPrefix, "a capability token was sent to OpenSandbox: %s %s", r.Method, r.Path)
+			assert.NotContains(t, string(r.Body), testToken, "a capability token was sent to OpenSandbox: %s %s", r.Method, r.Path)
 		}
 	})
 	return f
@@ -110,15 +107,9 @@ func spec(task assignment.TaskID, script opensandboxtest.Script) podworker.Spec 
 // checkErr fails t if err is nil or mentions the API key.
 func (f *fixture) checkErr(t *testing.T, err error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("got no error")
-	}
-	if strings.Contains(err.Error(), f.srv.APIKey()) {
-		t.Errorf("the error holds the API key: %v", err)
-	}
-	if strings.Contains(err.Error(), testToken) {
-		t.Errorf("the error holds the capability token: %v", err)
-	}
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), f.srv.APIKey(), "the error holds the API key")
+	assert.NotContains(t, err.Error(), testToken, "the error holds the capability token")
 	t.Logf("error: %v", err)
 }
 

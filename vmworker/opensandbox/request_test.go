@@ -13,8 +13,12 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/vmworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
@@ -104,17 +108,17 @@ func TestCreateRequest(t *testing.T) {
 	if sb.Metadata[opensandbox.MetaCreated] == "" {
 		t.Errorf("metadata lacks %s", opensandbox.MetaCreated)
 	}
-	if want := map[string]string{opensandbox.DataInstanceID: instance, opensandbox.DataPool: "ci-vm"}; !reflect.DeepEqual(h.Data, want) {
-		t.Errorf("handle data = %v, want %v", h.Data, want)
-	}
+	assert.Equal(t, map[string]string{opensandbox.DataInstanceID: instance, opensandbox.DataPool: "ci-vm"}, h.Data, "handle data")
 	// The nonce redeems once for the token, for this instance only.
-	if _, _, _, err := f.redeem(t, "00000000-0000-4000-8000-000000000000", sb.Env[opensandbox.EnvNonce]); err == nil {
-		t.Errorf("the nonce redeemed for another instance")
-	}
+	_, _, _, err = f.redeem(t, "00000000-0000-4000-8000-000000000000", sb.Env[opensandbox.EnvNonce])
+	assert.ErrorIs(t, err, vmworker.ErrUnknownNonce, "the nonce redeemed for another instance")
 	task, epoch, token, err := f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
-	if err != nil || task != 42 || epoch != 7 || token != testToken {
-		t.Errorf("Redeem = %d %d %d bytes %v; want task 42 epoch 7 and the token", task, epoch, len(token), err)
-	}
+	require.NoError(t, err, "Redeem")
+	assert.Equal(t, assignment.TaskID(42), task)
+	assert.Equal(t, assignment.Epoch(7), epoch)
+	assert.Equal(t, testToken, token, "the redeemed token")
+	_, _, _, err = f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
+	assert.ErrorIs(t, err, vmworker.ErrNonceRedeemed, "the nonce redeemed twice")
 }
 
 func TestPoolOnly(t *testing.T) {
