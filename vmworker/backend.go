@@ -40,8 +40,9 @@ func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[stri
 	return &Backend{procs: procs, nonces: nonces, endpoint: endpoint, launch: maps.Clone(launch)}
 }
 
-// Name implements podworker.Backend.
-func (b *Backend) Name() string { return "launcher" }
+// Name implements podworker.Backend: "local" (VM_BACKEND=local), the name of the launcher
+// processes' backend, which every handle carries.
+func (b *Backend) Name() string { return b.procs.Name() }
 
 // Start issues a nonce for the assignment's token and starts a launcher.
 func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Handle, error) {
@@ -49,7 +50,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 	if !ok {
 		return podworker.Handle{}, fmt.Errorf("vmworker: spec for task %d has no capability token", spec.Task)
 	}
-	instance, err := newInstanceID()
+	instance, err := NewInstanceID()
 	if err != nil {
 		return podworker.Handle{}, err
 	}
@@ -94,8 +95,9 @@ func (b *Backend) Diagnose(ctx context.Context, h podworker.Handle) (string, err
 	return "", nil
 }
 
-// newInstanceID returns a random UUID (version 4) in canonical form.
-func newInstanceID() (string, error) {
+// NewInstanceID returns a new microVM instance id: a random UUID (version 4) in canonical
+// form, the only form the nonce endpoint accepts. Every VM backend uses it.
+func NewInstanceID() (string, error) {
 	u, err := uuid.NewRandom()
 	if err != nil {
 		return "", fmt.Errorf("vmworker: instance id: %w", err)

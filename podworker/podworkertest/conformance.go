@@ -1,13 +1,19 @@
 package podworkertest
 
 import (
+	"bytes"
 	"context"
-	"errors"
-	"math/rand/v2"
-	"reflect"
+	"crypto/rand"
+	"encoding/hex"
+	mrand "math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -17,11 +23,12 @@ import (
 type Behavior int
 
 const (
-	// RunForever runs until it is killed; SIGTERM (or the backend's equivalent) ends it.
+	// RunForever runs until it is destroyed; SIGTERM (or the backend's equivalent) ends it.
 	RunForever Behavior = iota + 1
-	// ExitZero exits with code 0 at once.
+	// ExitZero ends by itself at once, successfully: exit code 0 (a guest that powered off).
 	ExitZero
-	// ExitNonZero exits with code NonZeroExitCode at once.
+	// ExitNonZero ends by itself at once in failure, with exit code NonZeroExitCode when the
+	// backend reports codes (Harness.KnownExitCodes).
 	ExitNonZero
 	// CheckSecrets exits with code 0 if the directory named by DYNRUNNER_SECRETS_DIR holds a
 	// file SecretName with mode 0600 and content SecretContent, and with a non-zero code if not.
@@ -30,6 +37,10 @@ const (
 	// WriteFilesAndExit writes files into its working directory, HOME and TMPDIR, among them a
 	// read-only tree (directories 0555, files 0444, as Go's module cache), then exits with 0.
 	WriteFilesAndExit
+	// NeverReady never becomes ready: Start must fail within the suite's timeout and leave
+	// nothing behind. The harness's backend must be configured with a start timeout well
+	// below Harness.Timeout.
+	NeverReady
 )
 
 func (b Behavior) String() string {
@@ -44,28 +55,68 @@ func (b Behavior) String() string {
 		return "CheckSecrets"
 	case WriteFilesAndExit:
 		return "WriteFilesAndExit"
+	case NeverReady:
+		return "NeverReady"
 	}
 	return "Behavior(?)"
 }
 
-// The exit code of ExitNonZero and the secret file of CheckSecrets.
+// The exit code of ExitNonZero, the secret file of CheckSecrets and the prefix of the
+// capability tokens the suite gives every spec.
 const (
 	NonZeroExitCode = 3
 	SecretName      = "capability-token"
 	SecretContent   = "conformance-secret\n"
+	TokenPrefix     = "podworkertest-token-"
 )
 
 // DefaultTimeout bounds each backend call of the suite when Harness.Timeout is zero.
 const DefaultTimeout = 60 * time.Second
 
+// The checks of the suite, one subtest each. A harness names those its backend cannot do in
+// Harness.Without, each with the reason.
+const (
+	CheckExitZero                = "ExitZero"
+	CheckExitNonZero             = "ExitNonZero"
+	CheckDestroyRunning          = "DestroyRunning"
+	CheckDestroyIdempotent       = "DestroyIdempotent"
+	CheckList                    = "List"
+	CheckAdopt                   = "Adopt"
+	CheckWaitAdoptedExited       = "WaitAdoptedExited"
+	CheckStartTwice              = "StartTwice"
+	CheckStartConcurrently       = "StartConcurrently"
+	CheckNewEpoch                = "NewEpoch"
+	CheckSecretFiles             = "Secrets"
+	CheckRejectsUnsafeSecretName = "RejectsUnsafeSecretName"
+	CheckWriteFiles              = "WriteFiles"
+	CheckNeverReady              = "NeverReady"
+	CheckDiagnose                = "Diagnose"
+	CheckTokenOnlyThroughNonce   = "TokenOnlyThroughNonce"
+	CheckMissingToken            = "MissingToken"
+	CheckTokenNeverSent          = "TokenNeverSent"
+	CheckNoGoroutineLeak         = "NoGoroutineLeak"
+)
+
+// checks lists every check in the order the suite runs them. TokenNeverSent and
+// NoGoroutineLeak look back at everything before them and run last.
+var checks = []string{
+	CheckExitZero, CheckExitNonZero, CheckDestroyRunning, CheckDestroyIdempotent, CheckList,
+	CheckAdopt, CheckWaitAdoptedExited, CheckStartTwice, CheckStartConcurrently, CheckNewEpoch,
+	CheckSecretFiles, CheckRejectsUnsafeSecretName, CheckWriteFiles, CheckNeverReady,
+	CheckDiagnose, CheckTokenOnlyThroughNonce, CheckMissingToken, CheckTokenNeverSent,
+	CheckNoGoroutineLeak,
+}
+
 // Harness adapts a backend to the suite.
 type Harness struct {
 	// New returns a fresh backend instance over the same underlying state as every other
-	// instance it returned (the same root directory, Docker engine or namespace); the suite
-	// calls it more than once to simulate a controller restart. It registers its own cleanup.
+	// instance it returned (the same root directory, Docker engine, namespace or server); the
+	// suite calls it more than once to simulate a controller restart. It registers its own
+	// cleanup.
 	New func(t *testing.T) podworker.Backend
-	// Spec returns a spec for task whose environment does behavior. The suite sets Epoch (and
-	// Files, for CheckSecrets) on the result.
+	// Spec returns a spec for task whose environment does behavior. The suite sets Epoch and
+	// Files (a capability token in podworker.TokenFile, and the secret of CheckSecrets) on the
+	// result.
 	Spec func(t *testing.T, task assignment.TaskID, behavior Behavior) podworker.Spec
 	// Gone, if set, reports whether nothing of the destroyed environment h remains (for local:
 	// its directory is gone and no process of it runs). The suite polls it after each Destroy.
@@ -73,14 +124,35 @@ type Harness struct {
 	// KnownExitCodes says Wait reports real exit codes for environments the same instance
 	// started; otherwise the suite also accepts -1.
 	KnownExitCodes bool
+	// ListLags says List may go on reporting a destroyed environment for a while (a remote
+	// API that deletes asynchronously); the suite then polls until it stops.
+	ListLags bool
+	// DiagnosePrefix, if set, is how the line Diagnose returns for an ExitNonZero environment
+	// starts (podworker.LauncherErrorPrefix for the launcher); when empty the suite accepts no
+	// line or one starting with either prefix.
+	DiagnosePrefix string
+	// Nonce is set for backends that keep the capability token in the controller and give the
+	// environment a single-use nonce for it (the VM backends).
+	Nonce *NonceHarness
+	// Without names the checks (Check*) the backend cannot do, each with the reason, which
+	// the suite reports as the subtest's skip.
+	Without map[string]string
 	// Timeout bounds each backend call (DefaultTimeout when zero).
 	Timeout time.Duration
 	// FirstTask is the first task id the suite uses; zero picks a random one, so runs against
 	// shared state (a cluster) do not meet each other's leftovers.
 	FirstTask assignment.TaskID
-	// SkipLeakCheck turns off the final check that no goroutine of the backend's package is
-	// left once every environment is destroyed.
-	SkipLeakCheck bool
+}
+
+// NonceHarness adapts the nonce of a backend that redeems tokens through one.
+type NonceHarness struct {
+	// Redeem redeems the nonce the environment h received, as its guest would, and returns
+	// the token.
+	Redeem func(t *testing.T, h podworker.Handle) (string, error)
+	// Received, if set, returns everything the backend sent on behalf of the environments so
+	// far (request bodies and queries, launcher environments, seed files), where no capability
+	// token may appear.
+	Received func(t *testing.T) [][]byte
 }
 
 // suite is one run of RunConformance.
@@ -88,38 +160,75 @@ type suite struct {
 	h    Harness
 	mu   sync.Mutex
 	next assignment.TaskID
+	// tokens are the capability tokens the suite gave out.
+	tokens [][]byte
 }
 
-// RunConformance runs the conformance suite against the backend h describes.
+// RunConformance runs the conformance suite against the backend h describes: every check
+// except those h.Without names.
 func RunConformance(t *testing.T, h Harness) {
 	t.Helper()
-	if h.New == nil || h.Spec == nil {
-		t.Fatal("podworkertest: Harness.New and Harness.Spec are required")
+	require.NotNil(t, h.New, "podworkertest: Harness.New is required")
+	require.NotNil(t, h.Spec, "podworkertest: Harness.Spec is required")
+	for name, reason := range h.Without {
+		require.Contains(t, checks, name, "podworkertest: Harness.Without names an unknown check")
+		require.NotEmpty(t, reason, "podworkertest: Harness.Without[%s] needs the reason", name)
+	}
+	if h.Nonce != nil {
+		require.NotNil(t, h.Nonce.Redeem, "podworkertest: NonceHarness.Redeem is required")
 	}
 	if h.Timeout == 0 {
 		h.Timeout = DefaultTimeout
 	}
 	s := &suite{h: h, next: h.FirstTask}
 	if s.next == 0 {
-		s.next = assignment.TaskID(1_000_000 + rand.Int64N(1_000_000_000)*10)
+		s.next = assignment.TaskID(1_000_000 + mrand.Int64N(1_000_000_000)*10)
 	}
 	t.Logf("podworkertest: task ids from %d", s.next)
-	pkg := backendPackage(h.New(t))
+	backend := h.New(t)
 
-	t.Run("ExitZero", s.testExit(ExitZero, 0))
-	t.Run("ExitNonZero", s.testExit(ExitNonZero, NonZeroExitCode))
-	t.Run("DestroyRunning", s.testDestroyRunning)
-	t.Run("DestroyIdempotent", s.testDestroyIdempotent)
-	t.Run("List", s.testList)
-	t.Run("Adopt", s.testAdopt)
-	t.Run("WaitAdoptedExited", s.testWaitAdoptedExited)
-	t.Run("StartTwice", s.testStartTwice)
-	t.Run("StartConcurrently", s.testStartConcurrently)
-	t.Run("Secrets", s.testSecrets)
-	t.Run("RejectsUnsafeSecretName", s.testRejectsUnsafeSecretName)
-	t.Run("WriteFiles", s.testWriteFiles)
-	if !h.SkipLeakCheck && pkg != "" {
-		t.Run("NoGoroutineLeak", func(t *testing.T) { checkNoGoroutines(t, pkg, s.h.Timeout) })
+	run := map[string]func(*testing.T){
+		CheckExitZero:                s.testExit(ExitZero, 0),
+		CheckExitNonZero:             s.testExit(ExitNonZero, NonZeroExitCode),
+		CheckDestroyRunning:          s.testDestroyRunning,
+		CheckDestroyIdempotent:       s.testDestroyIdempotent,
+		CheckList:                    s.testList,
+		CheckAdopt:                   s.testAdopt,
+		CheckWaitAdoptedExited:       s.testWaitAdoptedExited,
+		CheckStartTwice:              s.testStartTwice,
+		CheckStartConcurrently:       s.testStartConcurrently,
+		CheckNewEpoch:                s.testNewEpoch,
+		CheckSecretFiles:             s.testSecrets,
+		CheckRejectsUnsafeSecretName: s.testRejectsUnsafeSecretName,
+		CheckWriteFiles:              s.testWriteFiles,
+		CheckNeverReady:              s.testNeverReady,
+		CheckDiagnose:                s.testDiagnose,
+		CheckTokenOnlyThroughNonce:   s.needsNonce(s.testTokenOnlyThroughNonce),
+		CheckMissingToken:            s.needsNonce(s.testMissingToken),
+		CheckTokenNeverSent:          s.needsNonce(s.testTokenNeverSent),
+		CheckNoGoroutineLeak: func(t *testing.T) {
+			pkg := backendPackage(backend)
+			require.NotEmpty(t, pkg, "the backend's type has no package")
+			checkNoGoroutines(t, pkg, s.h.Timeout)
+		},
+	}
+	for _, name := range checks {
+		if reason, ok := h.Without[name]; ok {
+			t.Run(name, func(t *testing.T) { t.Skipf("%s: not supported: %s", backend.Name(), reason) })
+			continue
+		}
+		t.Run(name, run[name])
+	}
+}
+
+// needsNonce runs check only for backends with a NonceHarness; the others receive the token
+// as a secret file, which the Secrets check covers.
+func (s *suite) needsNonce(check func(*testing.T)) func(*testing.T) {
+	return func(t *testing.T) {
+		if s.h.Nonce == nil {
+			t.Skip("not supported: the backend gives the environment its capability token as a secret file (see Secrets); it redeems no nonce")
+		}
+		check(t)
 	}
 }
 
@@ -131,15 +240,20 @@ func (s *suite) task() assignment.TaskID {
 	return s.next
 }
 
-// spec builds the spec of a new task with behavior.
+// spec builds the spec of a new task with behavior and a fresh capability token.
 func (s *suite) spec(t *testing.T, behavior Behavior) podworker.Spec {
 	t.Helper()
 	task := s.task()
 	spec := s.h.Spec(t, task, behavior)
-	if spec.Task != task {
-		t.Fatalf("Harness.Spec returned task %d, want %d", spec.Task, task)
-	}
+	require.Equal(t, task, spec.Task, "Harness.Spec returned another task")
 	spec.Epoch = 1
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	token := []byte(TokenPrefix + hex.EncodeToString(b[:]))
+	s.mu.Lock()
+	s.tokens = append(s.tokens, token)
+	s.mu.Unlock()
+	spec.Files = map[string][]byte{podworker.TokenFile: token}
 	return spec
 }
 
@@ -153,20 +267,15 @@ func (s *suite) ctx(t *testing.T) context.Context {
 func (s *suite) start(t *testing.T, b podworker.Backend, spec podworker.Spec) podworker.Handle {
 	t.Helper()
 	h, err := b.Start(s.ctx(t), spec)
-	if err != nil {
-		t.Fatalf("Start(task %d): %v", spec.Task, err)
-	}
-	if h.Backend != b.Name() || h.ID == "" || h.Task != spec.Task || h.Epoch != spec.Epoch {
-		t.Fatalf("Start(task %d epoch %d) = %+v: want backend %q, an id, and the spec's task and epoch",
-			spec.Task, spec.Epoch, h, b.Name())
-	}
+	require.NoError(t, err, "Start(task %d)", spec.Task)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.h.Timeout)
 		defer cancel()
-		if err := b.Destroy(ctx, h); err != nil {
-			t.Errorf("cleanup: Destroy(%s): %v", h.ID, err)
-		}
+		assert.NoError(t, b.Destroy(ctx, h), "cleanup: Destroy(%s)", h.ID)
 	})
+	want := podworker.Handle{Backend: b.Name(), ID: h.ID, Task: spec.Task, Epoch: spec.Epoch, Data: h.Data}
+	require.Equal(t, want, h, "Start(task %d epoch %d): want backend %q and the spec's task and epoch", spec.Task, spec.Epoch, b.Name())
+	require.NotEmpty(t, h.ID, "Start(task %d) returned a handle without an id", spec.Task)
 	return h
 }
 
@@ -174,27 +283,25 @@ func (s *suite) start(t *testing.T, b podworker.Backend, spec podworker.Spec) po
 func (s *suite) wait(t *testing.T, b podworker.Backend, h podworker.Handle) podworker.Exit {
 	t.Helper()
 	exit, err := b.Wait(s.ctx(t), h)
-	if err != nil {
-		t.Fatalf("Wait(%s): %v", h.ID, err)
-	}
+	require.NoError(t, err, "Wait(%s)", h.ID)
 	return exit
 }
 
-// checkCode checks an exit code: want, or -1 when the backend may not know it.
+// checkCode checks an exit code, want or -1 when the backend may not know it, and that the
+// exit says why.
 func (s *suite) checkCode(t *testing.T, exit podworker.Exit, want int, mayBeUnknown bool) {
 	t.Helper()
-	if exit.Code == want || (exit.Code == -1 && (mayBeUnknown || !s.h.KnownExitCodes)) {
+	assert.NotEmpty(t, exit.Reason, "exit %+v says no reason", exit)
+	if exit.Code == -1 && (mayBeUnknown || !s.h.KnownExitCodes) {
 		return
 	}
-	t.Errorf("exit = %+v, want code %d", exit, want)
+	assert.Equal(t, want, exit.Code, "exit = %+v", exit)
 }
 
 // destroy destroys h and checks that nothing of it remains.
 func (s *suite) destroy(t *testing.T, b podworker.Backend, h podworker.Handle) {
 	t.Helper()
-	if err := b.Destroy(s.ctx(t), h); err != nil {
-		t.Fatalf("Destroy(%s): %v", h.ID, err)
-	}
+	require.NoError(t, b.Destroy(s.ctx(t), h), "Destroy(%s)", h.ID)
 	s.checkGone(t, h)
 }
 
@@ -203,9 +310,8 @@ func (s *suite) checkGone(t *testing.T, h podworker.Handle) {
 	if s.h.Gone == nil {
 		return
 	}
-	if !poll(s.h.Timeout, func() bool { return s.h.Gone(t, h) }) {
-		t.Errorf("environment %s still has something left %v after Destroy", h.ID, s.h.Timeout)
-	}
+	assert.True(t, poll(s.h.Timeout, func() bool { return s.h.Gone(t, h) }),
+		"environment %s still has something left %v after Destroy", h.ID, s.h.Timeout)
 }
 
 // checkRunning checks that Wait on h blocks: the environment still runs.
@@ -214,9 +320,7 @@ func (s *suite) checkRunning(t *testing.T, b podworker.Backend, h podworker.Hand
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	exit, err := b.Wait(ctx, h)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Wait(%s) on a running environment = %+v, %v; want context.DeadlineExceeded", h.ID, exit, err)
-	}
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Wait(%s) on a running environment = %+v", h.ID, exit)
 }
 
 // waitResult is the outcome of a Wait run in the background.
@@ -241,8 +345,61 @@ func (s *suite) waitAsync(t *testing.T, b podworker.Backend, h podworker.Handle)
 func (s *suite) checkWaitEnded(t *testing.T, what string, ch <-chan waitResult) {
 	t.Helper()
 	r := <-ch // bounded by the Wait's context
-	if r.err != nil && !errors.Is(r.err, podworker.ErrNotFound) {
-		t.Errorf("%s: Wait during Destroy = %+v, %v; want an exit or ErrNotFound", what, r.exit, r.err)
+	if r.err != nil {
+		assert.ErrorIs(t, r.err, podworker.ErrNotFound, "%s: Wait during Destroy = %+v; want an exit or ErrNotFound", what, r.exit)
+	}
+}
+
+// listed returns the handles List reports with id.
+func (s *suite) listed(t *testing.T, b podworker.Backend, id string) []podworker.Handle {
+	t.Helper()
+	all, err := b.List(s.ctx(t))
+	require.NoError(t, err, "List")
+	var out []podworker.Handle
+	for _, l := range all {
+		if l.ID == id {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// checkListed checks that List reports exactly h, or nothing when want is false (within the
+// timeout, with Harness.ListLags).
+func (s *suite) checkListed(t *testing.T, b podworker.Backend, h podworker.Handle, want bool) {
+	t.Helper()
+	if !want {
+		if s.h.ListLags {
+			assert.True(t, poll(s.h.Timeout, func() bool { return len(s.listed(t, b, h.ID)) == 0 }),
+				"List still reports destroyed environment %s after %v", h.ID, s.h.Timeout)
+			return
+		}
+		assert.Empty(t, s.listed(t, b, h.ID), "List reports destroyed environment %s", h.ID)
+		return
+	}
+	assert.Equal(t, []podworker.Handle{h}, s.listed(t, b, h.ID), "List, against what Start returned")
+}
+
+// forTask returns the environments List reports for task.
+func (s *suite) forTask(t *testing.T, b podworker.Backend, task assignment.TaskID) []podworker.Handle {
+	t.Helper()
+	all, err := b.List(s.ctx(t))
+	require.NoError(t, err, "List")
+	var out []podworker.Handle
+	for _, l := range all {
+		if l.Task == task {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// checkNoneForTask checks, polling, that List reports no environment of task.
+func (s *suite) checkNoneForTask(t *testing.T, b podworker.Backend, task assignment.TaskID) {
+	t.Helper()
+	var left []podworker.Handle
+	if !poll(s.h.Timeout, func() bool { left = s.forTask(t, b, task); return len(left) == 0 }) {
+		t.Errorf("task %d left environments: %+v", task, left)
 	}
 }
 
@@ -253,9 +410,7 @@ func (s *suite) testExit(behavior Behavior, code int) func(t *testing.T) {
 		exit := s.wait(t, b, h)
 		s.checkCode(t, exit, code, false)
 		// Waiting again gives the same answer while the environment exists.
-		if again := s.wait(t, b, h); again.Code != exit.Code {
-			t.Errorf("second Wait = %+v, first %+v", again, exit)
-		}
+		assert.Equal(t, exit, s.wait(t, b, h), "second Wait, against the first")
 		s.destroy(t, b, h)
 	}
 }
@@ -267,55 +422,18 @@ func (s *suite) testDestroyRunning(t *testing.T) {
 	waited := s.waitAsync(t, b, h)
 	s.destroy(t, b, h)
 	s.checkWaitEnded(t, "same instance", waited)
-	if exit, err := b.Wait(s.ctx(t), h); !errors.Is(err, podworker.ErrNotFound) {
-		t.Errorf("Wait after Destroy = %+v, %v; want ErrNotFound", exit, err)
-	}
+	exit, err := b.Wait(s.ctx(t), h)
+	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait after Destroy = %+v", exit)
 }
 
 func (s *suite) testDestroyIdempotent(t *testing.T) {
 	b := s.h.New(t)
 	h := s.start(t, b, s.spec(t, RunForever))
 	s.destroy(t, b, h)
-	if err := b.Destroy(s.ctx(t), h); err != nil {
-		t.Errorf("second Destroy = %v, want nil", err)
-	}
-	if err := s.h.New(t).Destroy(s.ctx(t), h); err != nil {
-		t.Errorf("Destroy by another instance after Destroy = %v, want nil", err)
-	}
+	assert.NoError(t, b.Destroy(s.ctx(t), h), "second Destroy")
+	assert.NoError(t, s.h.New(t).Destroy(s.ctx(t), h), "Destroy by another instance after Destroy")
 	unknown := podworker.Handle{Backend: b.Name(), ID: "dynrunner-conformance-unknown", Task: s.task(), Epoch: 1}
-	if err := b.Destroy(s.ctx(t), unknown); err != nil {
-		t.Errorf("Destroy of an unknown handle = %v, want nil", err)
-	}
-}
-
-// listed returns the handles of List with h's ID.
-func (s *suite) listed(t *testing.T, b podworker.Backend, h podworker.Handle) []podworker.Handle {
-	t.Helper()
-	all, err := b.List(s.ctx(t))
-	if err != nil {
-		t.Fatalf("List: %v", err)
-	}
-	var out []podworker.Handle
-	for _, l := range all {
-		if l.ID == h.ID {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// checkListed checks that List reports exactly h, or nothing when want is false.
-func (s *suite) checkListed(t *testing.T, b podworker.Backend, h podworker.Handle, want bool) {
-	t.Helper()
-	got := s.listed(t, b, h)
-	switch {
-	case !want && len(got) != 0:
-		t.Errorf("List reports destroyed environment %s: %+v", h.ID, got)
-	case want && len(got) != 1:
-		t.Errorf("List reports %d environments with id %s, want 1: %+v", len(got), h.ID, got)
-	case want && !reflect.DeepEqual(got[0], h):
-		t.Errorf("List reports %+v, Start returned %+v", got[0], h)
-	}
+	assert.NoError(t, b.Destroy(s.ctx(t), unknown), "Destroy of an unknown handle")
 }
 
 func (s *suite) testList(t *testing.T) {
@@ -341,21 +459,15 @@ func (s *suite) testAdopt(t *testing.T) {
 	s.checkRunning(t, b2, h)
 	// A retried dispatch on the new instance finds the running environment.
 	again, err := b2.Start(s.ctx(t), spec)
-	if err != nil {
-		t.Fatalf("Start on a second instance: %v", err)
-	}
-	if !reflect.DeepEqual(again, h) {
-		t.Errorf("Start on a second instance = %+v, want the running %+v", again, h)
-	}
+	require.NoError(t, err, "Start on a second instance")
+	assert.Equal(t, h, again, "Start on a second instance, against the running environment")
 	waited1 := s.waitAsync(t, b1, h)
 	waited2 := s.waitAsync(t, b2, h)
 	s.destroy(t, b2, h)
 	s.checkWaitEnded(t, "starting instance", waited1)
 	s.checkWaitEnded(t, "adopting instance", waited2)
 	s.checkListed(t, b1, h, false)
-	if err := b1.Destroy(s.ctx(t), h); err != nil {
-		t.Errorf("Destroy by the starting instance after the adopting one: %v", err)
-	}
+	assert.NoError(t, b1.Destroy(s.ctx(t), h), "Destroy by the starting instance after the adopting one")
 }
 
 func (s *suite) testWaitAdoptedExited(t *testing.T) {
@@ -372,12 +484,8 @@ func (s *suite) testStartTwice(t *testing.T) {
 	spec := s.spec(t, RunForever)
 	h := s.start(t, b, spec)
 	again, err := b.Start(s.ctx(t), spec)
-	if err != nil {
-		t.Fatalf("second Start: %v", err)
-	}
-	if !reflect.DeepEqual(again, h) {
-		t.Errorf("second Start = %+v, want the running %+v", again, h)
-	}
+	require.NoError(t, err, "second Start")
+	assert.Equal(t, h, again, "second Start, against the running environment")
 	s.checkListed(t, b, h, true)
 	s.checkRunning(t, b, h)
 	s.destroy(t, b, h)
@@ -397,28 +505,42 @@ func (s *suite) testStartConcurrently(t *testing.T) {
 	wg.Wait()
 	b := s.h.New(t)
 	for i := range n {
-		if errs[i] != nil {
-			t.Errorf("Start %d: %v", i, errs[i])
+		if !assert.NoError(t, errs[i], "Start %d", i) {
 			continue
 		}
 		h := handles[i]
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
-		if !reflect.DeepEqual(h, handles[0]) {
-			t.Errorf("concurrent Start %d = %+v, Start 0 = %+v", i, h, handles[0])
-		}
+		assert.Equal(t, handles[0], h, "concurrent Start %d, against Start 0", i)
 	}
 	if t.Failed() {
 		return
 	}
 	s.checkListed(t, b, handles[0], true)
 	s.checkRunning(t, b, handles[0])
+	// The losers' environments are gone: only the winner is left for the task.
+	var left []podworker.Handle
+	assert.True(t, poll(s.h.Timeout, func() bool { left = s.forTask(t, b, spec.Task); return len(left) == 1 }),
+		"concurrent starts of task %d left %+v", spec.Task, left)
 	s.destroy(t, b, handles[0])
+}
+
+func (s *suite) testNewEpoch(t *testing.T) {
+	b := s.h.New(t)
+	spec := s.spec(t, RunForever)
+	h1 := s.start(t, b, spec)
+	spec.Epoch = 2
+	h2 := s.start(t, b, spec)
+	require.NotEqual(t, h1.ID, h2.ID, "Start of epoch 2 returned the environment of epoch 1")
+	s.checkListed(t, b, h1, true)
+	s.checkListed(t, b, h2, true)
+	s.destroy(t, b, h1)
+	s.destroy(t, b, h2)
 }
 
 func (s *suite) testSecrets(t *testing.T) {
 	b := s.h.New(t)
 	spec := s.spec(t, CheckSecrets)
-	spec.Files = map[string][]byte{SecretName: []byte(SecretContent)}
+	spec.Files[SecretName] = []byte(SecretContent)
 	h := s.start(t, b, spec)
 	s.checkCode(t, s.wait(t, b, h), 0, false)
 	s.destroy(t, b, h)
@@ -428,22 +550,14 @@ func (s *suite) testRejectsUnsafeSecretName(t *testing.T) {
 	b := s.h.New(t)
 	for _, name := range []string{"../escape", "a/b", "..", "", "/abs"} {
 		spec := s.spec(t, RunForever)
-		spec.Files = map[string][]byte{name: []byte("x")}
+		spec.Files[name] = []byte("x")
 		h, err := b.Start(s.ctx(t), spec)
 		if err == nil {
 			t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 			t.Errorf("Start with secret file %q succeeded, want an error", name)
 			continue
 		}
-		all, err := b.List(s.ctx(t))
-		if err != nil {
-			t.Fatalf("List: %v", err)
-		}
-		for _, l := range all {
-			if l.Task == spec.Task {
-				t.Errorf("rejected Start of task %d left %+v", spec.Task, l)
-			}
-		}
+		assert.Empty(t, s.forTask(t, b, spec.Task), "rejected Start of task %d left environments", spec.Task)
 	}
 }
 
@@ -452,6 +566,91 @@ func (s *suite) testWriteFiles(t *testing.T) {
 	h := s.start(t, b, s.spec(t, WriteFilesAndExit))
 	s.checkCode(t, s.wait(t, b, h), 0, false)
 	s.destroy(t, b, h)
+}
+
+func (s *suite) testNeverReady(t *testing.T) {
+	b := s.h.New(t)
+	spec := s.spec(t, NeverReady)
+	h, err := b.Start(s.ctx(t), spec)
+	if err == nil {
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+	}
+	require.Error(t, err, "Start of an environment that never becomes ready = %+v", h)
+	t.Logf("Start error: %v", err)
+	s.checkNoneForTask(t, b, spec.Task)
+}
+
+// testDiagnose checks that Diagnose names why a failed environment ended, with the executor's
+// or launcher's own line, and says nothing of one that succeeded.
+func (s *suite) testDiagnose(t *testing.T) {
+	b := s.h.New(t)
+	d, ok := b.(podworker.Diagnoser)
+	require.True(t, ok, "%T does not implement podworker.Diagnoser; declare Harness.Without[%s] with the reason", b, CheckDiagnose)
+
+	ok0 := s.start(t, b, s.spec(t, ExitZero))
+	s.checkCode(t, s.wait(t, b, ok0), 0, false)
+	line, err := d.Diagnose(s.ctx(t), ok0)
+	require.NoError(t, err, "Diagnose of a successful environment")
+	assert.Empty(t, line, "Diagnose of a successful environment")
+
+	failed := s.start(t, b, s.spec(t, ExitNonZero))
+	s.checkCode(t, s.wait(t, b, failed), NonZeroExitCode, false)
+	line, err = d.Diagnose(s.ctx(t), failed)
+	require.NoError(t, err, "Diagnose of a failed environment")
+	t.Logf("Diagnose: %q", line)
+	switch {
+	case s.h.DiagnosePrefix != "":
+		assert.True(t, strings.HasPrefix(line, s.h.DiagnosePrefix), "Diagnose = %q, want a line starting with %q", line, s.h.DiagnosePrefix)
+	case line != "":
+		assert.True(t, strings.HasPrefix(line, podworker.ExecutorErrorPrefix) || strings.HasPrefix(line, podworker.LauncherErrorPrefix),
+			"Diagnose = %q: not the executor's or launcher's own line", line)
+	}
+	s.destroy(t, b, ok0)
+	s.destroy(t, b, failed)
+}
+
+func (s *suite) testTokenOnlyThroughNonce(t *testing.T) {
+	b := s.h.New(t)
+	spec := s.spec(t, RunForever)
+	h := s.start(t, b, spec)
+	token, err := s.h.Nonce.Redeem(t, h)
+	require.NoError(t, err, "redeem the environment's nonce")
+	assert.Equal(t, string(spec.Files[podworker.TokenFile]), token, "the nonce redeemed another token")
+	_, err = s.h.Nonce.Redeem(t, h)
+	assert.Error(t, err, "the nonce redeemed twice")
+	s.destroy(t, b, h)
+}
+
+func (s *suite) testMissingToken(t *testing.T) {
+	b := s.h.New(t)
+	spec := s.spec(t, RunForever)
+	spec.Files = nil
+	h, err := b.Start(s.ctx(t), spec)
+	if err == nil {
+		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+	}
+	require.Error(t, err, "Start without a capability token = %+v", h)
+	s.checkNoneForTask(t, b, spec.Task)
+}
+
+// testTokenNeverSent runs after every check that starts environments: no token the suite gave
+// out appears in anything the backend sent.
+func (s *suite) testTokenNeverSent(t *testing.T) {
+	if s.h.Nonce.Received == nil {
+		t.Skip("not supported: NonceHarness.Received is not set")
+	}
+	s.mu.Lock()
+	tokens := slices.Clone(s.tokens)
+	s.mu.Unlock()
+	received := s.h.Nonce.Received(t)
+	require.NotEmpty(t, received, "NonceHarness.Received returned nothing: it must return what the backend sent")
+	for _, r := range received {
+		for _, tok := range tokens {
+			if bytes.Contains(r, tok) {
+				require.Fail(t, "a capability token reached the environment side", "%q", r)
+			}
+		}
+	}
 }
 
 // poll calls cond until it is true or timeout passed, with growing pauses.

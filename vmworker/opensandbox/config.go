@@ -3,7 +3,6 @@ package opensandbox
 import (
 	"bytes"
 	"cmp"
-	"context"
 	"errors"
 	"fmt"
 	"maps"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/vmworker"
 )
 
@@ -48,14 +46,6 @@ var DefaultEntrypoint = []string{"dynrunner", "guest"}
 // the field; servers creating from a pool use the pool's resources instead.
 var DefaultResources = map[string]string{"cpu": "2", "memory": "4Gi"}
 
-// NonceIssuer records a single-use nonce that instanceID may redeem once for token.
-// *vmworker.Nonces satisfies it.
-type NonceIssuer interface {
-	Issue(ctx context.Context, nonce, instanceID string, task assignment.TaskID, epoch assignment.Epoch, token string) error
-}
-
-var _ NonceIssuer = (*vmworker.Nonces)(nil)
-
 // Config configures a Backend. The caller fills it; the backend reads no environment variables
 // and no files.
 type Config struct {
@@ -82,7 +72,7 @@ type Config struct {
 	// server: List and the reaper only see their own scope (DefaultScope when empty).
 	Scope string
 	// Nonces issues the nonces sandboxes redeem for their capability token. Required.
-	Nonces NonceIssuer
+	Nonces *vmworker.Nonces
 	// Endpoint is the nonce endpoint's URL as sandboxes reach it (http://host:port). Required.
 	Endpoint string
 	// Timeout bounds each HTTP request (DefaultTimeout when zero).

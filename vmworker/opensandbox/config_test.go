@@ -1,27 +1,27 @@
 package opensandbox_test
 
 import (
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
-	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
 )
 
 func assignmentTask(i int) assignment.TaskID { return assignment.TaskID(i) }
 
 func TestNewRefuses(t *testing.T) {
 	const key = "a-secret-key-value"
+	nonces, _ := opensandbox.NewTestNonces(t)
 	valid := func() opensandbox.Config {
 		return opensandbox.Config{BaseURL: "https://opensandbox.example/v1", APIKey: []byte(key),
-			Nonces: vmworkertest.NewNonces(), Endpoint: testEndpoint}
+			Nonces: nonces, Endpoint: testEndpoint}
 	}
-	if _, err := opensandbox.New(valid()); err != nil {
-		t.Fatalf("New(valid) = %v", err)
-	}
+	_, err := opensandbox.New(valid())
+	require.NoError(t, err, "New(valid)")
 	for _, tt := range []struct {
 		name string
 		mod  func(*opensandbox.Config)
@@ -52,12 +52,8 @@ func TestNewRefuses(t *testing.T) {
 			cfg := valid()
 			tt.mod(&cfg)
 			_, err := opensandbox.New(cfg)
-			if !errors.Is(err, opensandbox.ErrInvalidConfig) {
-				t.Fatalf("New = %v, want ErrInvalidConfig", err)
-			}
-			if strings.Contains(err.Error(), key) {
-				t.Errorf("the error holds the API key: %v", err)
-			}
+			require.ErrorIs(t, err, opensandbox.ErrInvalidConfig)
+			assert.NotContains(t, err.Error(), key, "the error holds the API key")
 			t.Logf("error: %v", err)
 		})
 	}

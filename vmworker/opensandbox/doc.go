@@ -11,7 +11,7 @@
 //	GET    /sandboxes?metadata=…  list by metadata, paginated (page, pageSize, hasNextPage)
 //
 // Like the local launcher backend, Start never gives the capability token to the sandbox. It
-// issues a single-use nonce for the token (NonceIssuer, satisfied by *vmworker.Nonces) and
+// issues a single-use nonce for the token (vmworker.Nonces, the VM worker's own) and
 // passes the sandbox only an instance id, the nonce and the nonce endpoint's URL, as the
 // environment variables EnvInstanceID, EnvNonce and EnvEndpoint. The guest redeems the nonce
 // once. The token appears in no request the backend sends.

@@ -8,9 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/vmworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
-	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
+	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -20,7 +24,7 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func TestUnauthorized(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	tests := []struct {
 		name  string
 		setup func(*opensandbox.Config)
@@ -36,7 +40,7 @@ func TestUnauthorized(t *testing.T) {
 			f.srv.SetAuthStatus(tt.auth)
 			t.Cleanup(func() { f.srv.SetAuthStatus(0) })
 			before := len(f.srv.Requests())
-			_, err := b.Start(ctxT(t), spec(101, vmworkertest.ScriptRun))
+			_, err := b.Start(ctxT(t), spec(101, opensandboxtest.ScriptRun))
 			f.checkErr(t, err)
 			if !errors.Is(err, opensandbox.ErrUnauthorized) {
 				t.Errorf("Start error = %v, want ErrUnauthorized", err)
@@ -57,7 +61,7 @@ func TestUnauthorized(t *testing.T) {
 			if !errors.Is(err, opensandbox.ErrUnauthorized) {
 				t.Errorf("Destroy error = %v, want ErrUnauthorized", err)
 			}
-			if f.nonces.Len() != 0 {
+			if f.issued(t) != 0 {
 				t.Errorf("a nonce was issued although no sandbox can be created")
 			}
 		})
@@ -65,7 +69,7 @@ func TestUnauthorized(t *testing.T) {
 }
 
 func TestNotFound(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	h := podworker.Handle{Backend: b.Name(), ID: "0b4f9f1e-5d59-4c39-8d5e-000000000000", Task: 5, Epoch: 1}
 	if err := b.Destroy(ctxT(t), h); err != nil {
@@ -79,11 +83,11 @@ func TestNotFound(t *testing.T) {
 }
 
 func TestConflict(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 
-	f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusConflict, Code: "SANDBOX::CONFLICT", Message: "conflicts"})
-	_, err := b.Start(ctxT(t), spec(201, vmworkertest.ScriptRun))
+	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusConflict, Code: "SANDBOX::CONFLICT", Message: "conflicts"})
+	_, err := b.Start(ctxT(t), spec(201, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
 	if !errors.Is(err, opensandbox.ErrConflict) {
 		t.Errorf("Start error = %v, want ErrConflict", err)
@@ -92,12 +96,12 @@ func TestConflict(t *testing.T) {
 		t.Errorf("%d creates, want 1: a 409 is not retried", n)
 	}
 
-	h, err := b.Start(ctxT(t), spec(202, vmworkertest.ScriptRun))
+	h, err := b.Start(ctxT(t), spec(202, opensandboxtest.ScriptRun))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	// 409 on delete while the sandbox runs: an error.
-	f.srv.Inject(vmworkertest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
+	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
 	err = b.Destroy(ctxT(t), h)
 	f.checkErr(t, err)
 	if !errors.Is(err, opensandbox.ErrConflict) {
@@ -105,18 +109,18 @@ func TestConflict(t *testing.T) {
 	}
 	// 409 on delete because the sandbox is already stopping: done.
 	f.srv.SetState(h.ID, opensandbox.StateStopping, "user_delete", "")
-	f.srv.Inject(vmworkertest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
+	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
 	if err := b.Destroy(ctxT(t), h); err != nil {
 		t.Errorf("Destroy of a stopping sandbox answered 409 = %v, want nil", err)
 	}
 }
 
 func TestRateLimited(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 
 	t.Run("RetryAfterHonoured", func(t *testing.T) {
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "1"})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "1"})
 		began := time.Now()
 		if _, err := b.List(ctxT(t)); err != nil {
 			t.Fatalf("List after one 429: %v", err)
@@ -127,9 +131,9 @@ func TestRateLimited(t *testing.T) {
 	})
 	t.Run("CreateRetried", func(t *testing.T) {
 		// A 429 is answered before anything happens, so even a create is sent again.
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusTooManyRequests})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusTooManyRequests})
 		before := f.count(http.MethodPost, "/sandboxes")
-		h, err := b.Start(ctxT(t), spec(301, vmworkertest.ScriptRun))
+		h, err := b.Start(ctxT(t), spec(301, opensandboxtest.ScriptRun))
 		if err != nil {
 			t.Fatalf("Start after one 429: %v", err)
 		}
@@ -140,7 +144,7 @@ func TestRateLimited(t *testing.T) {
 	})
 	t.Run("RetryAfterTooLong", func(t *testing.T) {
 		b := f.backend(t, func(c *opensandbox.Config) { c.MaxRetryWait = 2 * time.Second })
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "3600"})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "3600"})
 		began := time.Now()
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
@@ -152,7 +156,7 @@ func TestRateLimited(t *testing.T) {
 		}
 	})
 	t.Run("Persistent", func(t *testing.T) {
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, Count: 100})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, Count: 100})
 		t.Cleanup(f.srv.ClearFaults)
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
@@ -163,18 +167,18 @@ func TestRateLimited(t *testing.T) {
 }
 
 func TestServerErrors(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 
 	t.Run("RetriedThenSucceeds", func(t *testing.T) {
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusServiceUnavailable, Count: 2})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusServiceUnavailable, Count: 2})
 		if _, err := b.List(ctxT(t)); err != nil {
 			t.Fatalf("List after two 503: %v", err)
 		}
 	})
 	t.Run("GivenUp", func(t *testing.T) {
 		b := f.backend(t, func(c *opensandbox.Config) { c.Retries = 3 })
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusInternalServerError, Count: 4})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusInternalServerError, Count: 4})
 		before := f.count(http.MethodGet, "/sandboxes")
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
@@ -190,8 +194,8 @@ func TestServerErrors(t *testing.T) {
 	})
 	t.Run("CreateLostAnswer", func(t *testing.T) {
 		// The server creates the sandbox, then answers 500: Start must find it, not make two.
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
-		sp := spec(401, vmworkertest.ScriptRun)
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
+		sp := spec(401, opensandboxtest.ScriptRun)
 		h, err := b.Start(ctxT(t), sp)
 		if err != nil {
 			t.Fatalf("Start: %v", err)
@@ -205,8 +209,8 @@ func TestServerErrors(t *testing.T) {
 		}
 	})
 	t.Run("CreateFailsBeforeEffect", func(t *testing.T) {
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusBadGateway})
-		sp := spec(402, vmworkertest.ScriptRun)
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusBadGateway})
+		sp := spec(402, opensandboxtest.ScriptRun)
 		h, err := b.Start(ctxT(t), sp)
 		if err != nil {
 			t.Fatalf("Start: %v", err)
@@ -217,13 +221,13 @@ func TestServerErrors(t *testing.T) {
 		}
 	})
 	t.Run("WaitRidesOut", func(t *testing.T) {
-		h, err := b.Start(ctxT(t), spec(403, vmworkertest.ScriptExit))
+		h, err := b.Start(ctxT(t), spec(403, opensandboxtest.ScriptExit))
 		if err != nil {
 			t.Fatalf("Start: %v", err)
 		}
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 		// More failures than one request retries: Wait polls on.
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusBadGateway, Count: 3 * (opensandbox.DefaultRetries + 1)})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusBadGateway, Count: 3 * (opensandbox.DefaultRetries + 1)})
 		exit, err := b.Wait(ctxT(t), h)
 		if err != nil {
 			t.Fatalf("Wait through 5xx answers: %v", err)
@@ -246,7 +250,7 @@ func countTask(f *fixture, task string) int {
 }
 
 func TestRequestTimeout(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, func(c *opensandbox.Config) { c.Timeout = 50 * time.Millisecond; c.Retries = 1 })
 	f.srv.SetDelay(time.Second)
 	began := time.Now()
@@ -264,19 +268,19 @@ func TestRequestTimeout(t *testing.T) {
 	f.srv.SetDelay(0)
 
 	// A slow answer within the timeout is fine.
-	f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Delay: 20 * time.Millisecond})
+	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Delay: 20 * time.Millisecond})
 	if _, err := b.List(ctxT(t)); err != nil {
 		t.Errorf("List with a slow answer: %v", err)
 	}
 }
 
 func TestCallerDeadline(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	f.srv.SetNeverRunning(true)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err := b.Start(ctx, spec(501, vmworkertest.ScriptRun))
+	_, err := b.Start(ctx, spec(501, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Start error = %v, want context.DeadlineExceeded", err)
@@ -290,15 +294,15 @@ func TestNeverRunning(t *testing.T) {
 	for _, tt := range []struct {
 		name   string
 		setup  func(*fixture)
-		script vmworkertest.Script
+		script opensandboxtest.Script
 		want   error
 	}{
-		{name: "PoolExhausted", setup: func(f *fixture) { f.srv.SetNeverRunning(true) }, script: vmworkertest.ScriptRun, want: opensandbox.ErrStartTimeout},
-		{name: "FailsWhileProvisioning", script: vmworkertest.ScriptFailStart, want: opensandbox.ErrSandboxFailed},
-		{name: "UnknownPool", script: vmworkertest.ScriptRun, want: opensandbox.ErrStartTimeout},
+		{name: "PoolExhausted", setup: func(f *fixture) { f.srv.SetNeverRunning(true) }, script: opensandboxtest.ScriptRun, want: opensandbox.ErrStartTimeout},
+		{name: "FailsWhileProvisioning", script: opensandboxtest.ScriptFailStart, want: opensandbox.ErrSandboxFailed},
+		{name: "UnknownPool", script: opensandboxtest.ScriptRun, want: opensandbox.ErrStartTimeout},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			f := newFixture(t, vmworkertest.ServerConfig{Pools: []string{"ci-vm"}})
+			f := newFixture(t, opensandboxtest.ServerConfig{Pools: []string{"ci-vm"}})
 			if tt.setup != nil {
 				tt.setup(f)
 			}
@@ -325,11 +329,11 @@ func TestNeverRunning(t *testing.T) {
 }
 
 func TestMalformed(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 
 	t.Run("List", func(t *testing.T) {
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Malformed: true})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Malformed: true})
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
 		if !errors.Is(err, opensandbox.ErrMalformed) {
@@ -337,12 +341,12 @@ func TestMalformed(t *testing.T) {
 		}
 	})
 	t.Run("Wait", func(t *testing.T) {
-		h, err := b.Start(ctxT(t), spec(701, vmworkertest.ScriptRun))
+		h, err := b.Start(ctxT(t), spec(701, opensandboxtest.ScriptRun))
 		if err != nil {
 			t.Fatalf("Start: %v", err)
 		}
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Malformed: true})
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Malformed: true})
 		_, err = b.Wait(ctxT(t), h)
 		f.checkErr(t, err)
 		if !errors.Is(err, opensandbox.ErrMalformed) {
@@ -352,8 +356,8 @@ func TestMalformed(t *testing.T) {
 	t.Run("CreateAnswer", func(t *testing.T) {
 		// The create took effect but its answer is garbage: Start finds the sandbox by its
 		// instance id.
-		f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Malformed: true})
-		h, err := b.Start(ctxT(t), spec(702, vmworkertest.ScriptRun))
+		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Malformed: true})
+		h, err := b.Start(ctxT(t), spec(702, opensandboxtest.ScriptRun))
 		if err != nil {
 			t.Fatalf("Start: %v", err)
 		}
@@ -365,7 +369,7 @@ func TestMalformed(t *testing.T) {
 }
 
 func TestInvalidInput(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	for _, tt := range []struct {
 		name string
@@ -378,7 +382,7 @@ func TestInvalidInput(t *testing.T) {
 		{name: "bad env name", mod: func(s *podworker.Spec) { s.Env["A=B"] = "x" }},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			sp := spec(801, vmworkertest.ScriptRun)
+			sp := spec(801, opensandboxtest.ScriptRun)
 			tt.mod(&sp)
 			_, err := b.Start(ctxT(t), sp)
 			f.checkErr(t, err)
@@ -405,24 +409,20 @@ func TestInvalidInput(t *testing.T) {
 }
 
 func TestNonceIssueFails(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
-	boom := errors.New("jetstream down")
-	f.nonces.SetError(boom)
-	_, err := b.Start(ctxT(t), spec(901, vmworkertest.ScriptRun))
+	// JetStream loses the nonce bucket: Issue fails, and Start with it before any create.
+	require.NoError(t, f.js.DeleteKeyValue(t.Context(), vmworker.BucketNonces))
+	_, err := b.Start(ctxT(t), spec(901, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
-	if !errors.Is(err, boom) {
-		t.Errorf("Start error = %v, want the issuer's", err)
-	}
-	if n := f.count(http.MethodPost, "/sandboxes"); n != 0 {
-		t.Errorf("%d creates without a nonce", n)
-	}
+	assert.ErrorContains(t, err, "issue nonce")
+	assert.Zero(t, f.count(http.MethodPost, "/sandboxes"), "creates without a nonce")
 }
 
 func TestStartReplacesEndedSandbox(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
-	sp := spec(1001, vmworkertest.ScriptRun)
+	sp := spec(1001, opensandboxtest.ScriptRun)
 	h1, err := b.Start(ctxT(t), sp)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -442,9 +442,9 @@ func TestStartReplacesEndedSandbox(t *testing.T) {
 }
 
 func TestWaitReportsFailure(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
-	h, err := b.Start(ctxT(t), spec(1101, vmworkertest.ScriptRun))
+	h, err := b.Start(ctxT(t), spec(1101, opensandboxtest.ScriptRun))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}

@@ -7,12 +7,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/podworkertest"
+	"github.com/dynrunner/dynrunner/vmworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
-	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
+	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
 
 // testEndpoint is the nonce endpoint URL the tests give sandboxes.
@@ -41,15 +46,17 @@ func (b *syncBuffer) String() string {
 
 // fixture is a fake OpenSandbox server, a nonce store and a log, with backends over them.
 type fixture struct {
-	srv    *vmworkertest.Server
-	nonces *vmworkertest.Nonces
+	srv    *opensandboxtest.Server
+	nonces *vmworker.Nonces
+	js     jetstream.JetStream
 	logs   *syncBuffer
 	cfg    opensandbox.Config
 }
 
-func newFixture(t *testing.T, scfg vmworkertest.ServerConfig) *fixture {
+func newFixture(t *testing.T, scfg opensandboxtest.ServerConfig) *fixture {
 	t.Helper()
-	f := &fixture{srv: vmworkertest.NewServer(t, scfg), nonces: vmworkertest.NewNonces(), logs: &syncBuffer{}}
+	f := &fixture{srv: opensandboxtest.NewServer(t, scfg), logs: &syncBuffer{}}
+	f.nonces, f.js = opensandbox.NewTestNonces(t)
 	f.cfg = opensandbox.Config{
 		BaseURL:      f.srv.URL,
 		APIKey:       []byte(f.srv.APIKey() + "\n"), // as read from a key file
@@ -64,14 +71,10 @@ func newFixture(t *testing.T, scfg vmworkertest.ServerConfig) *fixture {
 		Log:          zerolog.New(f.logs),
 	}
 	t.Cleanup(func() {
-		logs := f.logs.String()
-		if strings.Contains(logs, f.srv.APIKey()) {
-			t.Errorf("the API key is in the log:\n%s", logs)
-		}
+		assert.NotContains(t, f.logs.String(), f.srv.APIKey(), "the API key is in the log")
 		for _, r := range f.srv.Requests() {
-			if bytes.Contains(r.Body, []byte("vmworkertest-token-")) || bytes.Contains(r.Body, []byte(testToken)) {
-				t.Errorf("a capability token was sent to OpenSandbox: %s %s %s", r.Method, r.Path, r.Body)
-			}
+			assert.NotContains(t, string(r.Body), podworkertest.TokenPrefix, "a capability token was sent to OpenSandbox: %s %s", r.Method, r.Path)
+			assert.NotContains(t, string(r.Body), testToken, "a capability token was sent to OpenSandbox: %s %s", r.Method, r.Path)
 		}
 	})
 	return f
@@ -85,9 +88,7 @@ func (f *fixture) backend(t *testing.T, mod func(*opensandbox.Config)) *opensand
 		mod(&cfg)
 	}
 	b, err := opensandbox.New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	require.NoError(t, err, "New")
 	return b
 }
 
@@ -95,10 +96,10 @@ func (f *fixture) backend(t *testing.T, mod func(*opensandbox.Config)) *opensand
 const testToken = "dynrunner-capability-token-never-leaves"
 
 // spec returns a spec for task whose sandbox runs script.
-func spec(task assignment.TaskID, script vmworkertest.Script) podworker.Spec {
+func spec(task assignment.TaskID, script opensandboxtest.Script) podworker.Spec {
 	return podworker.Spec{
 		Task: task, Epoch: 7,
-		Env:   map[string]string{vmworkertest.ScriptEnv: string(script), "DYNRUNNER_TASK_ID": task.String(), "DYNRUNNER_EPOCH": "7"},
+		Env:   map[string]string{opensandboxtest.ScriptEnv: string(script), "DYNRUNNER_TASK_ID": task.String(), "DYNRUNNER_EPOCH": "7"},
 		Files: map[string][]byte{podworker.TokenFile: []byte(testToken)},
 	}
 }
@@ -106,16 +107,26 @@ func spec(task assignment.TaskID, script vmworkertest.Script) podworker.Spec {
 // checkErr fails t if err is nil or mentions the API key.
 func (f *fixture) checkErr(t *testing.T, err error) {
 	t.Helper()
-	if err == nil {
-		t.Fatal("got no error")
-	}
-	if strings.Contains(err.Error(), f.srv.APIKey()) {
-		t.Errorf("the error holds the API key: %v", err)
-	}
-	if strings.Contains(err.Error(), testToken) {
-		t.Errorf("the error holds the capability token: %v", err)
-	}
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), f.srv.APIKey(), "the error holds the API key")
+	assert.NotContains(t, err.Error(), testToken, "the error holds the capability token")
 	t.Logf("error: %v", err)
+}
+
+// issued returns how many nonces were issued.
+func (f *fixture) issued(t *testing.T) uint64 {
+	t.Helper()
+	kv, err := f.js.KeyValue(t.Context(), vmworker.BucketNonces)
+	require.NoError(t, err)
+	st, err := kv.Status(t.Context())
+	require.NoError(t, err)
+	return st.Values()
+}
+
+// redeem redeems nonce for instance, as the nonce endpoint does.
+func (f *fixture) redeem(t *testing.T, instance, nonce string) (assignment.TaskID, assignment.Epoch, string, error) {
+	t.Helper()
+	return f.nonces.Redeem(t.Context(), instance, nonce)
 }
 
 // count returns how many requests with method and a path ending in suffix the server got.

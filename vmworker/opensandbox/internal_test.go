@@ -11,8 +11,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/rs/zerolog"
-
-	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
 func TestParseRetryAfter(t *testing.T) {
@@ -91,7 +89,8 @@ func FuzzAnswers(f *testing.F) {
 	}))
 	defer srv.Close()
 	const key = "the-fuzz-key-1234567890"
-	b, err := New(Config{BaseURL: srv.URL, APIKey: []byte(key), Nonces: nopIssuer{}, Endpoint: "http://10.0.0.1:7001",
+	nonces, _ := NewTestNonces(f)
+	b, err := New(Config{BaseURL: srv.URL, APIKey: []byte(key), Nonces: nonces, Endpoint: "http://10.0.0.1:7001",
 		Retries: -1, Timeout: time.Second, Log: zerolog.Nop()})
 	if err != nil {
 		f.Fatal(err)
@@ -115,10 +114,4 @@ func FuzzAnswers(f *testing.F) {
 			}
 		}
 	})
-}
-
-type nopIssuer struct{}
-
-func (nopIssuer) Issue(context.Context, string, string, assignment.TaskID, assignment.Epoch, string) error {
-	return nil
 }

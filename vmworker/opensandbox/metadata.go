@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/dynrunner/dynrunner/guest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -126,13 +124,3 @@ func checkHandle(h podworker.Handle) (string, error) {
 
 // sandboxPath is the path of sandbox id.
 func sandboxPath(id string) string { return pathSandboxes + "/" + url.PathEscape(id) }
-
-// newInstanceID returns a random UUID (version 4) in canonical form, as the nonce endpoint
-// expects.
-func newInstanceID() (string, error) {
-	u, err := uuid.NewRandom()
-	if err != nil {
-		return "", fmt.Errorf("opensandbox: instance id: %w", err)
-	}
-	return u.String(), nil
-}

@@ -13,28 +13,32 @@ import (
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/vmworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
-	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
+	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
 
 // TestCreateRequest checks the create request against the published schema and what the
 // sandbox receives.
 func TestCreateRequest(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
-	sp := spec(42, vmworkertest.ScriptRun)
+	sp := spec(42, opensandboxtest.ScriptRun)
 	h, err := b.Start(ctxT(t), sp)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 
-	var creates []vmworkertest.Request
+	var creates []opensandboxtest.Request
 	for _, r := range f.srv.Requests() {
 		if got := r.APIKey; got != f.srv.APIKey() {
-			t.Errorf("%s %s: %s header = %q, want the key without the file's newline", r.Method, r.Path, vmworkertest.APIKeyHeader, got)
+			t.Errorf("%s %s: %s header = %q, want the key without the file's newline", r.Method, r.Path, opensandboxtest.APIKeyHeader, got)
 		}
 		if !strings.HasPrefix(r.Path, "/v1/sandboxes") {
 			t.Errorf("request to %s, want the API's /v1/sandboxes paths", r.Path)
@@ -104,23 +108,23 @@ func TestCreateRequest(t *testing.T) {
 	if sb.Metadata[opensandbox.MetaCreated] == "" {
 		t.Errorf("metadata lacks %s", opensandbox.MetaCreated)
 	}
-	if want := map[string]string{opensandbox.DataInstanceID: instance, opensandbox.DataPool: "ci-vm"}; !reflect.DeepEqual(h.Data, want) {
-		t.Errorf("handle data = %v, want %v", h.Data, want)
-	}
+	assert.Equal(t, map[string]string{opensandbox.DataInstanceID: instance, opensandbox.DataPool: "ci-vm"}, h.Data, "handle data")
 	// The nonce redeems once for the token, for this instance only.
-	if _, _, _, err := f.nonces.Redeem("00000000-0000-4000-8000-000000000000", sb.Env[opensandbox.EnvNonce]); err == nil {
-		t.Errorf("the nonce redeemed for another instance")
-	}
-	task, epoch, token, err := f.nonces.Redeem(instance, sb.Env[opensandbox.EnvNonce])
-	if err != nil || task != 42 || epoch != 7 || token != testToken {
-		t.Errorf("Redeem = %d %d %d bytes %v; want task 42 epoch 7 and the token", task, epoch, len(token), err)
-	}
+	_, _, _, err = f.redeem(t, "00000000-0000-4000-8000-000000000000", sb.Env[opensandbox.EnvNonce])
+	assert.ErrorIs(t, err, vmworker.ErrUnknownNonce, "the nonce redeemed for another instance")
+	task, epoch, token, err := f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
+	require.NoError(t, err, "Redeem")
+	assert.Equal(t, assignment.TaskID(42), task)
+	assert.Equal(t, assignment.Epoch(7), epoch)
+	assert.Equal(t, testToken, token, "the redeemed token")
+	_, _, _, err = f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
+	assert.ErrorIs(t, err, vmworker.ErrNonceRedeemed, "the nonce redeemed twice")
 }
 
 func TestPoolOnly(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, func(c *opensandbox.Config) { c.Image = ""; c.Pool = "gpu-vm" })
-	h, err := b.Start(ctxT(t), spec(43, vmworkertest.ScriptRun))
+	h, err := b.Start(ctxT(t), spec(43, opensandboxtest.ScriptRun))
 	if err != nil {
 		t.Fatalf("Start without an image: %v", err)
 	}
@@ -132,7 +136,7 @@ func TestPoolOnly(t *testing.T) {
 }
 
 func TestBaseURLWithoutVersion(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	for _, base := range []string{f.srv.RootURL, f.srv.RootURL + "/"} {
 		b := f.backend(t, func(c *opensandbox.Config) { c.BaseURL = base })
 		if _, err := b.List(ctxT(t)); err != nil {
@@ -147,15 +151,15 @@ func TestBaseURLWithoutVersion(t *testing.T) {
 }
 
 func TestListScopeAndQuery(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	a := f.backend(t, func(c *opensandbox.Config) { c.Scope = "staging" })
 	b := f.backend(t, nil)
-	ha, err := a.Start(ctxT(t), spec(51, vmworkertest.ScriptRun))
+	ha, err := a.Start(ctxT(t), spec(51, opensandboxtest.ScriptRun))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	t.Cleanup(func() { _ = a.Destroy(context.Background(), ha) })
-	hb, err := b.Start(ctxT(t), spec(51, vmworkertest.ScriptRun))
+	hb, err := b.Start(ctxT(t), spec(51, opensandboxtest.ScriptRun))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -195,11 +199,11 @@ func TestListScopeAndQuery(t *testing.T) {
 }
 
 func TestListPages(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	const n = 230 // three pages of 100
 	for i := range n {
-		if _, err := b.Start(ctxT(t), spec(60_000+assignmentTask(i), vmworkertest.ScriptRun)); err != nil {
+		if _, err := b.Start(ctxT(t), spec(60_000+assignmentTask(i), opensandboxtest.ScriptRun)); err != nil {
 			t.Fatalf("Start %d: %v", i, err)
 		}
 	}
@@ -220,9 +224,9 @@ func TestListPages(t *testing.T) {
 // TestSecretsStayOut checks that neither the API key (even echoed by the server), the nonce nor
 // the token reach an error or the log.
 func TestSecretsStayOut(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
-	h, err := b.Start(ctxT(t), spec(71, vmworkertest.ScriptRun))
+	h, err := b.Start(ctxT(t), spec(71, opensandboxtest.ScriptRun))
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -230,7 +234,7 @@ func TestSecretsStayOut(t *testing.T) {
 	nonce := sb.Env[opensandbox.EnvNonce]
 
 	key := f.srv.APIKey()
-	f.srv.Inject(vmworkertest.Fault{Status: http.StatusInternalServerError, Count: 100,
+	f.srv.Inject(opensandboxtest.Fault{Status: http.StatusInternalServerError, Count: 100,
 		Code: "ECHO", Message: "your key " + key + " and again " + key[:len(key)-3]})
 	_, err = b.List(ctxT(t))
 	f.checkErr(t, err)
@@ -255,11 +259,11 @@ func TestSecretsStayOut(t *testing.T) {
 // TestEchoedBody checks that a server quoting the create request in its error (as validation
 // errors do) does not bring the nonce into the error.
 func TestEchoedBody(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	// Without an image the nonce falls within the part of the message errors keep.
 	b := f.backend(t, func(c *opensandbox.Config) { c.Image = "" })
-	f.srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusUnprocessableEntity, EchoBody: true})
-	_, err := b.Start(ctxT(t), spec(81, vmworkertest.ScriptRun))
+	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusUnprocessableEntity, EchoBody: true})
+	_, err := b.Start(ctxT(t), spec(81, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
 	if !errors.Is(err, opensandbox.ErrRejected) {
 		t.Errorf("Start error = %v, want ErrRejected", err)
@@ -285,7 +289,7 @@ func TestEchoedBody(t *testing.T) {
 }
 
 func TestWrongBaseURL(t *testing.T) {
-	f := newFixture(t, vmworkertest.ServerConfig{})
+	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, func(c *opensandbox.Config) { c.BaseURL = f.srv.RootURL + "/api" })
 	_, err := b.List(ctxT(t))
 	f.checkErr(t, err)

@@ -42,7 +42,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 		return h, nil
 	}
 
-	instance, err := newInstanceID()
+	instance, err := vmworker.NewInstanceID()
 	if err != nil {
 		return fail(err)
 	}

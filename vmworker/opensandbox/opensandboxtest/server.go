@@ -1,4 +1,4 @@
-package vmworkertest
+package opensandboxtest
 
 import (
 	"cmp"
@@ -19,7 +19,7 @@ import (
 const APIKeyHeader = "OPEN-SANDBOX-API-KEY"
 
 // DefaultAPIKey is the key a Server accepts when ServerConfig.APIKey is empty.
-const DefaultAPIKey = "vmworkertest-api-key-0123456789"
+const DefaultAPIKey = "opensandboxtest-api-key-0123456789"
 
 // DefaultRunFor is how long ScriptExit and ScriptFail sandboxes run when ServerConfig.RunFor is
 // zero.

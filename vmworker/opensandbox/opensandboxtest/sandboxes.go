@@ -1,4 +1,4 @@
-package vmworkertest
+package opensandboxtest
 
 import (
 	"bytes"

@@ -1,21 +1,19 @@
-package vmworkertest_test
+package opensandboxtest_test
 
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 
-	"github.com/dynrunner/dynrunner/vmworker"
-	"github.com/dynrunner/dynrunner/vmworker/vmworkertest"
+	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
 
 // call sends one raw request and returns the status, headers and decoded JSON body.
-func call(t *testing.T, srv *vmworkertest.Server, method, path, key string, body any) (int, http.Header, map[string]any) {
+func call(t *testing.T, srv *opensandboxtest.Server, method, path, key string, body any) (int, http.Header, map[string]any) {
 	t.Helper()
 	var rd io.Reader
 	if body != nil {
@@ -30,7 +28,7 @@ func call(t *testing.T, srv *vmworkertest.Server, method, path, key string, body
 		t.Fatal(err)
 	}
 	if key != "" {
-		req.Header.Set(vmworkertest.APIKeyHeader, key)
+		req.Header.Set(opensandboxtest.APIKeyHeader, key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -59,7 +57,7 @@ func createBody(metadata map[string]string) map[string]any {
 }
 
 func TestServerSpeaksTheAPI(t *testing.T) {
-	srv := vmworkertest.NewServer(t, vmworkertest.ServerConfig{})
+	srv := opensandboxtest.NewServer(t, opensandboxtest.ServerConfig{})
 	key := srv.APIKey()
 
 	status, _, body := call(t, srv, http.MethodGet, "/sandboxes", "", nil)
@@ -125,7 +123,7 @@ func TestServerSpeaksTheAPI(t *testing.T) {
 }
 
 func TestServerValidatesCreate(t *testing.T) {
-	srv := vmworkertest.NewServer(t, vmworkertest.ServerConfig{})
+	srv := opensandboxtest.NewServer(t, opensandboxtest.ServerConfig{})
 	for _, tt := range []struct {
 		name string
 		mod  func(map[string]any)
@@ -157,8 +155,8 @@ func TestServerValidatesCreate(t *testing.T) {
 }
 
 func TestServerFaults(t *testing.T) {
-	srv := vmworkertest.NewServer(t, vmworkertest.ServerConfig{})
-	srv.Inject(vmworkertest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "3", Count: 2})
+	srv := opensandboxtest.NewServer(t, opensandboxtest.ServerConfig{})
+	srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "3", Count: 2})
 	for range 2 {
 		status, hdr, _ := call(t, srv, http.MethodGet, "/sandboxes", srv.APIKey(), nil)
 		if status != http.StatusTooManyRequests || hdr.Get("Retry-After") != "3" {
@@ -168,7 +166,7 @@ func TestServerFaults(t *testing.T) {
 	if status, _, _ := call(t, srv, http.MethodGet, "/sandboxes", srv.APIKey(), nil); status != http.StatusOK {
 		t.Errorf("after the faults: %d", status)
 	}
-	srv.Inject(vmworkertest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
+	srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
 	if status, _, _ := call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), createBody(nil)); status != http.StatusInternalServerError {
 		t.Errorf("after-effect fault: %d", status)
 	}
@@ -177,23 +175,5 @@ func TestServerFaults(t *testing.T) {
 	}
 	if got := srv.Requests(); len(got) != 4 || !strings.HasSuffix(got[3].Path, "/sandboxes") {
 		t.Errorf("requests = %+v", got)
-	}
-}
-
-func TestNonces(t *testing.T) {
-	n := vmworkertest.NewNonces()
-	const inst = "6f1c2a7e-1b1d-4c39-9d5e-0123456789ab"
-	if err := n.Issue(t.Context(), "nonce-1", inst, 5, 2, "tok"); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, _, err := n.Redeem("other", "nonce-1"); !errors.Is(err, vmworker.ErrUnknownNonce) {
-		t.Errorf("redeem for another instance = %v, want ErrUnknownNonce", err)
-	}
-	task, epoch, tok, err := n.Redeem(inst, "nonce-1")
-	if err != nil || task != 5 || epoch != 2 || tok != "tok" {
-		t.Errorf("redeem = %d %d %q %v", task, epoch, tok, err)
-	}
-	if _, _, _, err := n.Redeem(inst, "nonce-1"); !errors.Is(err, vmworker.ErrNonceRedeemed) {
-		t.Errorf("second redeem = %v, want ErrNonceRedeemed", err)
 	}
 }

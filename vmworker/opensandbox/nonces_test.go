@@ -1,0 +1,26 @@
+package opensandbox
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/vmworker"
+)
+
+// NewTestNonces returns the VM worker's real nonce store over an in-process JetStream of the
+// test's own, and that JetStream (the tests count and break its bucket). Exported for the
+// package's external tests.
+func NewTestNonces(t testing.TB) (*vmworker.Nonces, jetstream.JetStream) {
+	t.Helper()
+	_, js := eventlogtest.Connect(t)
+	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	n, err := vmworker.OpenNonces(t.Context(), js, box, 1, time.Hour)
+	require.NoError(t, err)
+	return n, js
+}
