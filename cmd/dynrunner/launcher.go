@@ -14,7 +14,7 @@ import (
 )
 
 // runLauncher runs one single-use VM (microvm-runner-launch): `dynrunner launcher --flags`, every
-// flag also from DYNRUNNER_LAUNCH_<FLAG> (the vm worker passes everything through the
+// flag also from launcher.EnvName(flag) (the vm worker passes everything through the
 // environment). It exits by itself with launcher.ExitCode: 0 only when the guest powered off
 // by itself, else non-zero with the reason on stderr, starting with "dynrunner launcher: ".
 // Logs are JSON on stderr (LOG_FORMAT=console for humans, LOG_LEVEL).
