@@ -34,6 +34,11 @@ const (
 	EnvRunnerVersion  = "GITEA_RUNNER_VERSION"
 )
 
+// EnvEnvDir is the variable the local pod backend sets to an environment's directory. It is
+// not part of Config: the backend finds every process of an environment by it, so the executor
+// leaves it in the runner's and the job's environment.
+const EnvEnvDir = "DYNRUNNER_ENV_DIR"
+
 // DefaultRenew is the lease renewal interval when the environment names none.
 const DefaultRenew = 100 * time.Second
 

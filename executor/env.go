@@ -2,7 +2,6 @@ package executor
 
 import (
 	"net/url"
-	"os"
 	"strings"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -66,13 +65,13 @@ func planRunner(forge assignment.ForgeURL, px *proxy, base []string, home string
 }
 
 // ownEnvRemoved drops the executor's own configuration from env: the job must not see it.
-// DYNRUNNER_ENV_DIR stays: the local backend finds every process of an environment by it.
+// EnvEnvDir stays: the local backend finds every process of an environment by it.
 func ownEnvRemoved(env []string) []string {
 	out := make([]string, 0, len(env))
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
-		case k == "DYNRUNNER_ENV_DIR":
+		case k == EnvEnvDir:
 		case strings.HasPrefix(k, "DYNRUNNER_"), strings.HasPrefix(k, "GITEA_RUNNER_"),
 			k == EnvSpiffeSocket, k == EnvLogFormat:
 			continue
@@ -99,11 +98,4 @@ func withoutKey(env []string, key string) []string {
 		}
 	}
 	return out
-}
-
-func (c RunConfig) baseEnv() []string {
-	if c.Env != nil {
-		return c.Env
-	}
-	return os.Environ()
 }

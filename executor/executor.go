@@ -41,9 +41,9 @@ type RunConfig struct {
 	// TLS dials the facade: mTLS with the environment's SVID (workload.ClientTLSConfig), or
 	// for a microVM guest server-authenticated TLS pinning the facade's CA and SPIFFE ID.
 	TLS *tls.Config
-	// Env is the environment the runner, and through it the job, starts from; nil means the
-	// executor's own. The executor's own settings (DYNRUNNER_*, GITEA_RUNNER_*, ...) are
-	// removed from it.
+	// Env is the environment the runner, and through it the job, starts from: the executor's
+	// own (os.Environ, which only cmd reads). The executor's own settings (DYNRUNNER_*,
+	// GITEA_RUNNER_*, ...) are removed from it.
 	Env []string
 	// Credential, when set, runs the runner (and so the job) as that user; the executor
 	// hands it the work directory.
@@ -202,7 +202,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 // prepare plans the runner's address and environment and writes its configuration into the
 // work directory; it returns the plan and the configuration's path.
 func prepare(cfg RunConfig, px *proxy) (runnerPlan, string, error) {
-	plan := planRunner(cfg.ForgeURL, px, cfg.baseEnv(), filepath.Join(cfg.WorkDir, "home"))
+	plan := planRunner(cfg.ForgeURL, px, cfg.Env, filepath.Join(cfg.WorkDir, "home"))
 	switch {
 	case plan.forwarded && cfg.ForgeURL == "":
 		cfg.Log.Warn().Str("server_url", plan.address).

@@ -79,7 +79,10 @@ type Config struct {
 	WorkDir string
 	// User, when set, is the account the runner and the job run as (the guest image's
 	// `runner`); the guest itself stays root to power the VM off.
-	User   string
+	User string
+	// Env is the guest's own environment (os.Environ, read in cmd), which the runner starts
+	// from when User is empty.
+	Env    []string
 	Output io.Writer
 	Log    zerolog.Logger
 }
@@ -116,6 +119,9 @@ func Run(ctx context.Context, cfg Config) error {
 	cred, env, err := runAs(cfg.User)
 	if err != nil {
 		return err
+	}
+	if cred == nil {
+		env = cfg.Env
 	}
 	bin := filepath.Join(cfg.WorkDir, "gitea-runner")
 	if err := download(ctx, hc, strings.TrimRight(seed.Endpoint, "/")+grant.RunnerPath, bin, grant.RunnerSHA256); err != nil {

@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const (
@@ -22,13 +25,9 @@ func testFiles(t *testing.T) (dir string) {
 	t.Helper()
 	dir = t.TempDir()
 	for _, n := range []string{"image", "vmlinuz", "initrd", "fw"} {
-		if err := os.WriteFile(filepath.Join(dir, n), []byte(n), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, n), []byte(n), 0o600))
 	}
-	if err := os.Mkdir(filepath.Join(dir, "adir"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "adir"), 0o700))
 	return dir
 }
 
@@ -36,15 +35,12 @@ func validConfig(t *testing.T, dir string) Config {
 	t.Helper()
 	c := DefaultConfig()
 	var err error
-	if c.InstanceID, err = ParseInstanceID(testID); err != nil {
-		t.Fatal(err)
-	}
-	if c.Nonce, err = ParseNonce(testNonce); err != nil {
-		t.Fatal(err)
-	}
-	if c.Endpoint, err = ParseEndpoint("http://10.213.0.1:8080"); err != nil {
-		t.Fatal(err)
-	}
+	c.InstanceID, err = ParseInstanceID(testID)
+	require.NoError(t, err)
+	c.Nonce, err = ParseNonce(testNonce)
+	require.NoError(t, err)
+	c.Endpoint, err = ParseEndpoint("http://10.213.0.1:8080")
+	require.NoError(t, err)
 	c.Image = filepath.Join(dir, "image")
 	c.Kernel = filepath.Join(dir, "vmlinuz")
 	c.Root = filepath.Join(dir, "root")
@@ -122,17 +118,11 @@ func TestValidate(t *testing.T) {
 			tt.modify(&c)
 			err := c.Validate()
 			if tt.ok {
-				if err != nil {
-					t.Fatalf("Validate: %v", err)
-				}
+				require.NoError(t, err)
 				return
 			}
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("Validate = %v, want ErrInvalidConfig", err)
-			}
-			if !strings.HasPrefix(err.Error(), "launcher: ") {
-				t.Errorf("error %q lacks the package prefix", err)
-			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.True(t, strings.HasPrefix(err.Error(), "launcher: "), "error %q lacks the package prefix", err)
 		})
 	}
 }
@@ -149,18 +139,20 @@ func TestParseFlags(t *testing.T) {
 
 	t.Run("defaults", func(t *testing.T) {
 		c, err := ParseFlags(required, env(nil), io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		want := DefaultConfig()
-		if c.CPUs != want.CPUs || c.MemoryMiB != want.MemoryMiB || c.DiskGiB != want.DiskGiB || c.Bridge != "dynrunner0" ||
-			c.BridgeCIDR.String() != "10.213.0.1/24" || c.Hypervisor != "cloud-hypervisor" || c.Deadline != 6*time.Hour ||
-			c.Root != "/var/lib/dynrunner/launcher" {
-			t.Errorf("defaults: %+v", c)
-		}
-		if c.InstanceID.String() != testID || c.Nonce.Reveal() != testNonce || c.Image != image || c.Kernel != kernel {
-			t.Errorf("values: %+v", c)
-		}
+		assert.Equal(t, want.CPUs, c.CPUs)
+		assert.Equal(t, want.MemoryMiB, c.MemoryMiB)
+		assert.Equal(t, want.DiskGiB, c.DiskGiB)
+		assert.Equal(t, "dynrunner0", c.Bridge)
+		assert.Equal(t, "10.213.0.1/24", c.BridgeCIDR.String())
+		assert.Equal(t, "cloud-hypervisor", c.Hypervisor)
+		assert.Equal(t, 6*time.Hour, c.Deadline)
+		assert.Equal(t, "/var/lib/dynrunner/launcher", c.Root)
+		assert.Equal(t, testID, c.InstanceID.String())
+		assert.Equal(t, testNonce, c.Nonce.Reveal())
+		assert.Equal(t, image, c.Image)
+		assert.Equal(t, kernel, c.Kernel)
 	})
 	t.Run("everything from the environment", func(t *testing.T) {
 		c, err := ParseFlags(nil, env(map[string]string{
@@ -181,27 +173,30 @@ func TestParseFlags(t *testing.T) {
 			"DYNRUNNER_LAUNCH_ROOT":        "/srv/launcher",
 			"DYNRUNNER_LAUNCH_CONSOLE_LOG": "/var/log/x.log",
 		}), io.Discard)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c.CPUs != 3 || c.MemoryMiB != 512 || c.DiskGiB != 4 || c.Bridge != "br9" || c.BridgeCIDR.String() != "10.9.0.1/16" ||
-			c.Hypervisor != "qemu" || c.Deadline != 90*time.Minute || c.Root != "/srv/launcher" || c.Cmdline != "console=ttyS0" ||
-			c.ConsoleLog != "/var/log/x.log" || c.Endpoint.String() != "http://10.9.0.1:99" || c.Nonce.Reveal() != testNonce {
-			t.Errorf("config: %+v", c)
-		}
+		require.NoError(t, err)
+		assert.Equal(t, 3, c.CPUs)
+		assert.Equal(t, 512, c.MemoryMiB)
+		assert.Equal(t, 4, c.DiskGiB)
+		assert.Equal(t, "br9", c.Bridge)
+		assert.Equal(t, "10.9.0.1/16", c.BridgeCIDR.String())
+		assert.Equal(t, "qemu", c.Hypervisor)
+		assert.Equal(t, 90*time.Minute, c.Deadline)
+		assert.Equal(t, "/srv/launcher", c.Root)
+		assert.Equal(t, "console=ttyS0", c.Cmdline)
+		assert.Equal(t, "/var/log/x.log", c.ConsoleLog)
+		assert.Equal(t, "http://10.9.0.1:99", c.Endpoint.String())
+		assert.Equal(t, testNonce, c.Nonce.Reveal())
 	})
 	t.Run("a flag beats its environment variable", func(t *testing.T) {
 		c, err := ParseFlags(append(required, "--cpus", "4"), env(map[string]string{"DYNRUNNER_LAUNCH_CPUS": "1"}), io.Discard)
-		if err != nil || c.CPUs != 4 {
-			t.Fatalf("cpus %d, %v", c.CPUs, err)
-		}
+		require.NoError(t, err)
+		assert.Equal(t, 4, c.CPUs)
 	})
 	t.Run("help", func(t *testing.T) {
 		var out strings.Builder
 		_, err := ParseFlags([]string{"-h"}, env(nil), &out)
-		if !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "DYNRUNNER_LAUNCH_MEMORY_MIB") {
-			t.Fatalf("err %v, usage %q", err, out.String())
-		}
+		require.ErrorIs(t, err, flag.ErrHelp)
+		assert.Contains(t, out.String(), EnvName("memory-mib"))
 	})
 	bad := []struct {
 		name string
@@ -224,12 +219,8 @@ func TestParseFlags(t *testing.T) {
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := ParseFlags(tt.args, env(tt.env), io.Discard)
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("ParseFlags = %v, want ErrInvalidConfig", err)
-			}
-			if strings.Contains(err.Error(), testNonce) {
-				t.Errorf("error %q shows the nonce", err)
-			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.NotContains(t, err.Error(), testNonce, "the error shows the nonce")
 		})
 	}
 }
@@ -248,8 +239,6 @@ func TestExitCode(t *testing.T) {
 		{ErrNoDirectIO, 1},
 	}
 	for _, tt := range tests {
-		if got := ExitCode(tt.err); got != tt.want {
-			t.Errorf("ExitCode(%v) = %d, want %d", tt.err, got, tt.want)
-		}
+		assert.Equal(t, tt.want, ExitCode(tt.err), "ExitCode(%v)", tt.err)
 	}
 }

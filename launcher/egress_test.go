@@ -223,19 +223,15 @@ func FuzzParseDestinations(f *testing.F) {
 		}
 		var printed []string
 		for _, d := range got {
-			if !d.Net.Addr().Is4() || d.Net != d.Net.Masked() {
-				t.Fatalf("%q gave %v", list, d)
-			}
+			require.True(t, d.Net.Addr().Is4(), "%q gave %v", list, d)
+			require.Equal(t, d.Net.Masked(), d.Net, "%q gave %v", list, d)
 			printed = append(printed, d.String())
 		}
 		again, err := launcher.ParseDestinations(context.Background(), strings.Join(printed, ","), noDNS)
-		if err != nil || len(again) != len(got) {
-			t.Fatalf("%q gave %v, which parses to %v (%v)", list, got, again, err)
-		}
+		require.NoError(t, err, "%q gave %v", list, got)
+		require.Len(t, again, len(got), "%q gave %v, which parses to %v", list, got, again)
 		for i := range got {
-			if again[i] != got[i] {
-				t.Fatalf("%q gave %v, which parses to %v", list, got, again)
-			}
+			require.Equal(t, got[i], again[i], "%q", list)
 		}
 	})
 }

@@ -1,11 +1,13 @@
 package launcher
 
 import (
-	"errors"
 	"net"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func testSpec() VMSpec {
@@ -95,12 +97,8 @@ func TestHypervisorCommand(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			argv, err := tt.hv.Command(tt.spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := joinArgv(argv); got != tt.want {
-				t.Errorf("argv\n got %s\nwant %s", got, tt.want)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, tt.want, joinArgv(argv))
 		})
 	}
 }
@@ -140,9 +138,8 @@ func TestHypervisorCommandRefuses(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := testSpec()
 			tt.modify(&s)
-			if argv, err := tt.hv.Command(s); err == nil {
-				t.Fatalf("Command = %q, want an error", argv)
-			}
+			argv, err := tt.hv.Command(s)
+			assert.Error(t, err, "Command = %q", argv)
 		})
 	}
 }
@@ -150,13 +147,11 @@ func TestHypervisorCommandRefuses(t *testing.T) {
 func TestNewHypervisor(t *testing.T) {
 	for _, name := range []string{HypervisorCloudHypervisor, HypervisorQEMU} {
 		hv, err := NewHypervisor(name)
-		if err != nil || hv.Name() != name {
-			t.Errorf("NewHypervisor(%q) = %v, %v", name, hv, err)
-		}
+		require.NoError(t, err)
+		assert.Equal(t, name, hv.Name())
 	}
-	if _, err := NewHypervisor("kvmtool"); !errors.Is(err, ErrInvalidConfig) {
-		t.Errorf("NewHypervisor(kvmtool) = %v", err)
-	}
+	_, err := NewHypervisor("kvmtool")
+	assert.ErrorIs(t, err, ErrInvalidConfig)
 }
 
 func TestCloudHypervisorSharedMemory(t *testing.T) {
@@ -164,11 +159,8 @@ func TestCloudHypervisorSharedMemory(t *testing.T) {
 	s := testSpec()
 	s.Kernel = "/k"
 	argv, err := CloudHypervisor{}.Command(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	i := slices.Index(argv, "--memory")
-	if i < 0 || !strings.HasSuffix(argv[i+1], ",shared=on") {
-		t.Errorf("argv %q lacks --memory ...,shared=on", argv)
-	}
+	require.GreaterOrEqual(t, i, 0, "argv %q lacks --memory", argv)
+	assert.True(t, strings.HasSuffix(argv[i+1], ",shared=on"), "argv %q lacks --memory ...,shared=on", argv)
 }

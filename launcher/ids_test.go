@@ -1,9 +1,11 @@
 package launcher
 
 import (
-	"errors"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParseInstanceID(t *testing.T) {
@@ -32,17 +34,11 @@ func TestParseInstanceID(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			id, err := ParseInstanceID(tt.in)
 			if tt.ok {
-				if err != nil {
-					t.Fatalf("ParseInstanceID(%q): %v", tt.in, err)
-				}
-				if got := id.String(); got != tt.in {
-					t.Errorf("String() = %q, want %q", got, tt.in)
-				}
+				require.NoError(t, err)
+				assert.Equal(t, tt.in, id.String())
 				return
 			}
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("ParseInstanceID(%q) = %v, %v; want ErrInvalidConfig", tt.in, id, err)
-			}
+			require.ErrorIs(t, err, ErrInvalidConfig, "ParseInstanceID(%q) = %v", tt.in, id)
 		})
 	}
 }
@@ -72,16 +68,13 @@ func TestParseNonce(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			n, err := ParseNonce(tt.in)
 			if tt.ok {
-				if err != nil || n.Reveal() != tt.in {
-					t.Fatalf("ParseNonce(%q) = %q, %v", tt.in, n.Reveal(), err)
-				}
+				require.NoError(t, err)
+				assert.Equal(t, tt.in, n.Reveal())
 				return
 			}
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("ParseNonce(%q) = %v; want ErrInvalidConfig", tt.in, err)
-			}
-			if tt.in != "" && strings.Contains(err.Error(), tt.in) {
-				t.Errorf("the error %q shows the refused nonce", err)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			if tt.in != "" {
+				assert.NotContains(t, err.Error(), tt.in, "the error shows the refused nonce")
 			}
 		})
 	}
@@ -89,17 +82,11 @@ func TestParseNonce(t *testing.T) {
 
 func TestNonceRedacted(t *testing.T) {
 	n, err := ParseNonce("secretsecretsecret")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := n.String(); strings.Contains(s, "secret") {
-		t.Errorf("String() = %q shows the nonce", s)
-	}
+	require.NoError(t, err)
+	assert.NotContains(t, n.String(), "secret", "String() shows the nonce")
 	cfg := DefaultConfig()
 	cfg.Nonce = n
-	if s := cfg.String(); strings.Contains(s, "secret") {
-		t.Errorf("Config.String() = %q shows the nonce", s)
-	}
+	assert.NotContains(t, cfg.String(), "secret", "Config.String() shows the nonce")
 }
 
 func TestParseEndpoint(t *testing.T) {
@@ -129,14 +116,11 @@ func TestParseEndpoint(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			e, err := ParseEndpoint(tt.in)
 			if tt.want != "" {
-				if err != nil || e.String() != tt.want {
-					t.Fatalf("ParseEndpoint(%q) = %q, %v; want %q", tt.in, e, err, tt.want)
-				}
+				require.NoError(t, err)
+				assert.Equal(t, tt.want, e.String())
 				return
 			}
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("ParseEndpoint(%q) = %q, %v; want ErrInvalidConfig", tt.in, e, err)
-			}
+			require.ErrorIs(t, err, ErrInvalidConfig, "ParseEndpoint(%q) = %q", tt.in, e)
 		})
 	}
 }
@@ -149,21 +133,15 @@ func FuzzParseInstanceID(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		id, err := ParseInstanceID(s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
-			}
+			require.ErrorIs(t, err, ErrInvalidConfig)
 			return
 		}
 		// Accepted ids are canonical: they round-trip and are safe as a path element.
-		if got := id.String(); got != s {
-			t.Fatalf("String() = %q, input %q", got, s)
-		}
-		if strings.ContainsAny(s, "/. \x00") || id.IsZero() {
-			t.Fatalf("accepted %q", s)
-		}
-		if tap := TAPName(id); len(tap) > 15 || checkIfName("tap", tap) != nil {
-			t.Fatalf("TAP name %q", tap)
-		}
+		require.Equal(t, s, id.String())
+		require.False(t, strings.ContainsAny(s, "/. \x00") || id.IsZero(), "accepted %q", s)
+		tap := TAPName(id)
+		require.LessOrEqual(t, len(tap), 15, "TAP name %q", tap)
+		require.NoError(t, checkIfName("tap", tap))
 	})
 }
 
@@ -174,21 +152,17 @@ func FuzzParseNonce(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		n, err := ParseNonce(s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidConfig) {
-				t.Fatalf("error %v does not wrap ErrInvalidConfig", err)
-			}
-			if len(s) >= 4 && strings.Contains(err.Error(), s) {
-				t.Fatalf("error %q shows the input", err)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			if len(s) >= 4 {
+				require.NotContains(t, err.Error(), s, "the error shows the input")
 			}
 			return
 		}
-		if n.Reveal() != s || len(s) < MinNonceLen || len(s) > MaxNonceLen {
-			t.Fatalf("accepted %q", s)
-		}
+		require.Equal(t, s, n.Reveal())
+		require.GreaterOrEqual(t, len(s), MinNonceLen)
+		require.LessOrEqual(t, len(s), MaxNonceLen)
 		for i := 0; i < len(s); i++ {
-			if !strings.ContainsRune("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", rune(s[i])) {
-				t.Fatalf("accepted %q with %q", s, s[i])
-			}
+			require.True(t, strings.ContainsRune("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_", rune(s[i])), "accepted %q with %q", s, s[i])
 		}
 	})
 }
@@ -204,11 +178,8 @@ func FuzzParseEndpoint(f *testing.F) {
 		}
 		// What is accepted prints back as exactly http://<ip>:<port> and parses to itself.
 		again, err := ParseEndpoint(e.String())
-		if err != nil || again != e {
-			t.Fatalf("%q -> %q -> %v, %v", s, e, again, err)
-		}
-		if strings.ContainsAny(e.String(), "@?#\"\\ ") {
-			t.Fatalf("endpoint %q", e)
-		}
+		require.NoError(t, err, "%q -> %q", s, e)
+		require.Equal(t, e, again)
+		require.False(t, strings.ContainsAny(e.String(), "@?#\"\\ "), "endpoint %q", e)
 	})
 }

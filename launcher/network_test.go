@@ -6,30 +6,23 @@ import (
 	"path/filepath"
 	"sync"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestMACAndTAP(t *testing.T) {
 	id, err := ParseInstanceID(testID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	mac := MAC(id)
-	if len(mac) != 6 || mac[0]&0x02 == 0 || mac[0]&0x01 != 0 {
-		t.Errorf("MAC %s: want a locally administered unicast address", mac)
-	}
-	if again := MAC(id); again.String() != mac.String() {
-		t.Errorf("MAC not deterministic: %s, %s", mac, again)
-	}
-	other, _ := ParseInstanceID("0b5e7d3a-1c2d-4e5f-8a9b-0c1d2e3f4a5c")
-	if MAC(other).String() == mac.String() {
-		t.Errorf("two ids share MAC %s", mac)
-	}
-	if got, want := TAPName(id), "dr0b5e7d3a"; got != want {
-		t.Errorf("TAPName = %q, want %q", got, want)
-	}
-	if got, want := Hostname(id), "dynrunner-0b5e7d3a"; got != want {
-		t.Errorf("Hostname = %q, want %q", got, want)
-	}
+	require.Len(t, mac, 6)
+	assert.True(t, mac[0]&0x02 != 0 && mac[0]&0x01 == 0, "MAC %s: want a locally administered unicast address", mac)
+	assert.Equal(t, mac.String(), MAC(id).String(), "MAC not deterministic")
+	other, err := ParseInstanceID("0b5e7d3a-1c2d-4e5f-8a9b-0c1d2e3f4a5c")
+	require.NoError(t, err)
+	assert.NotEqual(t, mac.String(), MAC(other).String(), "two ids share a MAC")
+	assert.Equal(t, "dr0b5e7d3a", TAPName(id))
+	assert.Equal(t, "dynrunner-0b5e7d3a", Hostname(id))
 }
 
 func TestAllocateIPConcurrent(t *testing.T) {
@@ -50,40 +43,28 @@ func TestAllocateIPConcurrent(t *testing.T) {
 	wg.Wait()
 	seen := map[netip.Addr]bool{}
 	for i := range n {
-		if errs[i] != nil {
-			t.Fatalf("allocation %d: %v", i, errs[i])
-		}
+		require.NoError(t, errs[i], "allocation %d", i)
 		ip := got[i]
-		if seen[ip] || !bridge.Contains(ip) || ip == bridge.Addr() || ip == endpoint ||
-			ip == bridge.Masked().Addr() || ip == broadcast(bridge) {
-			t.Fatalf("allocation %d: %s (duplicate or reserved)", i, ip)
-		}
+		require.False(t, seen[ip] || !bridge.Contains(ip) || ip == bridge.Addr() || ip == endpoint ||
+			ip == bridge.Masked().Addr() || ip == broadcast(bridge), "allocation %d: %s (duplicate or reserved)", i, ip)
 		seen[ip] = true
 		owner, ok := leaseOwner(filepath.Join(root, leasesDir, ip.String()))
-		if !ok || owner != ids[i] {
-			t.Errorf("lease %s owned by %v", ip, owner)
-		}
+		assert.True(t, ok, "lease %s has no owner", ip)
+		assert.Equal(t, ids[i], owner, "owner of lease %s", ip)
 	}
-	if _, err := allocateIP(root, ids[n], bridge, endpoint); err == nil {
-		t.Fatal("allocation beyond the network succeeded")
-	}
-	if err := releaseIPs(root, ids[0]); err != nil {
-		t.Fatal(err)
-	}
+	_, err := allocateIP(root, ids[n], bridge, endpoint)
+	require.Error(t, err, "allocation beyond the network succeeded")
+	require.NoError(t, releaseIPs(root, ids[0]))
 	ip, err := allocateIP(root, ids[n], bridge, endpoint)
-	if err != nil || ip != got[0] {
-		t.Fatalf("after a release: %s, %v; want %s", ip, err, got[0])
-	}
-	entries, _ := os.ReadDir(filepath.Join(root, leasesDir))
-	if len(entries) != n {
-		t.Errorf("%d leases, want %d", len(entries), n)
-	}
+	require.NoError(t, err, "after a release")
+	assert.Equal(t, got[0], ip, "after a release")
+	entries, err := os.ReadDir(filepath.Join(root, leasesDir))
+	require.NoError(t, err)
+	assert.Len(t, entries, n)
 }
 
 func TestBroadcast(t *testing.T) {
 	for in, want := range map[string]string{"10.213.0.1/24": "10.213.0.255", "10.0.0.1/16": "10.0.255.255", "10.213.0.9/29": "10.213.0.15"} {
-		if got := broadcast(netip.MustParsePrefix(in)).String(); got != want {
-			t.Errorf("broadcast(%s) = %s, want %s", in, got, want)
-		}
+		assert.Equal(t, want, broadcast(netip.MustParsePrefix(in)).String(), "broadcast(%s)", in)
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func testSeed(t *testing.T) seedData {
@@ -32,9 +35,7 @@ local-hostname: "dynrunner-0b5e7d3a"
 dynrunner-nonce: "NONCE_abcdefghij-0123456789"
 dynrunner-endpoint: "http://10.213.0.1:8080"
 `
-	if got := string(d.metaData()); got != wantMeta {
-		t.Errorf("meta-data\n got %q\nwant %q", got, wantMeta)
-	}
+	assert.Equal(t, wantMeta, string(d.metaData()))
 	wantNet := `version: 2
 ethernets:
   eth0:
@@ -47,22 +48,18 @@ ethernets:
       - to: "0.0.0.0/0"
         via: "10.213.0.1"
 `
-	if got := string(d.networkConfig()); got != wantNet {
-		t.Errorf("network-config\n got %q\nwant %q", got, wantNet)
-	}
+	assert.Equal(t, wantNet, string(d.networkConfig()))
 	d.DNS = []netip.Addr{netip.MustParseAddr("10.0.0.53"), netip.MustParseAddr("10.0.1.53")}
 	wantNS := wantNet + `    nameservers:
       addresses:
         - "10.0.0.53"
         - "10.0.1.53"
 `
-	if got := string(d.networkConfig()); got != wantNS {
-		t.Errorf("network-config with name servers\n got %q\nwant %q", got, wantNS)
-	}
+	assert.Equal(t, wantNS, string(d.networkConfig()), "network-config with name servers")
 	user := string(d.userData())
-	if !strings.HasPrefix(user, "#cloud-config\n") || strings.Contains(user, testNonce) || strings.Contains(strings.ToLower(user), "token:") {
-		t.Errorf("user-data %q", user)
-	}
+	assert.True(t, strings.HasPrefix(user, "#cloud-config\n"), "user-data %q", user)
+	assert.NotContains(t, user, testNonce)
+	assert.NotContains(t, strings.ToLower(user), "token:")
 }
 
 func TestWriteSeedISO(t *testing.T) {
@@ -71,31 +68,22 @@ func TestWriteSeedISO(t *testing.T) {
 	}
 	dir := t.TempDir()
 	iso := filepath.Join(dir, seedFile)
-	if err := writeSeed(context.Background(), dir, iso, testSeed(t)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "seed.d")); !os.IsNotExist(err) {
-		t.Errorf("staging directory left behind: %v", err)
-	}
+	require.NoError(t, writeSeed(context.Background(), dir, iso, testSeed(t)))
+	_, err := os.Stat(filepath.Join(dir, "seed.d"))
+	assert.ErrorIs(t, err, os.ErrNotExist, "staging directory left behind")
 	isoinfo, err := exec.LookPath("isoinfo")
 	if err != nil {
 		t.Skip("isoinfo (package genisoimage) is missing; the ISO was written but not inspected")
 	}
 	out, err := exec.Command(isoinfo, "-d", "-i", iso).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "Volume id: cidata") {
-		t.Fatalf("isoinfo -d: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "isoinfo -d: %s", out)
+	require.Contains(t, string(out), "Volume id: cidata")
 	out, err = exec.Command(isoinfo, "-R", "-f", "-i", iso).CombinedOutput()
-	if err != nil {
-		t.Fatalf("isoinfo -f: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "isoinfo -f: %s", out)
 	files := strings.Fields(string(out))
 	slices.Sort(files)
-	if want := []string{"/meta-data", "/network-config", "/user-data"}; !slices.Equal(files, want) {
-		t.Errorf("ISO holds %q, want exactly %q", files, want)
-	}
+	assert.Equal(t, []string{"/meta-data", "/network-config", "/user-data"}, files)
 	meta, err := exec.Command(isoinfo, "-R", "-x", "/meta-data", "-i", iso).Output()
-	if err != nil || string(meta) != string(testSeed(t).metaData()) {
-		t.Errorf("meta-data in the ISO: %q, %v", meta, err)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, string(testSeed(t).metaData()), string(meta), "meta-data in the ISO")
 }

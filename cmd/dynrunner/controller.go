@@ -22,11 +22,11 @@ import (
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
 
-func runController(ctx context.Context, args []string) error {
+func runController(ctx context.Context, args []string, getenv func(string) string) error {
 	if len(args) > 0 {
 		return fmt.Errorf("controller takes no arguments; configure it with environment variables (docs/configuration.md)")
 	}
-	cfg, err := config.LoadController(os.Getenv)
+	cfg, err := config.LoadController(getenv)
 	if err != nil {
 		return fmt.Errorf("configuration refused:\n%w", err)
 	}

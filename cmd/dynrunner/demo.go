@@ -88,7 +88,7 @@ func parseDemoFlags(args []string) (demoOptions, error) {
 
 // runDemo starts a development Gitea and a controller on embedded defaults, pushes a sample
 // workflow with a [self-hosted, pod] job, and prints its result and log.
-func runDemo(ctx context.Context, args []string) error {
+func runDemo(ctx context.Context, args []string, getenv func(string) string) error {
 	opts, err := parseDemoFlags(args)
 	if err != nil {
 		return err
@@ -100,7 +100,7 @@ func runDemo(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%w\nbuild them with: go tool task tools", err)
 	}
-	dir, err := demoDir()
+	dir, err := demoDir(getenv)
 	if err != nil {
 		return err
 	}
@@ -157,16 +157,22 @@ func runDemo(ctx context.Context, args []string) error {
 }
 
 // demoDir creates the demo's directory under DYNRUNNER_CACHE (default ~/.cache/dynrunner).
-func demoDir() (string, error) {
-	cache := os.Getenv("DYNRUNNER_CACHE")
-	if cache == "" {
-		home, _ := os.UserHomeDir()
-		cache = filepath.Join(home, ".cache", "dynrunner")
-	}
+func demoDir(getenv func(string) string) (string, error) {
+	cache := demoCache(getenv)
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return "", err
 	}
 	return os.MkdirTemp(cache, "demo-")
+}
+
+// demoCache is the configuration of `dynrunner demo`: DYNRUNNER_CACHE, default
+// ~/.cache/dynrunner.
+func demoCache(getenv func(string) string) string {
+	if cache := getenv("DYNRUNNER_CACHE"); cache != "" {
+		return cache
+	}
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".cache", "dynrunner")
 }
 
 // startDemoForge starts the demo's Gitea in dir; with vm it listens on the microVM bridge.

@@ -1,13 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
@@ -43,12 +44,12 @@ func parseEventsFlags(args []string) (eventsOptions, error) {
 // runEvents follows the audit streams: every assignment transition and, unless
 // --environments=false, every recorded environment phase, human-readable or as JSON.
 // Records hold no secrets (the sealed task lives in a separate bucket), so nothing is masked.
-func runEvents(ctx context.Context, args []string, out io.Writer) error {
+func runEvents(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	opts, err := parseEventsFlags(args)
 	if err != nil {
 		return err
 	}
-	cfg, err := eventsNATSConfig()
+	cfg, err := eventsNATSConfig(getenv)
 	if err != nil {
 		return err
 	}
@@ -86,26 +87,19 @@ func runEvents(ctx context.Context, args []string, out io.Writer) error {
 // eventsNATSConfig is the NATS connection of `dynrunner events`: NATS_URL, NATS_USER and
 // NATS_PASSWORD_FILE, or without NATS_URL the embedded server of a controller on embedded
 // defaults.
-func eventsNATSConfig() (natsconn.Config, error) {
-	cfg := natsconn.Config{URL: os.Getenv("NATS_URL"), User: os.Getenv("NATS_USER"), Name: "dynrunner events"}
+func eventsNATSConfig(getenv func(string) string) (natsconn.Config, error) {
+	cfg := natsconn.Config{URL: getenv("NATS_URL"), User: getenv("NATS_USER"), Name: "dynrunner events"}
 	if cfg.URL == "" {
 		// A controller on embedded defaults: its NATS listens on loopback with a generated
 		// password in its state directory.
-		state := os.Getenv("STATE_DIR")
-		if state == "" {
-			home, _ := os.UserHomeDir()
-			state = filepath.Join(home, ".local", "state", "dynrunner")
-		}
-		listen := os.Getenv("NATS_EMBEDDED_LISTEN")
-		if listen == "" {
-			listen = "127.0.0.1:4222"
-		}
+		state := cmp.Or(getenv("STATE_DIR"), config.DefaultStateDir())
+		listen := cmp.Or(getenv("NATS_EMBEDDED_LISTEN"), config.DefaultNATSEmbeddedListen)
 		pw, err := secretfile.Read(filepath.Join(state, embeddedPasswordFile))
 		if err != nil {
 			return cfg, fmt.Errorf("no NATS_URL, and no embedded NATS password in STATE_DIR=%s (is a controller running there?): %w", state, err)
 		}
 		cfg.URL, cfg.User, cfg.Password = "nats://"+listen, embeddedUser, string(pw)
-	} else if f := os.Getenv("NATS_PASSWORD_FILE"); f != "" {
+	} else if f := getenv("NATS_PASSWORD_FILE"); f != "" {
 		pw, err := secretfile.Read(f)
 		if err != nil {
 			return cfg, fmt.Errorf("NATS_PASSWORD_FILE: %w", err)

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -17,80 +19,59 @@ import (
 )
 
 // eventsFixture starts a NATS server holding one assignment's claim (task 12) and two Pod
-// phases of its environment, and points `dynrunner events` at it through the environment.
-func eventsFixture(t *testing.T) {
+// phases of its environment, and returns the environment that points `dynrunner events` at it.
+func eventsFixture(t *testing.T) func(string) string {
 	t.Helper()
 	dir := t.TempDir()
 	const user, password = "dynrunner", "events-test-password"
 	srv, err := natsconn.Embed(filepath.Join(dir, "js"), "127.0.0.1:-1", user, password)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(srv.WaitForShutdown)
 	t.Cleanup(srv.Shutdown)
 	nc, err := natsconn.Connect(natsconn.Config{URL: srv.ClientURL(), User: user, Password: password, Name: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc.NC)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx := t.Context()
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
 	l, err := eventlog.Open(ctx, js, elCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	at := time.Date(2026, 12, 2, 13, 28, 53, 0, time.UTC)
 	st, err := l.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: 12, Actor: "scheduler@test/1", At: at,
 		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for i, phase := range []string{eventlog.EnvRunning, eventlog.EnvFailed} {
 		rec := eventlog.EnvironmentRecord{Task: 12, Epoch: st.Epoch(), Backend: "kubernetes", Env: "dynrunner-12-1",
 			PodUID: "uid-1", Phase: phase, Node: "node-1", At: at.Add(time.Duration(i+1) * time.Second), Actor: "pod-worker@test/1"}
 		if phase == eventlog.EnvFailed {
 			rec.Reason = "Error"
 		}
-		if err := l.RecordEnvironment(ctx, rec); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, l.RecordEnvironment(ctx, rec))
 	}
 	pwFile := filepath.Join(dir, "nats.password")
-	if err := os.WriteFile(pwFile, []byte(password), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("NATS_URL", srv.ClientURL())
-	t.Setenv("NATS_USER", user)
-	t.Setenv("NATS_PASSWORD_FILE", pwFile)
+	require.NoError(t, os.WriteFile(pwFile, []byte(password), 0o600))
+	env := map[string]string{"NATS_URL": srv.ClientURL(), "NATS_USER": user, "NATS_PASSWORD_FILE": pwFile}
+	return func(k string) string { return env[k] }
 }
 
 // TestEventsShowsEnvironments runs `dynrunner events` against a NATS server holding one
 // assignment's claim and two Pod phases of its environment.
 func TestEventsShowsEnvironments(t *testing.T) {
-	eventsFixture(t)
+	getenv := eventsFixture(t)
 	ctx := t.Context()
 	events := func(t *testing.T, args ...string) []string {
 		t.Helper()
 		var out bytes.Buffer
-		if err := runEvents(ctx, append(args, "--follow=false"), &out); err != nil {
-			t.Fatalf("events %v: %v", args, err)
-		}
+		require.NoError(t, runEvents(ctx, append(args, "--follow=false"), getenv, &out), "events %v", args)
 		return strings.Split(strings.TrimSuffix(out.String(), "\n"), "\n")
 	}
 
 	t.Run("json", func(t *testing.T) {
 		lines := events(t, "--json")
-		if len(lines) != 3 {
-			t.Fatalf("%d lines, want 3:\n%s", len(lines), strings.Join(lines, "\n"))
-		}
-		if !strings.HasPrefix(lines[0], `{"seq":1,"epoch":1,"transition":"claimed",`) {
-			t.Errorf("assignment line = %s", lines[0])
-		}
+		require.Len(t, lines, 3)
+		assert.True(t, strings.HasPrefix(lines[0], `{"seq":1,"epoch":1,"transition":"claimed",`), "assignment line = %s", lines[0])
 		var got struct {
 			Kind   string `json:"kind"`
 			Seq    uint64 `json:"seq"`
@@ -98,13 +79,13 @@ func TestEventsShowsEnvironments(t *testing.T) {
 			Reason string `json:"reason"`
 			Trans  string `json:"transition"`
 		}
-		if err := json.Unmarshal([]byte(lines[2]), &got); err != nil {
-			t.Fatal(err)
-		}
-		if got.Kind != "environment" || got.Seq != 2 || got.Phase != "Failed" || got.Reason != "Error" || got.Trans != "" ||
-			!strings.HasPrefix(lines[2], `{"kind":"environment","seq":2,"task_id":12,"epoch":1,`) {
-			t.Errorf("environment line = %s", lines[2])
-		}
+		require.NoError(t, json.Unmarshal([]byte(lines[2]), &got))
+		assert.Equal(t, "environment", got.Kind)
+		assert.Equal(t, uint64(2), got.Seq)
+		assert.Equal(t, "Failed", got.Phase)
+		assert.Equal(t, "Error", got.Reason)
+		assert.Empty(t, got.Trans)
+		assert.True(t, strings.HasPrefix(lines[2], `{"kind":"environment","seq":2,"task_id":12,"epoch":1,`), "environment line = %s", lines[2])
 	})
 	t.Run("text", func(t *testing.T) {
 		lines := events(t, "--task", "12")
@@ -113,18 +94,14 @@ func TestEventsShowsEnvironments(t *testing.T) {
 			"2026-12-02T13:28:54Z  env        task=12     epoch=1      Running    env=dynrunner-12-1 backend=kubernetes actor=pod-worker@test/1 pod_uid=uid-1 node=node-1",
 			`2026-12-02T13:28:55Z  env        task=12     epoch=1      Failed     env=dynrunner-12-1 backend=kubernetes actor=pod-worker@test/1 pod_uid=uid-1 node=node-1 reason="Error"`,
 		}
-		if got := strings.Join(lines, "\n"); got != strings.Join(want, "\n") {
-			t.Errorf("got:\n%s\nwant:\n%s", got, strings.Join(want, "\n"))
-		}
+		assert.Equal(t, want, lines)
 	})
 	t.Run("without environments", func(t *testing.T) {
-		if lines := events(t, "--environments=false"); len(lines) != 1 || !strings.Contains(lines[0], "claimed") {
-			t.Errorf("got %q, want the claim alone", lines)
-		}
+		lines := events(t, "--environments=false")
+		require.Len(t, lines, 1, "want the claim alone")
+		assert.Contains(t, lines[0], "claimed")
 	})
 	t.Run("another task", func(t *testing.T) {
-		if lines := events(t, "--task", "13"); len(lines) != 1 || lines[0] != "" {
-			t.Errorf("got %q, want nothing", lines)
-		}
+		assert.Equal(t, []string{""}, events(t, "--task", "13"), "want nothing")
 	})
 }

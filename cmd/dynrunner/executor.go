@@ -20,19 +20,15 @@ import (
 
 // runExecutor is the entry point inside an environment. Its configuration comes from the
 // environment the pod worker set (docs/configuration.md, "Executor").
-func runExecutor(ctx context.Context, args []string) error {
+func runExecutor(ctx context.Context, args []string, getenv func(string) string) error {
 	if len(args) > 0 {
 		return errors.New("executor takes no arguments; the pod worker configures it through the environment")
 	}
-	format := os.Getenv(executor.EnvLogFormat)
-	if format == "" {
-		format = executor.DefaultLogFormat
-	}
-	log, err := newLogger(os.Stderr, format, "info", "executor")
+	cfg, err := executor.ParseEnv(getenv)
 	if err != nil {
 		return err
 	}
-	cfg, err := executor.ParseEnv(os.Getenv)
+	log, err := newLogger(os.Stderr, cfg.LogFormat, "info", "executor")
 	if err != nil {
 		return err
 	}
@@ -63,7 +59,7 @@ func runExecutor(ctx context.Context, args []string) error {
 	log.Info().Str("spiffe_id", svid.ID.String()).Msg("SVID received")
 
 	return executor.Run(ctx, executor.RunConfig{
-		Config: cfg, Token: string(token), TLS: workload.ClientTLSConfig(src, facadeID), Output: os.Stdout, Log: log,
+		Config: cfg, Token: string(token), TLS: workload.ClientTLSConfig(src, facadeID), Env: os.Environ(), Output: os.Stdout, Log: log,
 	})
 }
 

@@ -2,13 +2,14 @@ package main
 
 import (
 	"context"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/workload"
 )
@@ -34,32 +35,21 @@ func (s *switchingSource) GetX509SVID() (*x509svid.SVID, error) {
 func TestWaitOwnSVID(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("exec.test")
 	ca, err := workload.LoadOrCreateDevCA(t.TempDir(), td)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	other, err := ca.Source(workload.AssignmentID(td, 9, 1), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	own, err := ca.Source(workload.AssignmentID(td, 7, 3), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	src := &switchingSource{Source: other, second: own, after: 3}
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	svid, err := waitOwnSVID(ctx, src, td, 7, 3)
-	if err != nil || svid.ID != workload.AssignmentID(td, 7, 3) {
-		t.Fatalf("waitOwnSVID = %v, %v", svid, err)
-	}
-	if src.calls.Load() <= 3 {
-		t.Fatalf("returned after %d calls, before its own SVID was served", src.calls.Load())
-	}
+	require.NoError(t, err)
+	assert.Equal(t, workload.AssignmentID(td, 7, 3), svid.ID)
+	assert.Greater(t, src.calls.Load(), int32(3), "returned before its own SVID was served")
 
 	short, cancel2 := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel2()
 	_, err = waitOwnSVID(short, other, td, 7, 3)
-	if err == nil || !strings.Contains(err.Error(), "spiffe://exec.test/dynrunner/task/9/epoch/1 is not the identity of task 7 epoch 3") {
-		t.Fatalf("waitOwnSVID with only another identity: %v", err)
-	}
+	assert.ErrorContains(t, err, "spiffe://exec.test/dynrunner/task/9/epoch/1 is not the identity of task 7 epoch 3")
 }

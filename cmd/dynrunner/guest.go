@@ -11,43 +11,60 @@ import (
 )
 
 // runGuest runs inside a microVM: one job, then power off.
-func runGuest(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("guest", flag.ContinueOnError)
-	seed := fs.String("seed-dir", "/run/dynrunner/seed", "directory of the mounted NoCloud seed (meta-data)")
-	work := fs.String("work-dir", "/var/lib/dynrunner-guest", "work directory of the runner and the job")
-	runAs := fs.String("user", "", "account the runner and its job run as (the guest image's runner); empty: the guest's own")
-	poweroff := fs.Bool("poweroff", os.Getpid() == 1, "power the VM off when the job ends (default when running as PID 1 with a NoCloud seed)")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	// A sandbox API (OpenSandbox) seeds the guest through its environment; its entry process
-	// may be PID 1 of a Kata pod, which the sandbox's end tears down: exit instead of powering off.
-	envSeed, fromEnv, err := guest.SeedFromEnv(os.Getenv)
+func runGuest(ctx context.Context, args []string, getenv func(string) string) error {
+	s, err := parseGuest(args, getenv)
 	if err != nil {
 		return err
-	}
-	var seedArg *guest.Seed
-	if fromEnv {
-		seedArg = &envSeed
-		if !flagSet(fs, "poweroff") {
-			*poweroff = false
-		}
 	}
 	log, err := newLogger(os.Stderr, "json", "info", "guest")
 	if err != nil {
 		return err
 	}
-	err = guest.Run(ctx, guest.Config{Seed: seedArg, SeedDir: *seed, WorkDir: *work, User: *runAs, Output: os.Stdout, Log: log})
+	s.cfg.Env, s.cfg.Output, s.cfg.Log = os.Environ(), os.Stdout, log
+	err = guest.Run(ctx, s.cfg)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "dynrunner guest: %v\n", err)
 	}
-	if *poweroff {
+	if s.poweroff {
 		syscall.Sync()
 		if perr := syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF); perr != nil {
 			return fmt.Errorf("power off: %w", perr)
 		}
 	}
 	return err
+}
+
+// guestSettings is the configuration of `dynrunner guest`.
+type guestSettings struct {
+	cfg      guest.Config
+	poweroff bool
+}
+
+// parseGuest reads the guest's flags and, from getenv, the seed a sandbox API passes
+// (guest.SeedFromEnv).
+func parseGuest(args []string, getenv func(string) string) (guestSettings, error) {
+	fs := flag.NewFlagSet("guest", flag.ContinueOnError)
+	seed := fs.String("seed-dir", "/run/dynrunner/seed", "directory of the mounted NoCloud seed (meta-data)")
+	work := fs.String("work-dir", "/var/lib/dynrunner-guest", "work directory of the runner and the job")
+	runAs := fs.String("user", "", "account the runner and its job run as (the guest image's runner); empty: the guest's own")
+	poweroff := fs.Bool("poweroff", os.Getpid() == 1, "power the VM off when the job ends (default when running as PID 1 with a NoCloud seed)")
+	if err := fs.Parse(args); err != nil {
+		return guestSettings{}, err
+	}
+	s := guestSettings{cfg: guest.Config{SeedDir: *seed, WorkDir: *work, User: *runAs}, poweroff: *poweroff}
+	// A sandbox API (OpenSandbox) seeds the guest through its environment; its entry process
+	// may be PID 1 of a Kata pod, which the sandbox's end tears down: exit instead of powering off.
+	envSeed, fromEnv, err := guest.SeedFromEnv(getenv)
+	if err != nil {
+		return guestSettings{}, err
+	}
+	if fromEnv {
+		s.cfg.Seed = &envSeed
+		if !flagSet(fs, "poweroff") {
+			s.poweroff = false
+		}
+	}
+	return s, nil
 }
 
 func flagSet(fs *flag.FlagSet, name string) bool {

@@ -42,24 +42,27 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cmd, args := os.Args[1], os.Args[2:]
+	// The one place the environment is read: every subcommand parses its configuration
+	// from getenv (docs/configuration.md; configdocs_test.go checks the two agree).
+	getenv := os.Getenv
 	var err error
 	switch cmd {
 	case "controller":
-		err = runController(ctx, args)
+		err = runController(ctx, args, getenv)
 	case "executor":
-		err = runExecutor(ctx, args)
+		err = runExecutor(ctx, args, getenv)
 	case "launcher":
-		err = runLauncher(ctx, args)
+		err = runLauncher(ctx, args, getenv)
 	case "guest":
-		err = runGuest(ctx, args)
+		err = runGuest(ctx, args, getenv)
 	case "identity":
-		err = runIdentity(ctx, args)
+		err = runIdentity(ctx, args, getenv)
 	case "events":
-		err = runEvents(ctx, args, os.Stdout)
+		err = runEvents(ctx, args, getenv, os.Stdout)
 	case "status":
-		err = runStatus(ctx, args, os.Getenv, os.Stdout)
+		err = runStatus(ctx, args, getenv, os.Stdout)
 	case "demo":
-		err = runDemo(ctx, args)
+		err = runDemo(ctx, args, getenv)
 	case "version", "--version":
 		fmt.Println("dynrunner", version)
 	case "help", "-h", "--help":

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // TestControllerRefusesUnsafeBoot runs the controller entry point with configurations that
@@ -12,17 +16,11 @@ import (
 func TestControllerRefusesUnsafeBoot(t *testing.T) {
 	dir := t.TempDir()
 	loose := filepath.Join(dir, "loose.key")
-	if err := os.WriteFile(loose, []byte(strings.Repeat("k", 48)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(loose, []byte(strings.Repeat("k", 48)), 0o644))
 	short := filepath.Join(dir, "short.key")
-	if err := os.WriteFile(short, []byte("too-short"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(short, []byte("too-short"), 0o600))
 	good := filepath.Join(dir, "good.key")
-	if err := os.WriteFile(good, []byte(strings.Repeat("g", 48)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(good, []byte(strings.Repeat("g", 48)), 0o600))
 	base := map[string]string{
 		"STATE_DIR":           filepath.Join(dir, "state"),
 		"GITEA_URL":           "http://127.0.0.1:1",
@@ -41,22 +39,12 @@ func TestControllerRefusesUnsafeBoot(t *testing.T) {
 		{"half-configured runner credentials", map[string]string{"RUNNER_FACADE_CAPABILITY_KEY_FILE": good, "TASK_ENCRYPTION_KEY_FILE": good, "GITEA_RUNNER_UUID_FILE": good}, "GITEA_RUNNER_TOKEN_FILE"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			for k, v := range base {
-				t.Setenv(k, v)
-			}
-			for k, v := range tc.set {
-				t.Setenv(k, v)
-			}
-			err := runController(t.Context(), nil)
-			if err == nil {
-				t.Fatal("the controller booted")
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q does not say %q", err, tc.want)
-			}
-			if strings.Contains(err.Error(), strings.Repeat("g", 48)) || strings.Contains(err.Error(), strings.Repeat("k", 48)) {
-				t.Fatal("the error shows a key")
-			}
+			env := maps.Clone(base)
+			maps.Copy(env, tc.set)
+			err := runController(t.Context(), nil, func(k string) string { return env[k] })
+			require.ErrorContains(t, err, tc.want, "the controller booted, or its error does not say what to fix")
+			assert.NotContains(t, err.Error(), strings.Repeat("g", 48), "the error shows a key")
+			assert.NotContains(t, err.Error(), strings.Repeat("k", 48), "the error shows a key")
 		})
 	}
 }

@@ -101,6 +101,8 @@ func localBackend(cfg config.Controller, exe string, log zerolog.Logger, warns *
 	} else {
 		warns.warn(log, warning)
 	}
+	// PATH is passed through to environments (docs/configuration.md, Executor variables), not
+	// configuration: no parser reads it.
 	b, err := local.New(local.Config{
 		Root:     filepath.Join(cfg.StateDir, "envs"),
 		Command:  []string{exe, "executor"},

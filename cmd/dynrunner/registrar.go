@@ -25,11 +25,11 @@ import (
 )
 
 // runIdentity runs the SPIRE registrar of job Pods or containers (`dynrunner identity`).
-func runIdentity(ctx context.Context, args []string) error {
+func runIdentity(ctx context.Context, args []string, getenv func(string) string) error {
 	if len(args) > 0 {
 		return fmt.Errorf("takes no arguments (configuration comes from the environment; see docs/configuration.md)")
 	}
-	cfg, err := config.LoadIdentity(os.Getenv)
+	cfg, err := config.LoadIdentity(getenv)
 	if err != nil {
 		return fmt.Errorf("configuration:\n%w", err)
 	}

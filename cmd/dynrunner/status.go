@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/config"
 )
 
 // statusReport is what the controller serves at /status and `dynrunner status` prints.
@@ -66,18 +69,10 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, o
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	listen := getenv("HTTP_LISTEN")
-	if listen == "" {
-		listen = "127.0.0.1:9464"
-	}
-	host, port, err := net.SplitHostPort(listen)
+	url, err := statusURL(getenv)
 	if err != nil {
-		return fmt.Errorf("HTTP_LISTEN=%q: want host:port", listen)
+		return err
 	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
-	}
-	url := "http://" + net.JoinHostPort(host, port) + "/status"
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -100,6 +95,20 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, o
 		return json.NewEncoder(out).Encode(r)
 	}
 	return printStatus(out, r)
+}
+
+// statusURL is the configuration of `dynrunner status`: the /status URL of the controller
+// whose HTTP_LISTEN getenv names.
+func statusURL(getenv func(string) string) (string, error) {
+	listen := cmp.Or(getenv("HTTP_LISTEN"), config.DefaultHTTPListen)
+	host, port, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "", fmt.Errorf("HTTP_LISTEN=%q: want host:port", listen)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		host = "127.0.0.1"
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/status", nil
 }
 
 func printStatus(out io.Writer, r statusReport) error {

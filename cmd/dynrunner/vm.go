@@ -84,6 +84,7 @@ func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonc
 	if err != nil {
 		return nil, fmt.Errorf("vm worker: locate the dynrunner binary: %w", err)
 	}
+	// PATH is passed through to the launchers, not configuration: no parser reads it.
 	procs, err := local.New(local.Config{
 		Root:    filepath.Join(cfg.StateDir, "launchers"),
 		Command: []string{exe, "launcher"},
@@ -97,8 +98,8 @@ func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonc
 	return vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launchEnv(cfg)), nil
 }
 
-// launchEnv is the launcher settings of every microVM, as the DYNRUNNER_LAUNCH_* environment
-// of its launcher; the vm worker adds each one's instance, nonce and endpoint.
+// launchEnv is the launcher settings of every microVM, as the environment of its launcher
+// (launcher.Config.Environ); the vm worker adds each one's instance, nonce and endpoint.
 func launchEnv(cfg config.Controller) map[string]string {
 	return launcher.Config{
 		Image: cfg.VM.Image, Kernel: cfg.VM.Kernel, Initramfs: cfg.VM.Initramfs, Cmdline: cfg.VM.Cmdline,

@@ -113,6 +113,19 @@ func (e *env) seconds(name string, def, floor int) time.Duration {
 	return time.Duration(e.integer(name, def, floor)) * time.Second
 }
 
+// Defaults the operator commands (`dynrunner events`, `dynrunner status`) share with the
+// controller, to find a controller running on its defaults.
+const (
+	DefaultHTTPListen         = "127.0.0.1:9464"
+	DefaultNATSEmbeddedListen = "127.0.0.1:4222"
+)
+
+// DefaultStateDir is STATE_DIR when unset: $HOME/.local/state/dynrunner.
+func DefaultStateDir() string {
+	home, _ := os.UserHomeDir()
+	return filepath.Join(home, ".local", "state", "dynrunner")
+}
+
 // LoadController reads the controller's configuration. getenv is os.Getenv outside tests.
 // All problems are reported together.
 func LoadController(getenv func(string) string) (Controller, error) {
@@ -121,8 +134,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 
 	vmImage := e.str("VM_IMAGE", "")
 	c.Components = parseComponents(e, e.str("COMPONENTS", "all"), vmImage != "" || e.str("VM_BACKEND", "") == "opensandbox")
-	home, _ := os.UserHomeDir()
-	c.StateDir = e.str("STATE_DIR", filepath.Join(home, ".local", "state", "dynrunner"))
+	c.StateDir = e.str("STATE_DIR", DefaultStateDir())
 	if !filepath.IsAbs(c.StateDir) {
 		if abs, err := filepath.Abs(c.StateDir); err == nil {
 			c.StateDir = abs
@@ -130,7 +142,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	}
 	c.LogFormat = e.str("LOG_FORMAT", "json")
 	c.LogLevel = e.str("LOG_LEVEL", "info")
-	c.HTTPListen = e.str("HTTP_LISTEN", "127.0.0.1:9464")
+	c.HTTPListen = e.str("HTTP_LISTEN", DefaultHTTPListen)
 	if _, _, err := net.SplitHostPort(c.HTTPListen); err != nil {
 		e.fail("HTTP_LISTEN=%q: want host:port", c.HTTPListen)
 	}
@@ -139,7 +151,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	c.NATSUser = e.str("NATS_USER", "")
 	c.NATSPasswordFile = e.str("NATS_PASSWORD_FILE", "")
 	c.NATSReplicas = e.integer("NATS_REPLICAS", 1, 1)
-	c.NATSEmbedListen = e.str("NATS_EMBEDDED_LISTEN", "127.0.0.1:4222")
+	c.NATSEmbedListen = e.str("NATS_EMBEDDED_LISTEN", DefaultNATSEmbeddedListen)
 	if c.NATSEmbedListen == "off" {
 		c.NATSEmbedListen = ""
 	} else if host, _, err := net.SplitHostPort(c.NATSEmbedListen); err != nil {

@@ -3,6 +3,9 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"time"
 )
 
@@ -21,21 +24,17 @@ func base() map[string]string {
 
 func TestLoadControllerDefaults(t *testing.T) {
 	c, err := LoadController(envOf(base()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := c.Components, []string{Facade, PodWorker, Scheduler}; strings.Join(got, ",") != strings.Join(want, ",") {
-		t.Errorf("components = %v, want %v", got, want)
-	}
-	if c.PodConcurrency != 4 || c.VMConcurrency != 1 || c.Pickup != 120*time.Second || c.Lease != 300*time.Second {
-		t.Errorf("defaults: pod %d vm %d pickup %s lease %s", c.PodConcurrency, c.VMConcurrency, c.Pickup, c.Lease)
-	}
-	if !c.Embedded() || !c.GenerateKeys || !c.DevCA || c.FacadeURL != "https://127.0.0.1:8443" {
-		t.Errorf("embedded defaults: %+v", c)
-	}
-	if c.FacadeID.String() != "spiffe://dynrunner.local/dynrunner/facade" {
-		t.Errorf("facade id = %s", c.FacadeID)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, []string{Facade, PodWorker, Scheduler}, c.Components)
+	assert.Equal(t, 4, c.PodConcurrency)
+	assert.Equal(t, 1, c.VMConcurrency)
+	assert.Equal(t, 120*time.Second, c.Pickup)
+	assert.Equal(t, 300*time.Second, c.Lease)
+	assert.True(t, c.Embedded())
+	assert.True(t, c.GenerateKeys)
+	assert.True(t, c.DevCA)
+	assert.Equal(t, "https://127.0.0.1:8443", c.FacadeURL)
+	assert.Equal(t, "spiffe://dynrunner.local/dynrunner/facade", c.FacadeID.String())
 }
 
 // TestLoadControllerFailsClosed: every half-configured or unsafe setting is a boot error
@@ -94,15 +93,9 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 				env[k] = v
 			}
 			_, err := LoadController(envOf(env))
-			if err == nil {
-				t.Fatal("configuration accepted")
-			}
-			if strings.Contains(err.Error(), "hunter2") {
-				t.Fatalf("the error echoes a password: %v", err)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q does not name %s", err, tc.want)
-			}
+			require.Error(t, err, "configuration accepted")
+			assert.NotContains(t, err.Error(), "hunter2", "the error echoes a password")
+			assert.ErrorContains(t, err, tc.want)
 		})
 	}
 }

@@ -3,6 +3,9 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestLoadDockerPodBackend(t *testing.T) {
@@ -17,38 +20,32 @@ func TestLoadDockerPodBackend(t *testing.T) {
 		return m
 	}
 	c, err := LoadController(envOf(with()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	want := DockerPod{Socket: "/var/run/docker.sock", Image: image, Network: "dynrunner", MemoryMiB: 4096, CPUs: 2, Pids: 4096, Scope: "default"}
-	if c.PodBackend != "docker" || c.Docker != want || !c.DevCA {
-		t.Errorf("docker defaults: backend %q, %+v, dev CA %v; want %+v", c.PodBackend, c.Docker, c.DevCA, want)
-	}
+	assert.Equal(t, "docker", c.PodBackend)
+	assert.Equal(t, want, c.Docker)
+	assert.True(t, c.DevCA)
 	c, err = LoadController(envOf(with("POD_DOCKER_NETWORK", "ci-net", "RUNNER_FACADE_URL", "https://10.0.0.5:8443", "POD_DOCKER_PRIVILEGED", "true",
 		"POD_DOCKER_SOCKET", "unix:///run/docker.sock",
 		"POD_DOCKER_MEMORY_MIB", "2048", "POD_DOCKER_CPUS", "1.5", "POD_DOCKER_PIDS", "512", "POD_DOCKER_USER", "0:0",
 		"POD_EXECUTOR_IMAGE", "registry.example/dynrunner/executor@sha256:"+strings.Repeat("1", 64))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := c.Docker; d.Socket != "/run/docker.sock" || d.Network != "ci-net" || !d.Privileged || d.MemoryMiB != 2048 || d.CPUs != 1.5 || d.Pids != 512 || d.User != "0:0" {
-		t.Errorf("docker settings: %+v", d)
-	}
+	require.NoError(t, err)
+	d := c.Docker
+	assert.Equal(t, "/run/docker.sock", d.Socket)
+	assert.Equal(t, "ci-net", d.Network)
+	assert.True(t, d.Privileged)
+	assert.Equal(t, 2048, d.MemoryMiB)
+	assert.InDelta(t, 1.5, d.CPUs, 0)
+	assert.Equal(t, 512, d.Pids)
+	assert.Equal(t, "0:0", d.User)
 	c, err = LoadController(envOf(with("POD_DOCKER_SUBNET", "10.210.0.0/24")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Docker.Subnet.String() != "10.210.0.0/24" {
-		t.Errorf("subnet %v", c.Docker.Subnet)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, "10.210.0.0/24", c.Docker.Subnet.String())
 	// With SPIRE's Workload API, environments get attested SVIDs instead of development-CA files.
 	c, err = LoadController(envOf(with("SPIFFE_ENDPOINT_SOCKET", "unix:///run/spire/sockets/agent.sock")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.DevCA || c.SpiffeEndpointSocket != "unix:///run/spire/sockets/agent.sock" {
-		t.Errorf("workload api: dev CA %v, socket %q", c.DevCA, c.SpiffeEndpointSocket)
-	}
+	require.NoError(t, err)
+	assert.False(t, c.DevCA)
+	assert.Equal(t, "unix:///run/spire/sockets/agent.sock", c.SpiffeEndpointSocket)
 	for _, tt := range []struct {
 		name string
 		env  map[string]string
@@ -72,15 +69,13 @@ func TestLoadDockerPodBackend(t *testing.T) {
 		{"unknown backend", with("POD_BACKEND", "kubernetes"), "POD_BACKEND"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := LoadController(envOf(tt.env)); err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("LoadController = %v, want an error naming %s", err, tt.want)
-			}
+			_, err := LoadController(envOf(tt.env))
+			assert.ErrorContains(t, err, tt.want)
 		})
 	}
 	// The local backend still needs the host's runner.
 	m := base()
 	delete(m, "GITEA_RUNNER_BIN")
-	if _, err := LoadController(envOf(m)); err == nil || !strings.Contains(err.Error(), "GITEA_RUNNER_BIN") {
-		t.Errorf("local backend without GITEA_RUNNER_BIN: %v", err)
-	}
+	_, err = LoadController(envOf(m))
+	assert.ErrorContains(t, err, "GITEA_RUNNER_BIN", "the local backend without GITEA_RUNNER_BIN")
 }

@@ -9,30 +9,6 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
 
-// IdentityVars are the variables of `dynrunner identity`, the SPIRE registrar of job Pods
-// and job containers.
-var IdentityVars = []Var{
-	{"IDENTITY_SOURCE", "kubernetes", "Where the job environments are: kubernetes (the Pods of POD_NAMESPACE) or docker (the containers of IDENTITY_DOCKER_SCOPE on the local Docker engine)."},
-	{"POD_NAMESPACE", "", "Namespace of the job Pods to register. Required with IDENTITY_SOURCE=kubernetes."},
-	{"KUBECONFIG", "", "Kubeconfig file; empty: the in-cluster configuration."},
-	{"SPIRE_SERVER_SOCKET", "/tmp/spire-server/private/api.sock", "The SPIRE server's local admin API socket (the registrar runs beside the server, sharing this socket)."},
-	{"SPIFFE_TRUST_DOMAIN", "dynrunner.local", "Trust domain of the assignment identities; the controller's must be the same."},
-	{"IDENTITY_PARENT_ID", "", "SPIFFE ID every Pod entry is parented to: the node alias (with IDENTITY_NODE_ALIAS_SELECTORS) or the SPIRE agent of the job nodes. Required."},
-	{"IDENTITY_NODE_ALIAS_SELECTORS", "", "When set (type:value,...; e.g. k8s_psat:cluster:dynrunner), the registrar keeps a node alias entry IDENTITY_PARENT_ID with these node selectors, so every matching agent can serve job Pods."},
-	{"IDENTITY_FACADE_SELECTORS", "", "When set (type:value,...; e.g. k8s:ns:dynrunner,k8s:sa:dynrunner-controller), the registrar also keeps the entry giving the controller workloads these select the facade's identity RUNNER_FACADE_SPIFFE_ID."},
-	{"RUNNER_FACADE_SPIFFE_ID", "spiffe://<SPIFFE_TRUST_DOMAIN>/dynrunner/facade", "The facade's SPIFFE ID (the controller's setting of the same name)."},
-	{"IDENTITY_FACADE_PARENT_ID", "", "With IDENTITY_FACADE_NODE_SELECTORS: a node alias for the controller's nodes only, kept by the registrar and made the parent of the facade's entry instead of IDENTITY_PARENT_ID, so agents of nodes running job Pods cannot serve the facade's SVID."},
-	{"IDENTITY_FACADE_NODE_SELECTORS", "", "type:value,... node selectors of that alias (e.g. k8s_psat:cluster:dynrunner,k8s_psat:agent_node_label:dynrunner.io/facade:true)."},
-	{"IDENTITY_DOCKER_SOCKET", "/var/run/docker.sock", "With IDENTITY_SOURCE=docker: the Docker engine's unix socket (the controller's POD_DOCKER_SOCKET)."},
-	{"IDENTITY_DOCKER_SCOPE", "default", "With IDENTITY_SOURCE=docker: the scope of the job containers to register (the controller's POD_DOCKER_SCOPE)."},
-	{"IDENTITY_SELECTORS", "k8s", "How entries select their Pod: k8s (k8s:pod-uid:<uid>, k8s:ns:<ns>; SPIRE's k8s workload attestor) or docker (the docker workload attestor on the Pod UID and namespace labels of dockershim/cri-dockerd containers)."},
-	{"IDENTITY_SVID_TTL", "10m", "X509-SVID lifetime of Pod entries (at least 1m); agents rotate SVIDs before they end."},
-	{"IDENTITY_RESYNC", "30s", "Interval of full reconciliations besides those Pod or container events trigger (at least 1s)."},
-	{"HTTP_LISTEN", "127.0.0.1:9465", "Address of /healthz, /readyz (ready after the first successful reconciliation, which sweeps stale entries) and /metrics."},
-	{"LOG_FORMAT", "json", "json, or console for humans."},
-	{"LOG_LEVEL", "info", "trace, debug, info, warn or error."},
-}
-
 // credentialVars are variables naming credentials of the controller; the registrar holds
 // none of them, and refuses to start when one is set in its environment.
 var credentialVars = []string{

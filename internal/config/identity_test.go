@@ -1,8 +1,10 @@
 package config
 
 import (
-	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"time"
 )
 
@@ -19,45 +21,36 @@ func identityEnv(kv map[string]string) func(string) string {
 
 func TestLoadIdentityDefaults(t *testing.T) {
 	c, err := LoadIdentity(identityEnv(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.ServerSocket != "/tmp/spire-server/private/api.sock" || c.Selectors != "k8s" || c.SVIDTTL != 10*time.Minute ||
-		c.Resync != 30*time.Second || c.HTTPListen != "127.0.0.1:9465" || c.TrustDomain.Name() != "dynrunner.local" ||
-		c.ParentID.String() != "spiffe://dynrunner.local/dynrunner/nodes" || len(c.NodeAliasSelectors) != 0 {
-		t.Fatalf("defaults: %+v", c)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, "/tmp/spire-server/private/api.sock", c.ServerSocket)
+	assert.Equal(t, "k8s", c.Selectors)
+	assert.Equal(t, 10*time.Minute, c.SVIDTTL)
+	assert.Equal(t, 30*time.Second, c.Resync)
+	assert.Equal(t, "127.0.0.1:9465", c.HTTPListen)
+	assert.Equal(t, "dynrunner.local", c.TrustDomain.Name())
+	assert.Equal(t, "spiffe://dynrunner.local/dynrunner/nodes", c.ParentID.String())
+	assert.Empty(t, c.NodeAliasSelectors)
 	c, err = LoadIdentity(identityEnv(map[string]string{
 		"SPIRE_SERVER_SOCKET":           "unix:///run/spire/api.sock",
 		"IDENTITY_NODE_ALIAS_SELECTORS": "k8s_psat:cluster:dynrunner, k8s_psat:agent_ns:spire",
 		"IDENTITY_SELECTORS":            "docker",
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.ServerSocket != "/run/spire/api.sock" || c.Selectors != "docker" ||
-		strings.Join(c.NodeAliasSelectors, ",") != "k8s_psat:cluster:dynrunner,k8s_psat:agent_ns:spire" {
-		t.Fatalf("set: %+v", c)
-	}
-	if c.Source != "kubernetes" {
-		t.Fatalf("default source %q, want kubernetes", c.Source)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, "/run/spire/api.sock", c.ServerSocket)
+	assert.Equal(t, "docker", c.Selectors)
+	assert.Equal(t, []string{"k8s_psat:cluster:dynrunner", "k8s_psat:agent_ns:spire"}, c.NodeAliasSelectors)
+	assert.Equal(t, "kubernetes", c.Source, "the default source")
 	// The docker source needs no namespace.
 	c, err = LoadIdentity(identityEnv(map[string]string{"IDENTITY_SOURCE": "docker", "POD_NAMESPACE": ""}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Source != "docker" || c.DockerSocket != "/var/run/docker.sock" || c.DockerScope != "default" {
-		t.Fatalf("docker defaults: %+v", c)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, "docker", c.Source)
+	assert.Equal(t, "/var/run/docker.sock", c.DockerSocket)
+	assert.Equal(t, "default", c.DockerScope)
 	c, err = LoadIdentity(identityEnv(map[string]string{"IDENTITY_SOURCE": "docker",
 		"IDENTITY_DOCKER_SOCKET": "unix:///run/docker.sock", "IDENTITY_DOCKER_SCOPE": "ci2"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.DockerSocket != "/run/docker.sock" || c.DockerScope != "ci2" {
-		t.Fatalf("docker set: %+v", c)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, "/run/docker.sock", c.DockerSocket)
+	assert.Equal(t, "ci2", c.DockerScope)
 }
 
 // TestLoadIdentityFailsClosed: every half-configured setting is refused with a message
@@ -94,9 +87,7 @@ func TestLoadIdentityFailsClosed(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := LoadIdentity(identityEnv(tc.env))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("err = %v, want one containing %q", err, tc.want)
-			}
+			assert.ErrorContains(t, err, tc.want)
 		})
 	}
 }

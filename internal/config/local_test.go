@@ -3,6 +3,9 @@ package config
 import (
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestLoadLocalPodBackend(t *testing.T) {
@@ -14,19 +17,11 @@ func TestLoadLocalPodBackend(t *testing.T) {
 		return m
 	}
 	c, err := LoadController(envOf(with()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (LocalPod{UIDBase: 2_000_000_000, UIDCount: 65536}); c.Local != want {
-		t.Errorf("local defaults: %+v, want %+v", c.Local, want)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, LocalPod{UIDBase: 2_000_000_000, UIDCount: 65536}, c.Local)
 	c, err = LoadController(envOf(with("POD_LOCAL_UID_BASE", "100000", "POD_LOCAL_UID_COUNT", "8")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (LocalPod{UIDBase: 100000, UIDCount: 8}); c.Local != want {
-		t.Errorf("local settings: %+v, want %+v", c.Local, want)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, LocalPod{UIDBase: 100000, UIDCount: 8}, c.Local)
 	for _, tt := range []struct {
 		name string
 		kv   []string
@@ -41,15 +36,12 @@ func TestLoadLocalPodBackend(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := LoadController(envOf(with(tt.kv...)))
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Errorf("LoadController(%v) = %v, want an error naming %q", tt.kv, err, tt.want)
-			}
+			assert.ErrorContains(t, err, tt.want, "LoadController(%v)", tt.kv)
 		})
 	}
 	// Another backend does not check the range.
 	m := with("POD_LOCAL_UID_BASE", "0", "POD_BACKEND", "docker", "POD_EXECUTOR_IMAGE", "sha256:"+strings.Repeat("0f", 32))
 	delete(m, "GITEA_RUNNER_BIN")
-	if _, err := LoadController(envOf(m)); err != nil {
-		t.Errorf("docker backend with POD_LOCAL_UID_BASE=0: %v", err)
-	}
+	_, err = LoadController(envOf(m))
+	assert.NoError(t, err, "docker backend with POD_LOCAL_UID_BASE=0")
 }

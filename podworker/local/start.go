@@ -237,7 +237,7 @@ func (b *Backend) env(dir string, specEnv map[string]string) []string {
 		env = append(env, k+"="+specEnv[k])
 	}
 	return append(env,
-		"DYNRUNNER_ENV_DIR="+dir,
+		executor.EnvEnvDir+"="+dir,
 		executor.EnvSecretsDir+"="+filepath.Join(dir, secretsDir),
 		executor.EnvWorkDir+"="+filepath.Join(dir, workDir),
 		"HOME="+filepath.Join(dir, homeDir),
