@@ -204,11 +204,10 @@ func TestConformance(t *testing.T) {
 
 	// The nonce endpoint's handler on the bridge: guests in ping mode fetch /v1/ping from the
 	// endpoint their seed names.
-	_, js := eventlogtest.Connect(t)
+	l, _ := eventlogtest.Open(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
-	nonces, err := vmworker.OpenNonces(t.Context(), js, box, 1, time.Hour)
-	require.NoError(t, err)
+	nonces := vmworker.NewNonces(l.Nonces(), box)
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(cidr.Addr(), 0).String())
 	require.NoError(t, err)
 	ep, err := vmworker.NewEndpoint(vmworker.EndpointConfig{

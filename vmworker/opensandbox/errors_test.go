@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/podworker"
-	"github.com/dynrunner/dynrunner/vmworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
@@ -412,7 +412,7 @@ func TestNonceIssueFails(t *testing.T) {
 	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	// JetStream loses the nonce bucket: Issue fails, and Start with it before any create.
-	require.NoError(t, f.js.DeleteKeyValue(t.Context(), vmworker.BucketNonces))
+	require.NoError(t, f.js.DeleteKeyValue(t.Context(), eventlog.BucketNonces))
 	_, err := b.Start(ctxT(t), spec(901, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
 	assert.ErrorContains(t, err, "issue nonce")

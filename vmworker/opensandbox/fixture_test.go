@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 	"github.com/dynrunner/dynrunner/vmworker"
@@ -116,7 +117,7 @@ func (f *fixture) checkErr(t *testing.T, err error) {
 // issued returns how many nonces were issued.
 func (f *fixture) issued(t *testing.T) uint64 {
 	t.Helper()
-	kv, err := f.js.KeyValue(t.Context(), vmworker.BucketNonces)
+	kv, err := f.js.KeyValue(t.Context(), eventlog.BucketNonces)
 	require.NoError(t, err)
 	st, err := kv.Status(t.Context())
 	require.NoError(t, err)

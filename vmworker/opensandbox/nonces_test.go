@@ -2,7 +2,6 @@ package opensandbox
 
 import (
 	"testing"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -17,10 +16,8 @@ import (
 // package's external tests.
 func NewTestNonces(t testing.TB) (*vmworker.Nonces, jetstream.JetStream) {
 	t.Helper()
-	_, js := eventlogtest.Connect(t)
+	l, _, js := eventlogtest.OpenJetStream(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
-	n, err := vmworker.OpenNonces(t.Context(), js, box, 1, time.Hour)
-	require.NoError(t, err)
-	return n, js
+	return vmworker.NewNonces(l.Nonces(), box), js
 }
