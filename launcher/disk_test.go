@@ -2,13 +2,15 @@ package launcher
 
 import (
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestDirectIOError(t *testing.T) {
@@ -17,17 +19,13 @@ func TestDirectIOError(t *testing.T) {
 		t.Skip("no tmpfs at /dev/shm")
 	}
 	err := directIOError("/dev/shm", syscall.EINVAL)
-	if !errors.Is(err, ErrNoDirectIO) {
-		t.Fatalf("directIOError(EINVAL) = %v, want ErrNoDirectIO", err)
-	}
+	require.ErrorIs(t, err, ErrNoDirectIO)
 	for _, want := range []string{"/dev/shm is on tmpfs", "--root", "ext4"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
-		}
+		assert.ErrorContains(t, err, want)
 	}
-	if err := directIOError("/x", syscall.EACCES); errors.Is(err, ErrNoDirectIO) || !errors.Is(err, syscall.EACCES) {
-		t.Errorf("directIOError(EACCES) = %v", err)
-	}
+	err = directIOError("/x", syscall.EACCES)
+	assert.NotErrorIs(t, err, ErrNoDirectIO)
+	assert.ErrorIs(t, err, syscall.EACCES)
 }
 
 // TestProbeDirectIOTmpfs probes a real tmpfs. tmpfs refuses O_DIRECT before Linux 6.6 and
@@ -43,13 +41,13 @@ func TestProbeDirectIOTmpfs(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	err = probeDirectIO(dir)
-	if err != nil && !errors.Is(err, ErrNoDirectIO) {
-		t.Fatalf("probeDirectIO on tmpfs = %v", err)
+	if err != nil {
+		require.ErrorIs(t, err, ErrNoDirectIO, "probeDirectIO on tmpfs")
 	}
 	t.Logf("tmpfs O_DIRECT probe: %v", err)
-	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
-		t.Errorf("probe left %v", entries)
-	}
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	assert.Empty(t, entries, "the probe left files")
 }
 
 func TestConvertDisk(t *testing.T) {
@@ -62,55 +60,36 @@ func TestConvertDisk(t *testing.T) {
 	}
 	ctx := context.Background()
 	raw := filepath.Join(dir, "base.raw")
-	if err := os.WriteFile(raw, []byte(strings.Repeat("dynrunner", 1<<16)), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(raw, 64<<20); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(raw, []byte(strings.Repeat("dynrunner", 1<<16)), 0o600))
+	require.NoError(t, os.Truncate(raw, 64<<20))
 	qcow := filepath.Join(dir, "base.qcow2")
-	if out, err := exec.Command("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	out, err := exec.Command("qemu-img", "convert", "-f", "raw", "-O", "qcow2", raw, qcow).CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	backed := filepath.Join(dir, "backed.qcow2")
-	if out, err := exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", qcow, backed).CombinedOutput(); err != nil {
-		t.Fatalf("%v: %s", err, out)
-	}
+	out, err = exec.Command("qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", qcow, backed).CombinedOutput()
+	require.NoError(t, err, "%s", out)
 	for _, src := range []string{raw, qcow} {
 		t.Run(filepath.Base(src), func(t *testing.T) {
 			dst := filepath.Join(dir, filepath.Base(src)+".out.qcow2")
-			if err := convertDisk(ctx, src, dst, 1); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, convertDisk(ctx, src, dst, 1))
 			info, err := inspectImage(ctx, dst)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if info.Format != "qcow2" || info.VirtualSize != 1<<30 || info.BackingFilename != "" {
-				t.Errorf("converted disk: %+v", info)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, "qcow2", info.Format)
+			assert.Equal(t, int64(1<<30), info.VirtualSize)
+			assert.Empty(t, info.BackingFilename)
 			out, err := exec.Command("qemu-img", "compare", "-q", src, dst).CombinedOutput()
-			if err != nil {
-				t.Errorf("qemu-img compare: %v %s", err, out)
-			}
+			assert.NoError(t, err, "qemu-img compare: %s", out)
 		})
 	}
 	t.Run("backing file refused", func(t *testing.T) {
 		err := convertDisk(ctx, backed, filepath.Join(dir, "x.qcow2"), 1)
-		if !errors.Is(err, ErrInvalidConfig) {
-			t.Fatalf("convertDisk = %v, want ErrInvalidConfig", err)
-		}
+		assert.ErrorIs(t, err, ErrInvalidConfig)
 	})
 	t.Run("larger than --disk-gib refused", func(t *testing.T) {
 		big := filepath.Join(dir, "big.raw")
-		if err := os.WriteFile(big, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(big, 2<<30); err != nil {
-			t.Fatal(err)
-		}
-		if err := convertDisk(ctx, big, filepath.Join(dir, "y.qcow2"), 1); !errors.Is(err, ErrInvalidConfig) {
-			t.Fatalf("convertDisk = %v, want ErrInvalidConfig", err)
-		}
+		require.NoError(t, os.WriteFile(big, nil, 0o600))
+		require.NoError(t, os.Truncate(big, 2<<30))
+		err := convertDisk(ctx, big, filepath.Join(dir, "y.qcow2"), 1)
+		assert.ErrorIs(t, err, ErrInvalidConfig)
 	})
 }

@@ -2,13 +2,15 @@ package launcher
 
 import (
 	"context"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // deadInstance lays out what a SIGKILLed launcher leaves: an instance directory whose
@@ -16,29 +18,19 @@ import (
 func deadInstance(t *testing.T, root string, id InstanceID, ip string) string {
 	t.Helper()
 	dir := filepath.Join(root, id.String())
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.MkdirAll(dir, 0o700))
 	for _, f := range []string{pidFile, diskFile, seedFile, serialFile} {
-		if err := os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(filepath.Join(dir, f), []byte("x"), 0o600))
 	}
-	if err := os.MkdirAll(filepath.Join(root, leasesDir), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, leasesDir, ip), []byte(id.String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.MkdirAll(filepath.Join(root, leasesDir), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(root, leasesDir, ip), []byte(id.String()+"\n"), 0o600))
 	return dir
 }
 
 func mustID(t *testing.T, s string) InstanceID {
 	t.Helper()
 	id, err := ParseInstanceID(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return id
 }
 
@@ -52,68 +44,46 @@ func TestSweep(t *testing.T) {
 	liveDir := deadInstance(t, root, live, "10.213.0.12")
 	// A live launcher holds the lock of its launcher.pid.
 	lock, err := os.OpenFile(filepath.Join(liveDir, pidFile), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer lock.Close()
-	if err := flock(lock, syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, flock(lock, syscall.LOCK_EX|syscall.LOCK_NB))
 	// A lease whose instance directory is gone.
-	if err := os.WriteFile(filepath.Join(root, leasesDir, "10.213.0.13"), []byte(gone.String()+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, leasesDir, "10.213.0.13"), []byte(gone.String()+"\n"), 0o600))
 	// A staging directory of a launcher killed before the rename, and a fresh one without its
 	// lock file yet (a launcher between mkdir and open).
 	stale := filepath.Join(root, stagingPrefix+dead.String()+"-aaaaaaaaaaaa")
 	fresh := filepath.Join(root, stagingPrefix+live.String()+"-bbbbbbbbbbbb")
 	for _, d := range []string{stale, fresh} {
-		if err := os.Mkdir(d, 0o700); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.Mkdir(d, 0o700))
 	}
-	if err := os.WriteFile(filepath.Join(stale, pidFile), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(filepath.Join(stale, pidFile), nil, 0o600))
 	// Something that is not an instance stays.
-	if err := os.Mkdir(filepath.Join(root, "not-an-instance"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Mkdir(filepath.Join(root, "not-an-instance"), 0o700))
 	// A hypervisor that outlived its launcher: comm starts with "qemu", an argument names a
 	// file of the dead instance.
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	fake := filepath.Join(t.TempDir(), "qemu-fake")
-	if err := os.Symlink(self, fake); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Symlink(self, fake))
 	straggler := exec.Command(fake, "-drive", "file="+filepath.Join(deadDir, diskFile))
 	straggler.Env = []string{childEnvVar + "=hang"}
-	if err := straggler.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, straggler.Start())
 	exited := make(chan error, 1)
 	go func() { exited <- straggler.Wait() }()
 	t.Cleanup(func() { _ = straggler.Process.Kill() })
 	poll(t, 10*time.Second, "the straggler to exec", func() bool { return len(procsWithArgPrefix(deadDir+"/")) == 1 })
 
 	res, err := SweepCount(ctx, root, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := (SweepResult{Instances: 1, Leases: 1}); res != want {
-		t.Errorf("SweepCount = %+v, want %+v", res, want)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, SweepResult{Instances: 1, Leases: 1}, res)
 	select {
 	case err := <-exited:
 		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-			t.Errorf("straggler ended with %v, want SIGKILL", err)
+		if assert.ErrorAs(t, err, &ee, "the straggler ended with %v", err) {
+			assert.Equal(t, syscall.SIGKILL, ee.Sys().(syscall.WaitStatus).Signal(), "the straggler's end")
 		}
 	case <-time.After(10 * time.Second):
-		t.Error("the straggler still runs")
+		assert.Fail(t, "the straggler still runs")
 	}
 	exists := func(p string) bool { _, err := os.Lstat(p); return err == nil }
 	for p, want := range map[string]bool{
@@ -127,21 +97,18 @@ func TestSweep(t *testing.T) {
 		fresh:                                  true,
 		filepath.Join(root, "not-an-instance"): true,
 	} {
-		if got := exists(p); got != want {
-			t.Errorf("%s exists: %v, want %v", p, got, want)
-		}
+		assert.Equal(t, want, exists(p), "%s exists", p)
 	}
 	// Once its launcher is gone, the live instance is swept too.
 	_ = lock.Close()
-	if res, err := SweepCount(ctx, root, testLog(t)); err != nil || res.Instances != 1 || exists(liveDir) {
-		t.Errorf("second sweep: %+v, %v", res, err)
-	}
+	res, err = SweepCount(ctx, root, testLog(t))
+	require.NoError(t, err, "second sweep")
+	assert.Equal(t, 1, res.Instances, "second sweep")
+	assert.False(t, exists(liveDir), "second sweep")
 }
 
 func TestSweepMissingRoot(t *testing.T) {
-	if err := Sweep(context.Background(), filepath.Join(t.TempDir(), "nope"), testLog(t)); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, Sweep(context.Background(), filepath.Join(t.TempDir(), "nope"), testLog(t)))
 }
 
 // TestSweepTAP: a TAP device labelled for an instance directory of this root that is gone is
@@ -169,23 +136,16 @@ func TestSweepTAP(t *testing.T) {
 	} {
 		tap := TAPName(c.id)
 		for _, args := range [][]string{{"tuntap", "add", "dev", tap, "mode", "tap"}, {"link", "set", "dev", tap, "alias", c.alias}} {
-			if _, err := run(ctx, "ip", args...); err != nil {
-				t.Fatal(err)
-			}
+			_, err := run(ctx, "ip", args...)
+			require.NoError(t, err)
 		}
 		t.Cleanup(func() { _, _ = run(context.Background(), "ip", "link", "delete", "dev", tap) })
 	}
 	res, err := SweepCount(ctx, root, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.TAPs != 1 {
-		t.Errorf("SweepCount = %+v, want 1 TAP", res)
-	}
-	if _, ok := tapAlias(TAPName(ours)); ok {
-		t.Errorf("%s remains", TAPName(ours))
-	}
-	if _, ok := tapAlias(TAPName(theirs)); !ok {
-		t.Errorf("%s, labelled for another root, was deleted", TAPName(theirs))
-	}
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.TAPs)
+	_, ok := tapAlias(TAPName(ours))
+	assert.False(t, ok, "%s remains", TAPName(ours))
+	_, ok = tapAlias(TAPName(theirs))
+	assert.True(t, ok, "%s, labelled for another root, was deleted", TAPName(theirs))
 }
