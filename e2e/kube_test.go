@@ -21,7 +21,9 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +37,8 @@ import (
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
+	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
+	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
 )
 
 // kubeTrustDomain is the trust domain of the Kubernetes tier's SPIRE.
@@ -429,6 +433,7 @@ jobs:
 	uid := string(pod.UID)
 
 	e.refusesForeignSVID(t, pod)
+	e.refusesOwnSVIDForAnotherTask(t, pod)
 
 	if err := e.cluster.Client.CoreV1().Pods(e.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
@@ -490,6 +495,58 @@ func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
 	}
 	t.Logf("facade refused the SVID of %s presenting pod %s's token: %v", other, pod.Name, err)
 }
+
+// refusesOwnSVIDForAnotherTask presents an SVID the real SPIRE issued for the running Pod's
+// own assignment (as the Pod's executor holds) and asks the facade to renew the lease of
+// another task with it: the facade refuses it.
+func (e *kubeEnv) refusesOwnSVIDForAnotherTask(t *testing.T, pod corev1.Pod) {
+	t.Helper()
+	ctx := t.Context()
+	task, epoch := podAssignment(t, pod)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	own := workload.AssignmentID(e.spire.TrustDomain, task, epoch)
+	en := e.spire.CreateEntry(t, own.String(), e.spire.AgentID.String(), fmt.Sprintf("unix:uid:%d", os.Getuid()), "unix:path:"+self)
+	defer e.spire.DeleteEntry(t, en.ID)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	addr := workloadapi.WithAddr(e.spire.EndpointSocket())
+	src, err := workloadapi.NewX509Source(wctx, workloadapi.WithClientOptions(addr))
+	require.NoError(t, err, "SVIDs from the SPIRE agent")
+	defer src.Close()
+	// The test process may hold other SVIDs too (refusesForeignSVID's, until the agent drops
+	// it): present exactly the Pod's own.
+	var svid *x509svid.SVID
+	require.Eventually(t, func() bool {
+		svids, err := workloadapi.FetchX509SVIDs(wctx, addr)
+		if err != nil {
+			return false
+		}
+		for _, s := range svids {
+			if s.ID == own {
+				svid = s
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond, "the agent issued no SVID for %s", own)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(oneSVID{src, svid}, e.facadeID), ForceAttemptHTTP2: true}}
+	defer hc.CloseIdleConnections()
+	lease := dynrunnerv1connect.NewLeaseServiceClient(hc, e.facadeURL)
+	other := task + 1000
+	_, err = lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: int64(other), Epoch: uint64(epoch)}))
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err),
+		"renew task %d with the SVID of pod %s's assignment %s: %v, want permission denied", other, pod.Name, own, err)
+	t.Logf("facade refused pod %s's own SVID %s renewing task %d: %v", pod.Name, own, other, err)
+}
+
+// oneSVID presents one chosen SVID of a Workload API source and trusts the source's bundles.
+type oneSVID struct {
+	*workloadapi.X509Source
+	svid *x509svid.SVID
+}
+
+func (o oneSVID) GetX509SVID() (*x509svid.SVID, error) { return o.svid, nil }
 
 // TestKubeControllerSIGKILLMidJob: with the kubernetes backend, a controller killed mid-job and
 // started again adopts the running Pod; the job finishes with its complete log, reported once,
