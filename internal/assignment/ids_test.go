@@ -1,7 +1,6 @@
 package assignment
 
 import (
-	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -41,9 +40,7 @@ func FuzzParseForgeURL(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		got, err := ParseForgeURL(s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidID) {
-				t.Fatalf("error %v is not ErrInvalidID", err)
-			}
+			require.ErrorIs(t, err, ErrInvalidID, "error %v is not ErrInvalidID", err)
 			return
 		}
 		u, perr := url.Parse(got.String())

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // testKey has bytes whose base64 contains both '+'/'/' and '-'/'_' alphabets' characters.
@@ -21,9 +23,7 @@ var testKey = func() []byte {
 func mustNew(t testing.TB, key []byte) *Box {
 	t.Helper()
 	b, err := New(key)
-	if err != nil {
-		t.Fatalf("New() error = %v", err)
-	}
+	require.NoError(t, err, "New()")
 	return b
 }
 
@@ -44,9 +44,7 @@ func TestNewKeyForms(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b, err := New([]byte(tt.key))
-			if err != nil {
-				t.Fatalf("New() error = %v", err)
-			}
+			require.NoError(t, err, "New()")
 			if got := b.KeyID(); got != want {
 				t.Errorf("KeyID() = %s, want %s (a different key was decoded)", got, want)
 			}
@@ -76,9 +74,7 @@ func TestNewKeyErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := New([]byte(tt.key))
-			if !errors.Is(err, ErrKey) {
-				t.Fatalf("New() error = %v, want ErrKey", err)
-			}
+			require.ErrorIs(t, err, ErrKey, "New() error = %v, want ErrKey", err)
 			if tt.key != "" && strings.Contains(err.Error(), tt.key) {
 				t.Errorf("error echoes the key: %v", err)
 			}
@@ -104,9 +100,7 @@ func TestSealOpen(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sealed, err := b.Seal(tt.plaintext, tt.aad)
-			if err != nil {
-				t.Fatalf("Seal() error = %v", err)
-			}
+			require.NoError(t, err, "Seal()")
 			if got, want := len(sealed), len(tt.plaintext)+Overhead; got != want {
 				t.Errorf("len(sealed) = %d, want %d", got, want)
 			}
@@ -114,9 +108,7 @@ func TestSealOpen(t *testing.T) {
 				t.Error("sealed value contains the plaintext")
 			}
 			got, err := b.Open(sealed, tt.aad)
-			if err != nil {
-				t.Fatalf("Open() error = %v", err)
-			}
+			require.NoError(t, err, "Open()")
 			if !bytes.Equal(got, tt.plaintext) {
 				t.Errorf("Open() = %q, want %q", got, tt.plaintext)
 			}
@@ -142,9 +134,7 @@ func TestOpenErrors(t *testing.T) {
 	b := mustNew(t, testKey)
 	otherKey := bytes.Repeat([]byte{7}, KeySize)
 	sealed, err := b.Seal([]byte("runner-token-123"), []byte("task/42"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	flip := func(i int) []byte {
 		s := bytes.Clone(sealed)
 		s[i] ^= 0x01
@@ -174,9 +164,7 @@ func TestOpenErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.box.Open(tt.sealed, []byte(tt.aad))
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("Open() = %q, %v; want error %v", got, err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "Open() = %q, %v; want error %v", got, err, tt.wantErr)
 			if got != nil {
 				t.Errorf("Open() returned %q with an error", got)
 			}
@@ -220,9 +208,7 @@ func FuzzOpen(f *testing.F) {
 		}
 		// Whatever opens must re-seal and open to the same plaintext.
 		again, err := b.Seal(got, aad)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		got2, err := b.Open(again, aad)
 		if err != nil || !bytes.Equal(got, got2) {
 			t.Fatalf("re-sealed value opens to %q, %v; want %q", got2, err, got)
@@ -239,18 +225,14 @@ func FuzzNew(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key []byte) {
 		b, err := New(key)
 		if err != nil {
-			if !errors.Is(err, ErrKey) {
-				t.Fatalf("New() error = %v, want ErrKey", err)
-			}
+			require.ErrorIs(t, err, ErrKey, "New() error = %v, want ErrKey", err)
 			if len(key) >= 8 && strings.Contains(err.Error(), string(key)) {
 				t.Fatalf("error echoes the key: %v", err)
 			}
 			return
 		}
 		sealed, err := b.Seal([]byte("x"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if _, err := b.Open(sealed, nil); err != nil {
 			t.Fatalf("Open() error = %v", err)
 		}
