@@ -3,6 +3,8 @@ package scheduler_test
 import (
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
@@ -22,8 +24,6 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	l, v := eventlogtest.Open(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return &env{t: t, log: l, view: v, box: box, forge: forgetest.New()}
 }

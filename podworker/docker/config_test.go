@@ -27,9 +27,7 @@ func newTestBackend(t *testing.T, edit func(*Config)) *Backend {
 		cfg.User = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid())
 	}
 	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return b
 }
 
@@ -45,9 +43,7 @@ func TestContainerConfigHardenedByDefault(t *testing.T) {
 		hc.PidsLimit == nil || *hc.PidsLimit != DefaultPids || hc.NetworkMode != DefaultNetwork {
 		t.Errorf("limits: %+v", hc)
 	}
-	if hc.RestartPolicy.Name != "no" {
-		t.Errorf("restart policy %q, want no", hc.RestartPolicy.Name)
-	}
+	assert.EqualValues(t, "no", hc.RestartPolicy.Name, "restart policy %q, want no", hc.RestartPolicy.Name)
 	if (os.Geteuid() == 0 && c.User != DefaultUser) || c.WorkingDir != WorkDir || c.Image != b.image {
 		t.Errorf("user %q, working dir %q, image %q", c.User, c.WorkingDir, c.Image)
 	}

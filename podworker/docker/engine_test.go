@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 )
@@ -21,9 +23,7 @@ func fakeEngine(t *testing.T, apiVersion string) (socket string, waits *atomic.I
 	t.Helper()
 	socket = filepath.Join(t.TempDir(), "docker.sock")
 	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	waits = new(atomic.Int32)
 	id := strings.Repeat("c", 64)
 	mux := http.NewServeMux()

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -37,17 +39,13 @@ func (e *env) testPodSpec(t *testing.T) {
 		"dynrunner.io/task": "61", "dynrunner.io/epoch": "1",
 	}
 	for k, v := range wantLabels {
-		if p.Labels[k] != v {
-			t.Errorf("label %s = %q, want %q", k, p.Labels[k], v)
-		}
+		assert.Equal(t, v, p.Labels[k], "label %s = %q, want %q", k, p.Labels[k], v)
 	}
 	if got := p.Annotations[kube.AnnotationAssignment]; got != "dynrunner.assignment.61.*" {
 		t.Errorf("annotation %s = %q", kube.AnnotationAssignment, got)
 	}
 	s := p.Spec
-	if s.RestartPolicy != corev1.RestartPolicyNever {
-		t.Errorf("restartPolicy %s, want Never", s.RestartPolicy)
-	}
+	assert.Equal(t, corev1.RestartPolicyNever, s.RestartPolicy, "restartPolicy %s, want Never", s.RestartPolicy)
 	if s.ActiveDeadlineSeconds == nil || *s.ActiveDeadlineSeconds != 5400 {
 		t.Errorf("activeDeadlineSeconds %v, want 5400", s.ActiveDeadlineSeconds)
 	}
@@ -60,9 +58,7 @@ func (e *env) testPodSpec(t *testing.T) {
 	if s.NodeName != e.k.NodeName() || s.ServiceAccountName != "default" {
 		t.Errorf("nodeName %q serviceAccountName %q", s.NodeName, s.ServiceAccountName)
 	}
-	if len(s.Containers) != 1 {
-		t.Fatalf("%d containers, want 1", len(s.Containers))
-	}
+	require.Len(t, s.Containers, 1, "%d containers, want 1", len(s.Containers))
 	c := s.Containers[0]
 	if c.Name != kube.ContainerName || c.Image != e.image || !strings.Contains(c.Image, "@sha256:") {
 		t.Errorf("container %s image %s, want %s pinned by digest", c.Name, c.Image, e.image)
@@ -91,9 +87,7 @@ func (e *env) testPodSpec(t *testing.T) {
 		fakeEnv: "forever", "HOME": kube.HomeDir, "TMPDIR": kube.TmpDir,
 		"DYNRUNNER_SECRETS_DIR": kube.SecretsDir, "DYNRUNNER_WORK_DIR": kube.WorkDir,
 	} {
-		if env[k] != v {
-			t.Errorf("env %s = %q, want %q", k, env[k], v)
-		}
+		assert.Equal(t, v, env[k], "env %s = %q, want %q", k, env[k], v)
 	}
 	if _, ok := env["SPIFFE_ENDPOINT_SOCKET"]; ok {
 		t.Error("SPIFFE_ENDPOINT_SOCKET set without SpiffeCSI")
@@ -122,9 +116,7 @@ func (e *env) testPodSpec(t *testing.T) {
 		t.Error("SPIFFE CSI volume mounted without SpiffeCSI")
 	}
 	sec, err := e.c.Client.CoreV1().Secrets(ns).Get(ctxT(t), h.ID, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if string(sec.Data["token"]) != "t0ken" || sec.Labels["dynrunner.io/task"] != "61" {
 		t.Errorf("secret data %q labels %v", sec.Data, sec.Labels)
 	}
@@ -191,9 +183,7 @@ func (e *env) testDiagnose(t *testing.T) {
 	if want := "dynrunner executor: wait for the SVID: context deadline exceeded"; err != nil || got != want {
 		t.Errorf("Diagnose = %q, %v; want %q (the last error line)", got, err, want)
 	}
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h))
 	if _, err := b.Diagnose(ctxT(t), h); !errors.Is(err, podworker.ErrNotFound) {
 		t.Errorf("Diagnose after Destroy = %v, want ErrNotFound", err)
 	}
@@ -213,9 +203,7 @@ func (e *env) testStartReplacesEnded(t *testing.T) {
 	if cur.ID != old.ID || cur.Data["pod_uid"] == old.Data["pod_uid"] {
 		t.Fatalf("second Start = %+v, first %+v: want the same name and a new pod", cur, old)
 	}
-	if err := b.Destroy(ctxT(t), old); err != nil {
-		t.Fatalf("Destroy(old handle): %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), old), "Destroy(old handle)")
 	if p := getPod(t, e.c, ns, cur.ID); string(p.UID) != cur.Data["pod_uid"] || p.DeletionTimestamp != nil {
 		t.Fatal("Destroy of the old handle deleted the new pod")
 	}
@@ -238,15 +226,11 @@ func (e *env) testListOrphanSecret(t *testing.T) {
 		t.Fatal(err)
 	}
 	all, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if len(all) != 2 || all[0].ID != h.ID || all[1].ID != orphan.Name || all[1].Task != 68 || all[1].Epoch != 1 || all[1].Data != nil {
 		t.Fatalf("List = %+v, want %s and the orphan %s (task 68, no data)", all, h.ID, orphan.Name)
 	}
-	if err := b.Destroy(ctxT(t), all[1]); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), all[1]))
 	if all, err := b.List(ctxT(t)); err != nil || len(all) != 1 {
 		t.Errorf("List after Destroy of the orphan = %+v, %v; want only %s", all, err, h.ID)
 	}
@@ -340,9 +324,7 @@ func TestNewValidates(t *testing.T) {
 func TestRejectsBadInput(t *testing.T) {
 	b, err := kube.New(kube.Config{Client: offlineClient(), Namespace: "dynrunner",
 		Image: "executor@sha256:" + strings.Repeat("ab", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, h := range []podworker.Handle{
 		{Backend: "docker", ID: "dynrunner-1-1"},
 		{Backend: "kubernetes", ID: "../etc"},
