@@ -138,18 +138,14 @@ func runRegistrar(t *testing.T, env ...string) string {
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "identity.log")
 	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer logf.Close()
 	port := freePort(t)
 	cmd := exec.Command(controllerBin(t), "identity")
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", port)}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, cmd.Start())
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
@@ -176,9 +172,7 @@ func runRegistrar(t *testing.T, env ...string) string {
 func hostAddress(t *testing.T) string {
 	t.Helper()
 	ifaces, err := net.Interfaces()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, ifc := range ifaces {
 		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
 			continue
@@ -197,9 +191,7 @@ func hostAddress(t *testing.T) string {
 func freePortOn(t *testing.T, ip string) int {
 	t.Helper()
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
@@ -208,9 +200,7 @@ func freePortOn(t *testing.T, ip string) int {
 func (e *kubeEnv) pods(t *testing.T) []corev1.Pod {
 	t.Helper()
 	list, err := e.cluster.Client.CoreV1().Pods(e.ns).List(t.Context(), metav1.ListOptions{LabelSelector: kube.Selector})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return list.Items
 }
 
@@ -230,9 +220,7 @@ func (e *kubeEnv) podEntries(t *testing.T, uid string) []spiretest.Entry {
 func podContainers(t *testing.T, uid string) []string {
 	t.Helper()
 	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-aq", "--filter", "label=io.kubernetes.pod.uid="+uid).CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker ps: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "docker ps: %v\n%s", err, out)
 	return strings.Fields(string(out))
 }
 
@@ -304,20 +292,14 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "kube")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, f.SetSecret(ctx, repo, "E2E_SECRET", secretValue))
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, e.controllerEnv...)...)
 	c.start()
 
 	began := time.Now()
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/kube.yml", kubeWorkflow)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	pod := e.runningPod(t)
 	uid := string(pod.UID)
 	task, epoch := podAssignment(t, pod)
@@ -349,9 +331,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 		t.Fatalf("run: %+v", run.Jobs)
 	}
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// SPIFFE_ENDPOINT_SOCKET is the executor's setting, not the job's.
 	for _, want := range []string{"agent.sock", "SPIFFE_ENDPOINT_SOCKET=unset for the job", "line 60", "the secret is ***"} {
 		if !strings.Contains(log, want) {
@@ -371,9 +351,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("dynrunner events: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "dynrunner events: %v\n%s", err, out)
 	var phases []string
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.Contains(line, `"kind":"environment"`) && strings.Contains(line, `"pod_uid":"`+uid+`"`) {
@@ -389,9 +367,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	// The registrar counts the Pod's entry as created and deleted (the facade's entry is the
 	// other creation).
 	resp, err := http.Get(e.registrarURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	metrics, _ := io.ReadAll(resp.Body)
 	for _, want := range []string{"dynrunner_identity_entries_created_total 2", "dynrunner_identity_entries_deleted_total 1", "dynrunner_identity_ready 1"} {
@@ -412,9 +388,7 @@ func TestKubePodDeletedMidJob(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "kube-deleted")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, e.controllerEnv...)...)
 	c.start()
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/deleted.yml", `name: deleted
@@ -425,9 +399,7 @@ jobs:
     steps:
       - run: for i in $(seq 1 900); do echo "tick $i"; sleep 0.1; done
 `)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	waitLogged(t, f, repo, sha, "tick 10\n", 3*time.Minute)
 	pod := e.runningPod(t)
 	uid := string(pod.UID)
@@ -443,9 +415,7 @@ jobs:
 		t.Fatalf("run after the pod was deleted: %+v", run.Jobs)
 	}
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
 		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
 	}
@@ -460,26 +430,20 @@ func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
 	ctx := t.Context()
 	task, _ := podAssignment(t, pod)
 	sec, err := e.cluster.Client.CoreV1().Secrets(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	token := string(sec.Data[podworker.TokenFile])
 	if token == "" {
 		t.Fatalf("the pod's secret holds no %s", podworker.TokenFile)
 	}
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	other := workload.AssignmentID(e.spire.TrustDomain, task+1000, 1)
 	en := e.spire.CreateEntry(t, other.String(), e.spire.AgentID.String(), fmt.Sprintf("unix:uid:%d", os.Getuid()), "unix:path:"+self)
 	defer e.spire.DeleteEntry(t, en.ID)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	src, err := workloadapi.NewX509Source(wctx, workloadapi.WithClientOptions(workloadapi.WithAddr(e.spire.EndpointSocket())))
-	if err != nil {
-		t.Fatalf("SVID for %s from the SPIRE agent: %v", other, err)
-	}
+	require.NoError(t, err, "SVID for %s from the SPIRE agent", other)
 	defer src.Close()
 	svid, err := src.GetX509SVID()
 	if err != nil || svid.ID != other {

@@ -553,7 +553,7 @@ func TestSurvivesControllerDeath(t *testing.T) {
 	var h podworker.Handle
 	select {
 	case line := <-lines:
-		require.NoError(t, json.Unmarshal(line, &h), "controller printed %q (%v); stderr:\n%s", line, err, stderr.String())
+		require.NoError(t, json.Unmarshal(line, &h), "controller printed %q; stderr:\n%s", line, stderr.String())
 	case <-time.After(testTimeout):
 		t.Fatal("controller printed no handle")
 	}
