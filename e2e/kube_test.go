@@ -446,9 +446,8 @@ func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
 	require.NoError(t, err, "SVID for %s from the SPIRE agent", other)
 	defer src.Close()
 	svid, err := src.GetX509SVID()
-	if err != nil || svid.ID != other {
-		t.Fatalf("the agent issued %v (%v), want %s", svid, err, other)
-	}
+	require.NoError(t, err, "the agent issued %v (%v), want %s", svid, err, other)
+	require.Equal(t, other, svid.ID, "the agent issued %v (%v), want %s", svid, err, other)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(src, e.facadeID), ForceAttemptHTTP2: true}}
 	defer hc.CloseIdleConnections()
 	rc := runnerv1connect.NewRunnerServiceClient(hc, e.facadeURL+"/api/actions")

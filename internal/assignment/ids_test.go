@@ -51,9 +51,8 @@ func FuzzParseForgeURL(f *testing.F) {
 			t.Fatalf("accepted %q as %q", s, got)
 		}
 		again, err := ParseForgeURL(got.String())
-		if err != nil || again != got {
-			t.Fatalf("%q parses to %q, which parses to %q (%v)", s, got, again, err)
-		}
+		require.NoError(t, err, "%q parses to %q, which parses to %q (%v)", s, got, again, err)
+		require.Equal(t, got, again, "%q parses to %q, which parses to %q (%v)", s, got, again, err)
 	})
 }
 

@@ -228,9 +228,8 @@ func TestIsolatedJobReadsNothingOfOthers(t *testing.T) {
 		filepath.Join(victimDir, "secrets", podworker.TokenFile): 0o600,
 	} {
 		fi, err := os.Lstat(p)
-		if err != nil || fi.Mode() != mode {
-			t.Errorf("%s: %v, %v; want mode %v", p, fi, err, mode)
-		}
+		require.NoError(t, err, "%s: %v, %v; want mode %v", p, fi, err, mode)
+		assert.Equal(t, mode, fi.Mode(), "%s: %v, %v; want mode %v", p, fi, err, mode)
 	}
 }
 

@@ -72,9 +72,8 @@ func ctxT(t *testing.T) context.Context {
 func TestCluster(t *testing.T) {
 	c := kubetest.Start(t)
 	v, err := c.Client.Discovery().ServerVersion()
-	if err != nil || v.GitVersion != kubetest.KubeVersion {
-		t.Fatalf("server version %v, %v; want %s", v, err, kubetest.KubeVersion)
-	}
+	require.NoError(t, err, "server version %v, %v; want %s", v, err, kubetest.KubeVersion)
+	require.Equal(t, kubetest.KubeVersion, v.GitVersion, "server version %v, %v; want %s", v, err, kubetest.KubeVersion)
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	require.NoError(t, err)
 	admin := kubernetes.NewForConfigOrDie(cfg)
