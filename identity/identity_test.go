@@ -209,9 +209,7 @@ func TestRegistrar(t *testing.T) {
 		if got := idOf(en.SpiffeId); got != "spiffe://"+trustDomain+"/dynrunner/task/7/epoch/3" {
 			t.Errorf("SPIFFE ID %s", got)
 		}
-		if got := idOf(en.ParentId); got != e.parent.String() {
-			t.Errorf("parent %s, want %s", got, e.parent)
-		}
+		assert.Equal(t, e.parent.String(), idOf(en.ParentId), "parent %s, want %s", idOf(en.ParentId), e.parent)
 		want := []string{"k8s:ns:" + e.ns, "k8s:pod-uid:" + string(p.UID)}
 		if got := selectorStrings(en); !slices.Equal(got, want) {
 			t.Errorf("selectors %v, want %v", got, want)

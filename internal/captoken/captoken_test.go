@@ -239,9 +239,7 @@ func TestTokenRedaction(t *testing.T) {
 	secret := tok.Secret()
 	parts := strings.Split(secret, ".")
 	want := "drc1.42.7.register." + tok.ID() + ".REDACTED"
-	if got := tok.String(); got != want {
-		t.Errorf("String() = %q, want %q", got, want)
-	}
+	assert.Equal(t, want, tok.String(), "String() = %q, want %q", tok.String(), want)
 
 	var logBuf bytes.Buffer
 	slog.New(slog.NewJSONHandler(&logBuf, nil)).Info("issued", "token", tok)
@@ -264,12 +262,8 @@ func TestTokenRedaction(t *testing.T) {
 			}
 		}
 	}
-	if got, wantJSON := string(jsonBytes), `"`+want+`"`; got != wantJSON {
-		t.Errorf("json.Marshal() = %s, want %s", got, wantJSON)
-	}
-	if got := fmt.Sprintf("%v", tok); got != want {
-		t.Errorf("%%v = %q, want %q", got, want)
-	}
+	assert.Equal(t, `"`+want+`"`, string(jsonBytes), "json.Marshal()")
+	assert.Equal(t, want, fmt.Sprintf("%v", tok), "%%v = %q, want %q", fmt.Sprintf("%v", tok), want)
 }
 
 func FuzzVerify(f *testing.F) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -45,9 +46,7 @@ func TestNewKeyForms(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b, err := New([]byte(tt.key))
 			require.NoError(t, err, "New()")
-			if got := b.KeyID(); got != want {
-				t.Errorf("KeyID() = %s, want %s (a different key was decoded)", got, want)
-			}
+			assert.Equal(t, want, b.KeyID(), "KeyID() = %s, want %s (a different key was decoded)", b.KeyID(), want)
 		})
 	}
 }

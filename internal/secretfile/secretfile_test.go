@@ -342,9 +342,7 @@ func TestLoadOrCreate(t *testing.T) {
 	assert.Len(t, raw, 32, "secret decodes to %d bytes, want 32", len(raw))
 	fi, err := os.Stat(p)
 	require.NoError(t, err)
-	if got := fi.Mode().Perm(); got != 0o600 {
-		t.Errorf("file mode = %04o, want 0600", got)
-	}
+	assert.EqualValues(t, 0o600, fi.Mode().Perm(), "file mode = %04o, want 0600", fi.Mode().Perm())
 	onDisk, err := os.ReadFile(p)
 	require.NoError(t, err)
 	if want := string(first) + "\n"; string(onDisk) != want {

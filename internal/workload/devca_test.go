@@ -46,15 +46,11 @@ func TestLoadOrCreateDevCA(t *testing.T) {
 
 	di, err := os.Stat(dir)
 	require.NoError(t, err)
-	if got := di.Mode().Perm(); got != 0o700 {
-		t.Errorf("dir mode = %04o, want 0700", got)
-	}
+	assert.EqualValues(t, 0o700, di.Mode().Perm(), "dir mode = %04o, want 0700", di.Mode().Perm())
 	for _, name := range []string{DevCACertFile, DevCAKeyFile} {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
-		if got := fi.Mode().Perm(); got != 0o600 {
-			t.Errorf("%s mode = %04o, want 0600", name, got)
-		}
+		assert.EqualValues(t, 0o600, fi.Mode().Perm(), "%s mode = %04o, want 0600", name, fi.Mode().Perm())
 	}
 
 	again, err := LoadOrCreateDevCA(dir, testTD)

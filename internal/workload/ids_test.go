@@ -124,8 +124,6 @@ func FuzzParseAssignmentID(f *testing.F) {
 			return
 		}
 		// Only the canonical form parses, so it round-trips exactly.
-		if got := AssignmentID(testTD, task, epoch); got != id {
-			t.Fatalf("ParseAssignmentID(%q) = %d, %d, but AssignmentID of that is %s", s, task, epoch, got)
-		}
+		require.Equal(t, id, AssignmentID(testTD, task, epoch), "ParseAssignmentID(%q) = %d, %d, but AssignmentID of that is %s", s, task, epoch, AssignmentID(testTD, task, epoch))
 	})
 }

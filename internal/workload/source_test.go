@@ -55,9 +55,7 @@ func TestWriteSVIDFiles(t *testing.T) {
 	for _, name := range []string{SVIDFile, SVIDKeyFile, BundleFile} {
 		fi, err := os.Stat(filepath.Join(dir, name))
 		require.NoError(t, err)
-		if got := fi.Mode().Perm(); got != 0o600 {
-			t.Errorf("%s mode = %04o, want 0600", name, got)
-		}
+		assert.EqualValues(t, 0o600, fi.Mode().Perm(), "%s mode = %04o, want 0600", name, fi.Mode().Perm())
 	}
 	// The files are what go-spiffe's own loaders read.
 	loaded, err := x509svid.Load(filepath.Join(dir, SVIDFile), filepath.Join(dir, SVIDKeyFile))

@@ -233,9 +233,7 @@ func TestMTLS(t *testing.T) {
 				require.Error(t, err, "request succeeded with %q, want a refused handshake", body)
 				t.Logf("refused as expected: client: %v", err)
 				t.Logf("refused as expected: server log: %s", serverLog)
-				if n := calls.Load(); n != 0 {
-					t.Errorf("handler ran %d times, want 0", n)
-				}
+				assert.EqualValues(t, 0, calls.Load(), "handler ran %d times, want 0", calls.Load())
 				return
 			}
 			require.NoError(t, err, "request failed")
@@ -285,9 +283,7 @@ func TestServerTLSConfig(t *testing.T) {
 		t.Errorf("ClientAuth = %v, VerifyPeerCertificate set = %v; want client SVIDs required and verified",
 			cfg.ClientAuth, cfg.VerifyPeerCertificate != nil)
 	}
-	if got := strings.Join(cfg.NextProtos, ","); got != "h2,http/1.1" {
-		t.Errorf("NextProtos = %s, want h2,http/1.1", got)
-	}
+	assert.EqualValues(t, "h2,http/1.1", strings.Join(cfg.NextProtos, ","), "NextProtos = %s, want h2,http/1.1", strings.Join(cfg.NextProtos, ","))
 	if cfg.MinVersion < tls.VersionTLS12 {
 		t.Errorf("MinVersion = %x, want at least TLS 1.2", cfg.MinVersion)
 	}

@@ -279,9 +279,7 @@ func TestIsolatedUIDsAcrossBackends(t *testing.T) {
 	again := startT(t, first, fakeSpec(9, 1, "forever"))
 	assert.Equal(t, a.Data["uid"], again.Data["uid"], "after destroying %s (uid %s) the next environment got uid %s, want the freed one", a.ID, a.Data["uid"], again.Data["uid"])
 	for _, h := range append(hs, again) {
-		if got := strconv.Itoa(uidOf(t, pidOf(t, h))); got != h.Data["uid"] {
-			t.Errorf("%s runs as uid %s, its handle says %s", h.ID, got, h.Data["uid"])
-		}
+		assert.Equal(t, h.Data["uid"], strconv.Itoa(uidOf(t, pidOf(t, h))), "%s runs as the uid its handle names", h.ID)
 	}
 }
 

@@ -80,13 +80,9 @@ func TestServer(t *testing.T) {
 				ctx = withHeader(ctx)
 			}
 			resp, err := recvX509(ctx)
-			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("FetchX509SVID code = %v (%v), want %v", got, err, tt.wantCode)
-			}
+			require.Equal(t, tt.wantCode, status.Code(err), "FetchX509SVID code = %v (%v), want %v", status.Code(err), err, tt.wantCode)
 			bundles, err := recvBundles(ctx)
-			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("FetchX509Bundles code = %v (%v), want %v", got, err, tt.wantCode)
-			}
+			require.Equal(t, tt.wantCode, status.Code(err), "FetchX509Bundles code = %v (%v), want %v", status.Code(err), err, tt.wantCode)
 			if tt.wantCode != codes.OK {
 				return
 			}
@@ -108,9 +104,7 @@ func TestServer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(withHeader(t.Context()), 10*time.Second)
 		defer cancel()
 		_, err := client.FetchJWTSVID(ctx, &workload.JWTSVIDRequest{Audience: []string{"x"}})
-		if got := status.Code(err); got != codes.Unimplemented {
-			t.Fatalf("FetchJWTSVID code = %v, want Unimplemented", got)
-		}
+		require.Equal(t, codes.Unimplemented, status.Code(err), "FetchJWTSVID code = %v, want Unimplemented", status.Code(err))
 	})
 
 	t.Run("stop ends streams", func(t *testing.T) {
