@@ -190,28 +190,47 @@ func TestOpenEveryTamperedByte(t *testing.T) {
 	}
 }
 
+// FuzzOpen: whatever bytes are presented, Open returns a plaintext only for a value sealed
+// with this key and aad (anything else is ErrOpen or ErrWrongKey); a value sealed from the
+// fuzzed plaintext opens to exactly it, and changing any one of its bytes or its aad is refused.
 func FuzzOpen(f *testing.F) {
 	b := mustNew(f, testKey)
 	sealed, _ := b.Seal([]byte("secret"), []byte("task/1"))
-	f.Add(sealed, []byte("task/1"))
-	f.Add(sealed[:Overhead], []byte("task/1"))
-	f.Add([]byte{}, []byte{})
-	f.Add([]byte{version, 0, 0, 0, 0}, []byte("task/1"))
-	f.Fuzz(func(t *testing.T, sealed, aad []byte) {
-		got, err := b.Open(sealed, aad)
+	f.Add(sealed, []byte("task/1"), uint16(0), byte(1))
+	f.Add(sealed[:Overhead], []byte("task/1"), uint16(30), byte(0x80))
+	f.Add([]byte{}, []byte{}, uint16(5), byte(0xff))
+	f.Add([]byte{version, 0, 0, 0, 0}, []byte("task/1"), uint16(1000), byte(2))
+	f.Fuzz(func(t *testing.T, data, aad []byte, at uint16, flip byte) {
+		got, err := b.Open(data, aad)
 		if err != nil {
 			if !errors.Is(err, ErrOpen) && !errors.Is(err, ErrWrongKey) {
 				t.Fatalf("Open() error = %v, want ErrOpen or ErrWrongKey", err)
 			}
-			return
+			assert.Nil(t, got)
+		} else {
+			// Whatever opens must re-seal and open to the same plaintext.
+			again, err := b.Seal(got, aad)
+			require.NoError(t, err)
+			got2, err := b.Open(again, aad)
+			require.NoError(t, err, "the re-sealed value")
+			assert.Equal(t, got, got2, "the re-sealed value")
 		}
-		// Whatever opens must re-seal and open to the same plaintext.
-		again, err := b.Seal(got, aad)
+
+		// Round trip of the fuzzed bytes as a plaintext, and refusal of any one change.
+		sealed, err := b.Seal(data, aad)
 		require.NoError(t, err)
-		got2, err := b.Open(again, aad)
-		if err != nil || !bytes.Equal(got, got2) {
-			t.Fatalf("re-sealed value opens to %q, %v; want %q", got2, err, got)
+		require.Len(t, sealed, len(data)+Overhead)
+		opened, err := b.Open(sealed, aad)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(data, opened), "Open(Seal(%q)) = %q", data, opened)
+		if flip != 0 {
+			altered := bytes.Clone(sealed)
+			altered[int(at)%len(altered)] ^= flip
+			_, err = b.Open(altered, aad)
+			assert.True(t, errors.Is(err, ErrOpen) || errors.Is(err, ErrWrongKey), "byte %d changed: Open() error = %v", int(at)%len(altered), err)
 		}
+		_, err = b.Open(sealed, append(bytes.Clone(aad), flip))
+		require.ErrorIs(t, err, ErrOpen, "opened with another aad")
 	})
 }
 
