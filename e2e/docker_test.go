@@ -333,9 +333,8 @@ jobs:
 		t.Fatalf("docker rm: %v: %s", err, out)
 	}
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "failure" {
-		t.Fatalf("run after the container was removed: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run after the container was removed: %+v", run.Jobs)
+	require.EqualValues(t, "failure", run.Jobs[0].Conclusion, "run after the container was removed: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
 	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
@@ -459,9 +458,8 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
-		t.Fatalf("run: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run: %+v", run.Jobs)
+	require.EqualValues(t, "success", run.Jobs[0].Conclusion, "run: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
 	sock := filepath.Base(sp.AgentSocket)

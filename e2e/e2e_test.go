@@ -269,9 +269,8 @@ jobs:
 	time.Sleep(3 * time.Second)
 	c.start()
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
-		t.Fatalf("run after the crash: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run after the crash: %+v", run.Jobs)
+	require.EqualValues(t, "success", run.Jobs[0].Conclusion, "run after the crash: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
 	counts := lineRe.FindAllStringSubmatch(devforge.NormalizeLog(log), -1)

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +22,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -309,9 +309,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 		!slices.Contains(ents[0].Selectors, "docker:label:io.kubernetes.pod.namespace:"+e.ns) {
 		t.Errorf("SPIRE entries for the pod's uid: %+v, want one for %s", ents, wantID)
 	}
-	if len(podContainers(t, uid)) != 1 {
-		t.Errorf("containers of the pod: %v, want one", podContainers(t, uid))
-	}
+	assert.Len(t, podContainers(t, uid), 1, "containers of the pod")
 	// The executor logs the SVID it took from the Workload API.
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -327,9 +325,8 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
-		t.Fatalf("run: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run: %+v", run.Jobs)
+	require.EqualValues(t, "success", run.Jobs[0].Conclusion, "run: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
 	// SPIFFE_ENDPOINT_SOCKET is the executor's setting, not the job's.
@@ -411,9 +408,8 @@ jobs:
 		t.Fatal(err)
 	}
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "failure" {
-		t.Fatalf("run after the pod was deleted: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run after the pod was deleted: %+v", run.Jobs)
+	require.EqualValues(t, "failure", run.Jobs[0].Conclusion, "run after the pod was deleted: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
 	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
@@ -452,10 +448,8 @@ func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
 	defer hc.CloseIdleConnections()
 	rc := runnerv1connect.NewRunnerServiceClient(hc, e.facadeURL+"/api/actions")
 	_, err = rc.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "thief", Token: token}))
-	var cerr *connect.Error
-	if !errors.As(err, &cerr) || cerr.Code() != connect.CodePermissionDenied {
-		t.Fatalf("register with pod %s's token and the SVID of %s: %v, want permission denied", pod.Name, other, err)
-	}
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err),
+		"register with pod %s's token and the SVID of %s: %v, want permission denied", pod.Name, other, err)
 	t.Logf("facade refused the SVID of %s presenting pod %s's token: %v", other, pod.Name, err)
 }
 
