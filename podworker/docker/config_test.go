@@ -36,7 +36,7 @@ func TestContainerConfigHardenedByDefault(t *testing.T) {
 	spec := podworker.Spec{Task: 7, Epoch: 9, Env: map[string]string{"B": "2", "A": "1", "HOME": "/root", "DYNRUNNER_SECRETS_DIR": "/elsewhere"}}
 	c, hc := b.containerConfig(spec, "/state/dynrunner-7-9/secrets")
 	// Hardened.
-	assert.Equal(t, []string{"ALL"}, []string(hc.CapDrop), "capabilities dropped")
+	assert.Equal(t, []string{"ALL"}, hc.CapDrop, "capabilities dropped")
 	assert.False(t, hc.Privileged, "privileged")
 	assert.True(t, hc.ReadonlyRootfs, "read-only root")
 	assert.Equal(t, ptr(true), hc.Init, "init")
