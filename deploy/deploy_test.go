@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,17 +55,13 @@ func (m manifest) String() string {
 func resources(t *testing.T) []string {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var k struct {
 		APIVersion string   `json:"apiVersion"`
 		Kind       string   `json:"kind"`
 		Resources  []string `json:"resources"`
 	}
-	if err := yaml.UnmarshalStrict(data, &k); err != nil {
-		t.Fatalf("kustomization.yaml: %v", err)
-	}
+	require.NoError(t, yaml.UnmarshalStrict(data, &k), "kustomization.yaml")
 	if k.Kind != "Kustomization" || len(k.Resources) == 0 {
 		t.Fatalf("kustomization.yaml: kind %q with %d resources", k.Kind, len(k.Resources))
 	}
@@ -78,18 +75,14 @@ func load(t *testing.T) []manifest {
 	var errs []error
 	for _, file := range resources(t) {
 		data, err := os.ReadFile(filepath.Join(dir, file))
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 		for doc := 1; ; doc++ {
 			raw, err := r.Read()
 			if errors.Is(err, io.EOF) {
 				break
 			}
-			if err != nil {
-				t.Fatalf("%s: document %d: %v", file, doc, err)
-			}
+			require.NoError(t, err, "%s: document %d", file, doc)
 			if len(bytes.TrimSpace(stripComments(raw))) == 0 {
 				continue
 			}
@@ -106,9 +99,7 @@ func load(t *testing.T) []manifest {
 			out = append(out, manifest{file: file, obj: obj})
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, errors.Join(errs...))
 	if len(out) == 0 {
 		t.Fatal("no objects")
 	}
@@ -128,9 +119,7 @@ func stripComments(doc []byte) []byte {
 func TestKustomizationListsEveryFile(t *testing.T) {
 	listed := resources(t)
 	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, e := range entries {
 		name := e.Name()
 		if e.IsDir() || name == "kustomization.yaml" || (!strings.HasSuffix(name, ".yaml") && !strings.HasSuffix(name, ".yml")) {
@@ -159,14 +148,10 @@ func TestManifestsDryRun(t *testing.T) {
 	ctx := t.Context()
 
 	dc, err := discovery.NewDiscoveryClientForConfig(c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
 	dyn, err := dynamic.NewForConfig(c.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 
 	var errs []error
 	var namespaced []manifest
@@ -180,9 +165,7 @@ func TestManifestsDryRun(t *testing.T) {
 		}
 		namespaced = append(namespaced, m)
 	}
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, errors.Join(errs...))
 
 	seen := map[string]bool{}
 	for _, m := range namespaced {
@@ -221,9 +204,7 @@ func TestManifestsDryRun(t *testing.T) {
 		}
 		t.Logf("accepted %s", m)
 	}
-	if err := errors.Join(errs...); err != nil {
-		t.Fatalf("%d of %d objects refused:\n%v", len(errs), len(objs), err)
-	}
+	require.NoError(t, errors.Join(errs...), "%d of %d objects refused:\n", len(errs), len(objs))
 }
 
 // TestRoleIsRBACRules keeps the controller's Role equal to podworker/kube.RBACRules() and the
@@ -241,9 +222,7 @@ func TestRoleIsRBACRules(t *testing.T) {
 			}
 			found = true
 			var role rbacv1.Role
-			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, &role); err != nil {
-				t.Fatalf("%s: %v", m, err)
-			}
+			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, &role), "%s", m)
 			if !equality.Semantic.DeepEqual(role.Rules, want) {
 				t.Errorf("%s: rules %+v, want %+v", m, role.Rules, want)
 			}

@@ -15,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
@@ -74,9 +77,7 @@ func executorImage(t testing.TB) string {
 func jobNetworkGateway(t testing.TB, name string) string {
 	t.Helper()
 	out, err := exec.CommandContext(t.Context(), "docker", "network", "inspect", "-f", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", name).CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker network inspect %s: %v\n%s", name, err, out)
-	}
+	require.NoError(t, err, "docker network inspect %s: %v\n%s", name, err, out)
 	gw := strings.TrimSpace(string(out))
 	if net.ParseIP(gw) == nil {
 		t.Fatalf("network %s has gateway %q", name, gw)
@@ -95,9 +96,7 @@ func removeJobNetwork(t testing.TB) {
 	if len(id) >= 12 {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := docker.RemoveFirewall(ctx, "br-"+id[:12]); err != nil {
-			t.Errorf("remove the job network's firewall: %v", err)
-		}
+		assert.NoError(t, docker.RemoveFirewall(ctx, "br-"+id[:12]), "remove the job network's firewall")
 	}
 	if out, err := exec.Command("docker", "network", "rm", "dynrunner").CombinedOutput(); err != nil {
 		t.Errorf("docker network rm dynrunner: %v\n%s", err, out)
@@ -127,9 +126,7 @@ func managedContainers(t testing.TB) []string {
 	t.Helper()
 	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-a", "--format", "{{.Names}} {{.Status}}",
 		"--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker ps: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "docker ps: %v\n%s", err, out)
 	return strings.Fields(strings.TrimSpace(string(out)))
 }
 
@@ -175,18 +172,12 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	f, host := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "docker")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, f.SetSecret(ctx, repo, "E2E_SECRET", secretValue))
 	// A service of the host on every address, as a NATS node of an external cluster would be
 	// (the embedded server serves loopback only).
 	svc, err := net.Listen("tcp4", "0.0.0.0:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { svc.Close() })
 	go func() {
 		for {
@@ -223,9 +214,7 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	if !ok {
 		t.Fatalf("no job %q in the run: %v", "hardened", keys(res))
 	}
-	if job.conclusion != "success" {
-		t.Errorf("job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
-	}
+	assert.EqualValues(t, "success", job.conclusion, "job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)CapEff:\s+0000000000000000$`),
 		regexp.MustCompile(`(?m)CapPrm:\s+0000000000000000$`),
@@ -263,23 +252,17 @@ func TestDockerBackendJavaScriptAction(t *testing.T) {
 	needDocker(t)
 	image := executorImage(t)
 	out, err := exec.CommandContext(t.Context(), "docker", "run", "--rm", "--entrypoint", "node", image, "--version").CombinedOutput()
-	if err != nil {
-		t.Fatalf("node --version in the executor image: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "node --version in the executor image: %v\n%s", err, out)
 	nodeVersion := strings.TrimSpace(string(out))
 	f, _ := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	action, err := f.CreateRepo(ctx, "greet-action")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if _, err := f.PushFiles(ctx, action, greetAction); err != nil {
 		t.Fatal(err)
 	}
 	repo, err := f.CreateRepo(ctx, "js-action")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
 	c.start()
 
@@ -303,9 +286,7 @@ jobs:
 	if !ok {
 		t.Fatalf("no job %q in the run: %v", "node", keys(res))
 	}
-	if job.conclusion != "success" {
-		t.Errorf("job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
-	}
+	assert.EqualValues(t, "success", job.conclusion, "job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^node ` + regexp.QuoteMeta(nodeVersion) + ` at /usr/bin/node(js)?$`),
 		regexp.MustCompile(`(?m)^input who=dynrunner$`),
@@ -330,9 +311,7 @@ func TestDockerContainerRemovedMidJob(t *testing.T) {
 	f, _ := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "docker-removed")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
 	c.start()
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/removed.yml", `name: removed
@@ -343,9 +322,7 @@ jobs:
     steps:
       - run: for i in $(seq 1 600); do echo "tick $i"; sleep 0.1; done
 `)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	waitLogged(t, f, repo, sha, "tick 10\n", 2*time.Minute)
 	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").Output()
 	ids := strings.Fields(string(out))
@@ -356,13 +333,10 @@ jobs:
 		t.Fatalf("docker rm: %v: %s", err, out)
 	}
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "failure" {
-		t.Fatalf("run after the container was removed: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run after the container was removed: %+v", run.Jobs)
+	require.EqualValues(t, "failure", run.Jobs[0].Conclusion, "run after the container was removed: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
 		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
 	}
@@ -427,9 +401,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 	f, _ := startForgeOnHost(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "docker-spire")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv,
 		"POD_BACKEND=docker",
 		"POD_EXECUTOR_IMAGE="+image,
@@ -440,9 +412,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 
 	began := time.Now()
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/spire.yml", dockerSPIREWorkflow)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// The job's container, its entry, and the executor's log of the SVID it received.
 	var id, wantID string
 	var wantSel []string
@@ -450,9 +420,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 	for id == "" {
 		out, err := exec.CommandContext(ctx, "docker", "ps", "--no-trunc", "--format", `{{.ID}} {{.Label "dynrunner.task"}} {{.Label "dynrunner.epoch"}}`,
 			"--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").Output()
-		if err != nil {
-			t.Fatalf("docker ps: %v", err)
-		}
+		require.NoError(t, err, "docker ps")
 		if f := strings.Fields(string(out)); len(f) == 3 {
 			task, err1 := assignment.ParseTaskID(f[1])
 			epoch, err2 := assignment.ParseEpoch(f[2])
@@ -490,13 +458,10 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
-		t.Fatalf("run: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run: %+v", run.Jobs)
+	require.EqualValues(t, "success", run.Jobs[0].Conclusion, "run: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	sock := filepath.Base(sp.AgentSocket)
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)(^|[ \t])` + regexp.QuoteMeta(sock) + `\s*$`), // ls /run/spire/sockets

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
@@ -78,9 +81,7 @@ type jobResult struct {
 func runWorkflow(t testing.TB, f *devforge.Forge, repo devforge.Repo, content string, limit time.Duration) map[string]jobResult {
 	t.Helper()
 	sha, err := f.PushWorkflow(t.Context(), repo, ".gitea/workflows/e2e.yml", content)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	run := waitRun(t, f, repo, sha, limit)
 	out := map[string]jobResult{}
 	for _, j := range run.Jobs {
@@ -89,9 +90,7 @@ func runWorkflow(t testing.TB, f *devforge.Forge, repo devforge.Repo, content st
 			continue
 		}
 		log, err := f.JobLog(t.Context(), repo, j.ID)
-		if err != nil {
-			t.Fatalf("log of job %q: %v", j.Name, err)
-		}
+		require.NoError(t, err, "log of job %q", j.Name)
 		if strings.Contains(log, secretValue) {
 			t.Errorf("job %q: the secret appears in clear text in its log", j.Name)
 		}
@@ -107,26 +106,16 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 
 	// The reference: a static Gitea runner in host mode on its own repository.
 	static, err := f.CreateRepo(ctx, "static")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	dyn, err := f.CreateRepo(ctx, "dynamic")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, r := range []devforge.Repo{static, dyn} {
-		if err := f.SetSecret(ctx, r, "E2E_SECRET", secretValue); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, f.SetSecret(ctx, r, "E2E_SECRET", secretValue))
 	}
 	regStatic, err := f.RunnerRegistrationToken(ctx, static.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	sr, err := devforge.StartStaticRunner(ctx, tools, f.URL(), regStatic, executor.Labels(assignment.BackendPod), filepath.Join(t.TempDir(), "static"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = sr.Close() })
 
 	c := newController(t, tools, f, dyn.String(), leaseEnv, pickupEnv)
@@ -153,12 +142,8 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 			t.Errorf("job %q missing from the dynrunner run", name)
 			continue
 		}
-		if g.conclusion != w.conclusion {
-			t.Errorf("job %q: dynrunner %s, static runner %s", name, g.conclusion, w.conclusion)
-		}
-		if g.log != w.log {
-			t.Errorf("job %q: logs differ after normalisation\n--- dynrunner\n%s\n--- static runner\n%s", name, tail(g.log, 30), tail(w.log, 30))
-		}
+		assert.Equal(t, w.conclusion, g.conclusion, "job %q: dynrunner %s, static runner %s", name, g.conclusion, w.conclusion)
+		assert.Equal(t, w.log, g.log, "job %q: logs differ after normalisation\n--- dynrunner\n%s\n--- static runner\n%s", name, tail(g.log, 30), tail(w.log, 30))
 	}
 	checkCoreWorkflow(t, got)
 
@@ -249,9 +234,7 @@ func TestControllerSIGKILLMidJob(t *testing.T) {
 func sigkillMidJob(t *testing.T, tools devforge.Tools, f *devforge.Forge, running func(), extra ...string) {
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "crash")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, extra...)...)
 	c.start()
 	const wf = `name: crash
@@ -264,9 +247,7 @@ jobs:
       - run: echo "second step done"
 `
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/crash.yml", wf)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// Wait until the job is running in its environment and logging, then crash the controller.
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
@@ -288,17 +269,12 @@ jobs:
 	time.Sleep(3 * time.Second)
 	c.start()
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
-		t.Fatalf("run after the crash: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run after the crash: %+v", run.Jobs)
+	require.EqualValues(t, "success", run.Jobs[0].Conclusion, "run after the crash: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	counts := lineRe.FindAllStringSubmatch(devforge.NormalizeLog(log), -1)
-	if len(counts) != 200 {
-		t.Fatalf("log holds %d count lines, want exactly 200 (complete, none twice)", len(counts))
-	}
+	require.Len(t, counts, 200, "log holds %d count lines, want exactly 200 (complete, none twice)", len(counts))
 	for i, m := range counts {
 		if m[1] != fmt.Sprint(i+1) {
 			t.Fatalf("count line %d reads %s: log out of order or duplicated", i+1, m[1])
@@ -312,9 +288,7 @@ jobs:
 	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("dynrunner events: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "dynrunner events: %v\n%s", err, out)
 	if n := strings.Count(string(out), `"transition":"completed"`); n != 1 {
 		t.Fatalf("%d completed transitions in the audit stream, want 1:\n%s", n, out)
 	}
@@ -363,9 +337,7 @@ func TestSilentStepOutlivesTheLease(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "silent")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv)
 	c.start()
 	began := time.Now()
@@ -389,9 +361,7 @@ jobs:
 	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("dynrunner events: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "dynrunner events: %v\n%s", err, out)
 	// Every LEASE_SECS/3 = 30 s: at least three renewals during the 100 s of silence.
 	if n := strings.Count(string(out), `"transition":"renewed"`); n < 3 {
 		t.Fatalf("%d renewed transitions in the audit stream, want at least 3 during 100 s of silence:\n%s", n, tail(string(out), 20))

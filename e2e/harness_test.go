@@ -100,18 +100,14 @@ func needTools(t testing.TB) devforge.Tools {
 	if errors.Is(err, devforge.ErrToolsMissing) && os.Getenv("CI") == "" {
 		t.Skip(err)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return tools
 }
 
 func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
@@ -133,17 +129,11 @@ func newController(t testing.TB, tools devforge.Tools, forge *devforge.Forge, sc
 	dir := t.TempDir()
 	// As root, local environments run under uids of their own, which must pass through every
 	// directory above STATE_DIR; t.TempDir's parent is 0700.
-	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Chmod(filepath.Dir(dir), 0o711))
 	tok, err := forge.RunnerRegistrationToken(t.Context(), scope)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	regFile := filepath.Join(dir, "registration-token")
-	if err := secretfile.WriteNew(regFile, []byte(tok)); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, secretfile.WriteNew(regFile, []byte(tok)))
 	httpPort := freePort(t)
 	c := &controller{t: t, httpURL: fmt.Sprintf("http://127.0.0.1:%d", httpPort), logPath: filepath.Join(dir, "controller.log")}
 	c.env = append([]string{
@@ -256,9 +246,7 @@ func (c *controller) stop() {
 func startForge(t testing.TB, tools devforge.Tools) *devforge.Forge {
 	t.Helper()
 	f, err := devforge.Start(t.Context(), tools, devforge.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.Close() })
 	return f
 }
@@ -270,9 +258,7 @@ func startForgeOnHost(t testing.TB, tools devforge.Tools) (*devforge.Forge, *net
 	t.Helper()
 	host := netnstest.New(t)
 	f, err := devforge.Start(t.Context(), tools, devforge.Options{Dir: t.TempDir(), Netns: host.Name, Addr: host.Addr.String()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = f.Close() })
 	return f, host
 }
@@ -282,8 +268,6 @@ func waitRun(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha string, li
 	ctx, cancel := context.WithTimeout(t.Context(), limit)
 	defer cancel()
 	run, err := f.WaitRun(ctx, repo, sha)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return run
 }

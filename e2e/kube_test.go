@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,7 +20,10 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +37,8 @@ import (
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
+	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
+	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
 )
 
 // kubeTrustDomain is the trust domain of the Kubernetes tier's SPIRE.
@@ -134,18 +138,14 @@ func runRegistrar(t *testing.T, env ...string) string {
 	dir := t.TempDir()
 	logPath := filepath.Join(dir, "identity.log")
 	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer logf.Close()
 	port := freePort(t)
 	cmd := exec.Command(controllerBin(t), "identity")
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), fmt.Sprintf("HTTP_LISTEN=127.0.0.1:%d", port)}, env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, cmd.Start())
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
@@ -172,9 +172,7 @@ func runRegistrar(t *testing.T, env ...string) string {
 func hostAddress(t *testing.T) string {
 	t.Helper()
 	ifaces, err := net.Interfaces()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, ifc := range ifaces {
 		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
 			continue
@@ -193,9 +191,7 @@ func hostAddress(t *testing.T) string {
 func freePortOn(t *testing.T, ip string) int {
 	t.Helper()
 	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
@@ -204,9 +200,7 @@ func freePortOn(t *testing.T, ip string) int {
 func (e *kubeEnv) pods(t *testing.T) []corev1.Pod {
 	t.Helper()
 	list, err := e.cluster.Client.CoreV1().Pods(e.ns).List(t.Context(), metav1.ListOptions{LabelSelector: kube.Selector})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return list.Items
 }
 
@@ -226,9 +220,7 @@ func (e *kubeEnv) podEntries(t *testing.T, uid string) []spiretest.Entry {
 func podContainers(t *testing.T, uid string) []string {
 	t.Helper()
 	out, err := exec.CommandContext(t.Context(), "docker", "ps", "-aq", "--filter", "label=io.kubernetes.pod.uid="+uid).CombinedOutput()
-	if err != nil {
-		t.Fatalf("docker ps: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "docker ps: %v\n%s", err, out)
 	return strings.Fields(string(out))
 }
 
@@ -300,20 +292,14 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "kube")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, f.SetSecret(ctx, repo, "E2E_SECRET", secretValue))
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, e.controllerEnv...)...)
 	c.start()
 
 	began := time.Now()
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/kube.yml", kubeWorkflow)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	pod := e.runningPod(t)
 	uid := string(pod.UID)
 	task, epoch := podAssignment(t, pod)
@@ -323,9 +309,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 		!slices.Contains(ents[0].Selectors, "docker:label:io.kubernetes.pod.namespace:"+e.ns) {
 		t.Errorf("SPIRE entries for the pod's uid: %+v, want one for %s", ents, wantID)
 	}
-	if len(podContainers(t, uid)) != 1 {
-		t.Errorf("containers of the pod: %v, want one", podContainers(t, uid))
-	}
+	assert.Len(t, podContainers(t, uid), 1, "containers of the pod")
 	// The executor logs the SVID it took from the Workload API.
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -341,13 +325,10 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "success" {
-		t.Fatalf("run: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run: %+v", run.Jobs)
+	require.EqualValues(t, "success", run.Jobs[0].Conclusion, "run: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// SPIFFE_ENDPOINT_SOCKET is the executor's setting, not the job's.
 	for _, want := range []string{"agent.sock", "SPIFFE_ENDPOINT_SOCKET=unset for the job", "line 60", "the secret is ***"} {
 		if !strings.Contains(log, want) {
@@ -367,9 +348,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("dynrunner events: %v\n%s", err, out)
-	}
+	require.NoError(t, err, "dynrunner events: %v\n%s", err, out)
 	var phases []string
 	for _, line := range strings.Split(string(out), "\n") {
 		if strings.Contains(line, `"kind":"environment"`) && strings.Contains(line, `"pod_uid":"`+uid+`"`) {
@@ -385,9 +364,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	// The registrar counts the Pod's entry as created and deleted (the facade's entry is the
 	// other creation).
 	resp, err := http.Get(e.registrarURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	metrics, _ := io.ReadAll(resp.Body)
 	for _, want := range []string{"dynrunner_identity_entries_created_total 2", "dynrunner_identity_entries_deleted_total 1", "dynrunner_identity_ready 1"} {
@@ -408,9 +385,7 @@ func TestKubePodDeletedMidJob(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "kube-deleted")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, e.controllerEnv...)...)
 	c.start()
 	sha, err := f.PushWorkflow(ctx, repo, ".gitea/workflows/deleted.yml", `name: deleted
@@ -421,26 +396,22 @@ jobs:
     steps:
       - run: for i in $(seq 1 900); do echo "tick $i"; sleep 0.1; done
 `)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	waitLogged(t, f, repo, sha, "tick 10\n", 3*time.Minute)
 	pod := e.runningPod(t)
 	uid := string(pod.UID)
 
 	e.refusesForeignSVID(t, pod)
+	e.refusesOwnSVIDForAnotherTask(t, pod)
 
 	if err := e.cluster.Client.CoreV1().Pods(e.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
 		t.Fatal(err)
 	}
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
-	if len(run.Jobs) != 1 || run.Jobs[0].Conclusion != "failure" {
-		t.Fatalf("run after the pod was deleted: %+v", run.Jobs)
-	}
+	require.Len(t, run.Jobs, 1, "run after the pod was deleted: %+v", run.Jobs)
+	require.EqualValues(t, "failure", run.Jobs[0].Conclusion, "run after the pod was deleted: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
 		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
 	}
@@ -455,41 +426,84 @@ func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
 	ctx := t.Context()
 	task, _ := podAssignment(t, pod)
 	sec, err := e.cluster.Client.CoreV1().Secrets(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	token := string(sec.Data[podworker.TokenFile])
 	if token == "" {
 		t.Fatalf("the pod's secret holds no %s", podworker.TokenFile)
 	}
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	other := workload.AssignmentID(e.spire.TrustDomain, task+1000, 1)
 	en := e.spire.CreateEntry(t, other.String(), e.spire.AgentID.String(), fmt.Sprintf("unix:uid:%d", os.Getuid()), "unix:path:"+self)
 	defer e.spire.DeleteEntry(t, en.ID)
 	wctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	src, err := workloadapi.NewX509Source(wctx, workloadapi.WithClientOptions(workloadapi.WithAddr(e.spire.EndpointSocket())))
-	if err != nil {
-		t.Fatalf("SVID for %s from the SPIRE agent: %v", other, err)
-	}
+	require.NoError(t, err, "SVID for %s from the SPIRE agent", other)
 	defer src.Close()
 	svid, err := src.GetX509SVID()
-	if err != nil || svid.ID != other {
-		t.Fatalf("the agent issued %v (%v), want %s", svid, err, other)
-	}
+	require.NoError(t, err, "the agent issued %v (%v), want %s", svid, err, other)
+	require.Equal(t, other, svid.ID, "the agent issued %v (%v), want %s", svid, err, other)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(src, e.facadeID), ForceAttemptHTTP2: true}}
 	defer hc.CloseIdleConnections()
 	rc := runnerv1connect.NewRunnerServiceClient(hc, e.facadeURL+"/api/actions")
 	_, err = rc.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "thief", Token: token}))
-	var cerr *connect.Error
-	if !errors.As(err, &cerr) || cerr.Code() != connect.CodePermissionDenied {
-		t.Fatalf("register with pod %s's token and the SVID of %s: %v, want permission denied", pod.Name, other, err)
-	}
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err),
+		"register with pod %s's token and the SVID of %s: %v, want permission denied", pod.Name, other, err)
 	t.Logf("facade refused the SVID of %s presenting pod %s's token: %v", other, pod.Name, err)
 }
+
+// refusesOwnSVIDForAnotherTask presents an SVID the real SPIRE issued for the running Pod's
+// own assignment (as the Pod's executor holds) and asks the facade to renew the lease of
+// another task with it: the facade refuses it.
+func (e *kubeEnv) refusesOwnSVIDForAnotherTask(t *testing.T, pod corev1.Pod) {
+	t.Helper()
+	ctx := t.Context()
+	task, epoch := podAssignment(t, pod)
+	self, err := os.Executable()
+	require.NoError(t, err)
+	own := workload.AssignmentID(e.spire.TrustDomain, task, epoch)
+	en := e.spire.CreateEntry(t, own.String(), e.spire.AgentID.String(), fmt.Sprintf("unix:uid:%d", os.Getuid()), "unix:path:"+self)
+	defer e.spire.DeleteEntry(t, en.ID)
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	addr := workloadapi.WithAddr(e.spire.EndpointSocket())
+	src, err := workloadapi.NewX509Source(wctx, workloadapi.WithClientOptions(addr))
+	require.NoError(t, err, "SVIDs from the SPIRE agent")
+	defer src.Close()
+	// The test process may hold other SVIDs too (refusesForeignSVID's, until the agent drops
+	// it): present exactly the Pod's own.
+	var svid *x509svid.SVID
+	require.Eventually(t, func() bool {
+		svids, err := workloadapi.FetchX509SVIDs(wctx, addr)
+		if err != nil {
+			return false
+		}
+		for _, s := range svids {
+			if s.ID == own {
+				svid = s
+				return true
+			}
+		}
+		return false
+	}, time.Minute, 200*time.Millisecond, "the agent issued no SVID for %s", own)
+	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: workload.ClientTLSConfig(oneSVID{src, svid}, e.facadeID), ForceAttemptHTTP2: true}}
+	defer hc.CloseIdleConnections()
+	lease := dynrunnerv1connect.NewLeaseServiceClient(hc, e.facadeURL)
+	other := task + 1000
+	_, err = lease.Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: int64(other), Epoch: uint64(epoch)}))
+	require.Equal(t, connect.CodePermissionDenied, connect.CodeOf(err),
+		"renew task %d with the SVID of pod %s's assignment %s: %v, want permission denied", other, pod.Name, own, err)
+	t.Logf("facade refused pod %s's own SVID %s renewing task %d: %v", pod.Name, own, other, err)
+}
+
+// oneSVID presents one chosen SVID of a Workload API source and trusts the source's bundles.
+type oneSVID struct {
+	*workloadapi.X509Source
+	svid *x509svid.SVID
+}
+
+func (o oneSVID) GetX509SVID() (*x509svid.SVID, error) { return o.svid, nil }
 
 // TestKubeControllerSIGKILLMidJob: with the kubernetes backend, a controller killed mid-job and
 // started again adopts the running Pod; the job finishes with its complete log, reported once,

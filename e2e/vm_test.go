@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/launcher"
 )
@@ -41,17 +44,13 @@ func buildImage(t testing.TB, script string) (dir string) {
 func vmEnv(t testing.TB, img, bridge, cidr string, extra ...string) []string {
 	t.Helper()
 	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() {
 		// The controller keeps the guests' firewall while launchers may run; the test removes it
 		// with the bridge.
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if err := launcher.RemoveFirewall(ctx, bridge); err != nil {
-			t.Errorf("remove the guests' firewall of %s: %v", bridge, err)
-		}
+		assert.NoError(t, launcher.RemoveFirewall(ctx, bridge), "remove the guests' firewall of %s", bridge)
 		_ = exec.Command("ip", "link", "del", bridge).Run()
 	})
 	return append([]string{
@@ -94,12 +93,8 @@ func TestVMJobBootsUnderQEMU(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 	repo, err := f.CreateRepo(ctx, "vm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := f.SetSecret(ctx, repo, "E2E_SECRET", secretValue); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, f.SetSecret(ctx, repo, "E2E_SECRET", secretValue))
 	const bridge = "dre2e0"
 	env := vmEnv(t, img, bridge, "10.213.77.1/24", "VM_CONCURRENCY=2")
 	c := newController(t, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, env...)...)
@@ -140,9 +135,7 @@ jobs:
 	began := time.Now()
 	got := runWorkflow(t, f, repo, strings.ReplaceAll(workflow, "[self-hosted, pod]", "[self-hosted, vm]"), 15*time.Minute)
 	t.Logf("the core workflow's %d jobs ran in microVMs in %s", len(got), time.Since(began).Round(time.Second))
-	if len(got) != 8 {
-		t.Fatalf("ran jobs %v, want the core workflow's 8", keys(got))
-	}
+	require.Len(t, got, 8, "ran jobs %v, want the core workflow's 8", keys(got))
 	checkCoreWorkflow(t, got)
 
 	// Nothing of the VM remains: no launcher, no qemu, no TAP device, no per-VM directory.

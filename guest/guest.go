@@ -89,51 +89,60 @@ type Config struct {
 
 // Run redeems the seed's nonce and runs the assignment's one job.
 func Run(ctx context.Context, cfg Config) error {
+	rc, err := prepare(ctx, &http.Client{Timeout: 2 * time.Minute}, cfg)
+	if err != nil {
+		return err
+	}
+	rc.Log.Info().Str("facade", rc.FacadeURL).Msg("nonce redeemed; running the job")
+	return executor.Run(ctx, rc)
+}
+
+// prepare redeems the seed's nonce, downloads the granted runner into the work directory and
+// returns what executor.Run is handed for the job.
+func prepare(ctx context.Context, hc *http.Client, cfg Config) (executor.RunConfig, error) {
 	var seed Seed
 	if cfg.Seed != nil {
 		seed = *cfg.Seed
 	} else {
 		var err error
 		if seed, err = ReadSeed(cfg.SeedDir); err != nil {
-			return err
+			return executor.RunConfig{}, err
 		}
 	}
-	hc := &http.Client{Timeout: 2 * time.Minute}
 	grant, err := redeem(ctx, hc, seed)
 	if err != nil {
-		return err
+		return executor.RunConfig{}, err
 	}
 	ec, err := grant.Config()
 	if err != nil {
-		return fmt.Errorf("guest: %w", err)
+		return executor.RunConfig{}, fmt.Errorf("guest: %w", err)
 	}
 	facadeID := ec.FacadeID
 	bundle, err := x509bundle.Parse(facadeID.TrustDomain(), []byte(grant.FacadeCAPEM))
 	if err != nil {
-		return fmt.Errorf("guest: facade CA: %w", err)
+		return executor.RunConfig{}, fmt.Errorf("guest: facade CA: %w", err)
 	}
 	// Traversable: the runner's user works below it (in job/, which becomes its own).
 	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
-		return fmt.Errorf("guest: work dir: %w", err)
+		return executor.RunConfig{}, fmt.Errorf("guest: work dir: %w", err)
 	}
 	cred, env, err := runAs(cfg.User)
 	if err != nil {
-		return err
+		return executor.RunConfig{}, err
 	}
 	if cred == nil {
 		env = cfg.Env
 	}
 	bin := filepath.Join(cfg.WorkDir, "gitea-runner")
 	if err := download(ctx, hc, strings.TrimRight(seed.Endpoint, "/")+grant.RunnerPath, bin, grant.RunnerSHA256); err != nil {
-		return err
+		return executor.RunConfig{}, err
 	}
 	log := cfg.Log.With().Int64("task_id", grant.TaskID).Uint64("epoch", grant.Epoch).Logger()
-	log.Info().Str("facade", grant.FacadeURL).Msg("nonce redeemed; running the job")
 	ec.RunnerBin, ec.WorkDir = bin, filepath.Join(cfg.WorkDir, "job")
-	return executor.Run(ctx, executor.RunConfig{
+	return executor.RunConfig{
 		Config: ec, Token: grant.Token, TLS: workload.GuestClientTLSConfig(bundle, facadeID),
 		Credential: cred, Env: env, Output: cfg.Output, Log: log,
-	})
+	}, nil
 }
 
 // runAs returns the credential and the environment of the runner's process for the account
@@ -184,21 +193,30 @@ func redeem(ctx context.Context, hc *http.Client, seed Seed) (executor.Grant, er
 		}
 		data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			// A refused nonce is final: never retry a 4xx.
-			if resp.StatusCode < 500 {
-				return executor.Grant{}, fmt.Errorf("guest: redeem refused (%s): %s", resp.Status, strings.TrimSpace(string(data)))
-			}
-			last = fmt.Errorf("%s", resp.Status)
+		g, retry, err := redeemAnswer(resp.StatusCode, resp.Status, data)
+		if retry {
+			last = err
 			continue
 		}
-		var g executor.Grant
-		if err := json.Unmarshal(data, &g); err != nil {
-			return executor.Grant{}, fmt.Errorf("guest: redeem answer: %w", err)
-		}
-		return g, nil
+		return g, err
 	}
 	return executor.Grant{}, fmt.Errorf("guest: nonce endpoint %s unreachable: %w", seed.Endpoint, last)
+}
+
+// redeemAnswer decides what the nonce endpoint's answer means: the grant, a final refusal
+// (any 4xx: a refused nonce is never retried, and an answer that is no grant), or, with retry
+// set, a server error worth another attempt.
+func redeemAnswer(code int, status string, body []byte) (g executor.Grant, retry bool, err error) {
+	if code != http.StatusOK {
+		if code < 500 {
+			return executor.Grant{}, false, fmt.Errorf("guest: redeem refused (%s): %s", status, strings.TrimSpace(string(body)))
+		}
+		return executor.Grant{}, true, fmt.Errorf("%s", status)
+	}
+	if err := json.Unmarshal(body, &g); err != nil {
+		return executor.Grant{}, false, fmt.Errorf("guest: redeem answer: %w", err)
+	}
+	return g, false, nil
 }
 
 // download fetches the runner binary and keeps it only if its SHA-256 is the granted one.

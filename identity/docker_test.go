@@ -16,6 +16,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -72,18 +74,14 @@ func TestDockerSource(t *testing.T) {
 	sp := spiretest.Start(t, trustDomain)
 	image := kubetest.TestBinaryImageID(t) // skips without the Docker engine
 	conn, err := grpc.NewClient("unix://"+sp.ServerSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	e := &env{entries: entryv1.NewEntryClient(conn), spire: sp, parent: sp.AgentID}
 
 	scope := "idt" + randomHex(t, 4)
 	e.hint = identity.HintFor(identity.SourceDocker, scope)
 	inv, err := docker.NewInventory(docker.DefaultSocket, scope)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = inv.Close() })
 	// A resync of an hour: entries follow the engine's events.
 	e.run(t, identity.Config{
@@ -123,9 +121,7 @@ func TestDockerSource(t *testing.T) {
 		return strings.Contains(spiretest.ContainerLogs(t, mine), svidPrefix+want+"\n")
 	})
 	for id, en := range e.owned(t) {
-		if id != entryID {
-			t.Errorf("unexpected entry %s (%s): only the scope's container with valid labels gets one", id, idOf(en.SpiffeId))
-		}
+		assert.Equal(t, entryID, id, "unexpected entry %s (%s): only the scope's container with valid labels gets one", id, idOf(en.SpiffeId))
 	}
 
 	spiretest.RemoveContainer(t, mine)

@@ -13,6 +13,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	entryv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/server/entry/v1"
 	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -47,9 +49,7 @@ func newEnv(t *testing.T) *env {
 	c := kubetest.Start(t)
 	sp := spiretest.Start(t, trustDomain)
 	conn, err := grpc.NewClient("unix://"+sp.ServerSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
 	ns := c.Namespace(t)
 	return &env{kube: c.Client, ns: ns, entries: entryv1.NewEntryClient(conn), spire: sp, parent: sp.AgentID,
@@ -73,9 +73,7 @@ func (e *env) config(t *testing.T, edit func(*identity.Config)) identity.Config 
 func (e *env) run(t *testing.T, cfg identity.Config) (*identity.Registrar, func()) {
 	t.Helper()
 	r, err := identity.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -88,9 +86,7 @@ func (e *env) run(t *testing.T, cfg identity.Config) (*identity.Registrar, func(
 		cancel()
 		select {
 		case err := <-done:
-			if err != nil {
-				t.Errorf("registrar: %v", err)
-			}
+			assert.NoError(t, err, "registrar")
 		case <-time.After(30 * time.Second):
 			t.Errorf("registrar did not stop within 30s")
 		}
@@ -123,9 +119,7 @@ func (e *env) pod(t *testing.T, task, epoch int) *corev1.Pod {
 func (e *env) create(t *testing.T, p *corev1.Pod) *corev1.Pod {
 	t.Helper()
 	out, err := e.kube.CoreV1().Pods(e.ns).Create(t.Context(), p, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return out
 }
 
@@ -142,9 +136,7 @@ func (e *env) owned(t *testing.T) map[string]*types.Entry {
 	resp, err := e.entries.ListEntries(t.Context(), &entryv1.ListEntriesRequest{
 		Filter: &entryv1.ListEntriesRequest_Filter{ByHint: wrapperspb.String(e.hint)},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	out := map[string]*types.Entry{}
 	for _, en := range resp.Entries {
 		out[en.Id] = en
@@ -217,20 +209,14 @@ func TestRegistrar(t *testing.T) {
 		if got := idOf(en.SpiffeId); got != "spiffe://"+trustDomain+"/dynrunner/task/7/epoch/3" {
 			t.Errorf("SPIFFE ID %s", got)
 		}
-		if got := idOf(en.ParentId); got != e.parent.String() {
-			t.Errorf("parent %s, want %s", got, e.parent)
-		}
+		assert.Equal(t, e.parent.String(), idOf(en.ParentId), "parent %s, want %s", idOf(en.ParentId), e.parent)
 		want := []string{"k8s:ns:" + e.ns, "k8s:pod-uid:" + string(p.UID)}
 		if got := selectorStrings(en); !slices.Equal(got, want) {
 			t.Errorf("selectors %v, want %v", got, want)
 		}
-		if en.X509SvidTtl != 300 {
-			t.Errorf("X509 SVID TTL %d, want 300", en.X509SvidTtl)
-		}
+		assert.EqualValues(t, 300, en.X509SvidTtl, "X509 SVID TTL %d, want 300", en.X509SvidTtl)
 		wantExpiry := p.CreationTimestamp.Add(3630*time.Second + 10*time.Minute).Unix()
-		if en.ExpiresAt != wantExpiry {
-			t.Errorf("expires at %d, want %d (creation + deadline + grace + 10m)", en.ExpiresAt, wantExpiry)
-		}
+		assert.Equal(t, wantExpiry, en.ExpiresAt, "expires at")
 
 		// The Pod ends: its entry goes at once, though the Pod object stays.
 		p.Status.Phase = corev1.PodSucceeded
@@ -261,9 +247,7 @@ func TestRegistrar(t *testing.T) {
 		other.ObjectMeta = metav1.ObjectMeta{Name: "dynrunner-12-1", Namespace: e.ns, Labels: map[string]string{kube.LabelTask: "12", kube.LabelEpoch: "1"}}
 		other = e.create(t, other)
 		poll(t, "the job pod's entry exists", func() bool { _, ok := e.owned(t)["dynrunner-pod-"+string(p.UID)]; return ok })
-		if err := r.Reconcile(t.Context()); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, r.Reconcile(t.Context()))
 		for _, q := range []*corev1.Pod{liar, other} {
 			if _, ok := e.owned(t)["dynrunner-pod-"+string(q.UID)]; ok {
 				t.Errorf("pod %s got an entry", q.Name)
@@ -362,9 +346,7 @@ func TestNewRefusesHalfConfigurations(t *testing.T) {
 	}
 	// The docker source needs neither a Kubernetes client nor a namespace.
 	inv, err := docker.NewInventory("", "")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	dc := good
 	dc.Source, dc.Docker, dc.Kube, dc.Namespace, dc.Selectors = identity.SourceDocker, inv, nil, "", ""
 	if _, err := identity.New(dc); err != nil {

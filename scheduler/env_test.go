@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -26,8 +27,6 @@ func newEnv(t *testing.T) *env {
 	t.Helper()
 	l, v, js := eventlogtest.OpenJetStream(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return &env{t: t, log: l, js: js, view: v, box: box, forge: forgetest.New()}
 }

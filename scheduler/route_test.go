@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -37,15 +36,12 @@ func TestRoute(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Route(tc.runsOn, tc.enabled)
+			assert.Equal(t, tc.want, got)
 			if tc.want == "" {
-				if !errors.Is(err, ErrUnroutable) {
-					t.Fatalf("Route = %q, %v; want ErrUnroutable", got, err)
-				}
+				require.ErrorIs(t, err, ErrUnroutable)
 				return
 			}
-			if err != nil || got != tc.want {
-				t.Fatalf("Route = %q, %v; want %q", got, err, tc.want)
-			}
+			require.NoError(t, err)
 		})
 	}
 }
@@ -54,17 +50,16 @@ func TestRoute(t *testing.T) {
 // in bounded space.
 func TestRouteMessages(t *testing.T) {
 	_, err := Route([]string{"self-hosted"}, []assignment.Backend{assignment.BackendPod, assignment.BackendVM})
-	if err == nil || !strings.HasSuffix(err.Error(), "accepted: [self-hosted, pod] or [pod]; [self-hosted, vm] or [vm]") {
-		t.Fatalf("message %v", err)
-	}
+	require.Error(t, err)
+	assert.True(t, strings.HasSuffix(err.Error(), "accepted: [self-hosted, pod] or [pod]; [self-hosted, vm] or [vm]"), "message %v", err)
 	flood := make([]string, 80000)
 	for i := range flood {
 		flood[i] = fmt.Sprintf("label-%d-%s", i, strings.Repeat("x", 100))
 	}
 	_, err = Route(flood, []assignment.Backend{assignment.BackendPod})
-	if err == nil || len(err.Error()) > 2000 || !strings.Contains(err.Error(), "(79992 more)") {
-		t.Fatalf("an 80,000-label runs-on gives a %d-byte message: %.300s", len(err.Error()), err)
-	}
+	require.Error(t, err)
+	assert.LessOrEqual(t, len(err.Error()), 2000, "an 80,000-label runs-on gives a long message: %.300s", err)
+	assert.Contains(t, err.Error(), "(79992 more)")
 }
 
 func TestParseJob(t *testing.T) {
@@ -82,12 +77,13 @@ func TestParseJob(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := ParseJob([]byte(tc.payload))
-			if (err == nil) != tc.ok {
-				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			if !tc.ok {
+				require.Error(t, err)
+				return
 			}
-			if tc.ok && len(got.RunsOn) != len(tc.want) {
-				t.Fatalf("runs-on = %v, want %v", got.RunsOn, tc.want)
-			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got.RunsOn)
+			assert.Equal(t, "a", got.ID)
 		})
 	}
 }
@@ -96,26 +92,61 @@ func FuzzParseJob(f *testing.F) {
 	f.Add([]byte("jobs:\n  a:\n    runs-on: [self-hosted, pod]\n"), "self-hosted\x00pod")
 	f.Add([]byte("jobs:\n  a:\n    runs-on:\n      labels: pod\n"), "vm\x00 vm \x00self-hosted")
 	f.Add([]byte("jobs: {a: {runs-on: [pod, vm]}}"), "pod\x00vm")
+	f.Add([]byte("jobs: ["), "")
+	f.Add([]byte("jobs: {a: {runs-on: pod}, b: {runs-on: pod}}"), "x")
+	f.Add([]byte("jobs: {a: {runs-on: {labels: {x: y}}}}"), "vm")
 	f.Fuzz(func(t *testing.T, payload []byte, labelList string) {
 		enabled := []assignment.Backend{assignment.BackendPod, assignment.BackendVM}
-		// Whatever a payload holds, routing it agrees with the reference and its refusal is
-		// bounded, whatever the labels.
-		if job, err := ParseJob(payload); err == nil {
+		// Whatever a payload holds, parsing it is deterministic, a refusal says it is the
+		// scheduler's reading of the workflow payload, and routing an accepted job agrees with
+		// the reference and its refusal is bounded, whatever the labels.
+		job, err := ParseJob(payload)
+		again, err2 := ParseJob(payload)
+		assert.Equal(t, job, again)
+		assert.Equal(t, err, err2)
+		if err != nil {
+			assert.Zero(t, job)
+			assert.True(t, strings.HasPrefix(err.Error(), "scheduler: workflow payload") || strings.HasPrefix(err.Error(), "scheduler: job "),
+				"refusal %q does not say what it refused", err)
+		} else {
+			// The one job it names is in the payload, under that id.
+			var wf struct {
+				Jobs map[string]any `yaml:"jobs"`
+			}
+			require.NoError(t, yaml.Unmarshal(payload, &wf))
+			require.Len(t, wf.Jobs, 1)
+			assert.Contains(t, wf.Jobs, job.ID)
 			checkRoute(t, job.RunsOn, enabled)
 			checkRoute(t, job.RunsOn, enabled[:1])
 		}
-		// Round trip: a workflow naming labels parses back to exactly those labels.
+		// Round trip: a workflow naming labels parses back to exactly those labels, in each
+		// form runs-on takes (a list, and a mapping's labels), under the job's id and name.
 		labels := strings.Split(labelList, "\x00")
-		wf, err := yaml.Marshal(map[string]any{"jobs": map[string]any{"build": map[string]any{"runs-on": labels}}})
+		if !utf8.ValidString(labelList) {
+			return // YAML holds text only
+		}
+		for _, runsOn := range []any{labels, map[string]any{"group": "g", "labels": labels}} {
+			wf, err := yaml.Marshal(map[string]any{"jobs": map[string]any{"build": map[string]any{"name": labelList, "runs-on": runsOn}}})
+			require.NoError(t, err)
+			var generic any
+			if yaml.Unmarshal(wf, &generic) != nil {
+				return // yaml.v3 emits some block scalars it cannot read back
+			}
+			job, err := ParseJob(wf)
+			require.NoError(t, err, "%s", wf)
+			assert.Equal(t, JobInfo{ID: "build", Name: labelList, RunsOn: labels}, job, "%s", wf)
+			checkRoute(t, job.RunsOn, enabled)
+		}
+		// A single label is also written as a plain string.
+		wf, err := yaml.Marshal(map[string]any{"jobs": map[string]any{"build": map[string]any{"runs-on": labels[0]}}})
 		require.NoError(t, err)
 		var generic any
-		if !utf8.ValidString(labelList) || yaml.Unmarshal(wf, &generic) != nil {
-			return // YAML holds text only; and yaml.v3 emits some block scalars it cannot read back
+		if yaml.Unmarshal(wf, &generic) != nil {
+			return
 		}
-		job, err := ParseJob(wf)
+		job, err = ParseJob(wf)
 		require.NoError(t, err, "%s", wf)
-		assert.Equal(t, labels, job.RunsOn)
-		checkRoute(t, job.RunsOn, enabled)
+		assert.Equal(t, []string{labels[0]}, job.RunsOn, "%s", wf)
 	})
 }
 

@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/require"
 )
 
 var t0 = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
@@ -23,9 +25,7 @@ func advance(t *testing.T, s *State, evs ...Event) *State {
 	for _, ev := range evs {
 		ev.Task, ev.Epoch = s.Task, s.Epoch()
 		rec, err := Decide(s, ev)
-		if err != nil {
-			t.Fatalf("%s: %v", ev.Transition, err)
-		}
+		require.NoError(t, err, "%s", ev.Transition)
 		s = &State{Record: rec, Seq: s.Seq + 1}
 	}
 	return s
@@ -69,9 +69,7 @@ func TestDecide(t *testing.T) {
 				ev.Task = cur.Task
 			}
 			_, err := Decide(cur, ev)
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("err = %v, want %v", err, tc.want)
-			}
+			require.ErrorIs(t, err, tc.want)
 		})
 	}
 }
@@ -137,16 +135,12 @@ func TestDecideProperties(t *testing.T) {
 				}
 				continue
 			}
-			if ev.Epoch != s.Epoch() {
-				t.Fatalf("accepted %s with epoch %d, current %d", ev.Transition, ev.Epoch, s.Epoch())
-			}
+			require.Equal(t, s.Epoch(), ev.Epoch, "accepted %s with epoch %d, current %d", ev.Transition, ev.Epoch, s.Epoch())
 			if Terminal(s.Phase) {
 				t.Fatalf("%s accepted after terminal %s", ev.Transition, s.Phase)
 			}
 			next := &State{Record: rec, Seq: s.Seq + 1}
-			if next.Epoch() != 7 {
-				t.Fatalf("epoch changed to %d by %s", next.Epoch(), ev.Transition)
-			}
+			require.EqualValues(t, 7, next.Epoch(), "epoch changed to %d by %s", next.Epoch(), ev.Transition)
 			if rec.Transition == Registered {
 				registered++
 			}

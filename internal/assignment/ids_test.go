@@ -1,7 +1,6 @@
 package assignment
 
 import (
-	"errors"
 	"net/url"
 	"strings"
 	"testing"
@@ -41,9 +40,7 @@ func FuzzParseForgeURL(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		got, err := ParseForgeURL(s)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidID) {
-				t.Fatalf("error %v is not ErrInvalidID", err)
-			}
+			require.ErrorIs(t, err, ErrInvalidID, "error %v is not ErrInvalidID", err)
 			return
 		}
 		u, perr := url.Parse(got.String())
@@ -54,9 +51,8 @@ func FuzzParseForgeURL(f *testing.F) {
 			t.Fatalf("accepted %q as %q", s, got)
 		}
 		again, err := ParseForgeURL(got.String())
-		if err != nil || again != got {
-			t.Fatalf("%q parses to %q, which parses to %q (%v)", s, got, again, err)
-		}
+		require.NoError(t, err, "%q parses to %q, which parses to %q (%v)", s, got, again, err)
+		require.Equal(t, got, again, "%q parses to %q, which parses to %q (%v)", s, got, again, err)
 	})
 }
 

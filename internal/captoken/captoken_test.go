@@ -11,6 +11,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
@@ -19,18 +22,14 @@ var testKey = []byte("0123456789abcdef0123456789abcdef")
 func mustIssuer(t testing.TB, key []byte) *Issuer {
 	t.Helper()
 	i, err := NewIssuer(key)
-	if err != nil {
-		t.Fatalf("NewIssuer() error = %v", err)
-	}
+	require.NoError(t, err, "NewIssuer()")
 	return i
 }
 
 func mustIssue(t testing.TB, i *Issuer, task assignment.TaskID, epoch assignment.Epoch, p Purpose) Token {
 	t.Helper()
 	tok, err := i.Issue(task, epoch, p)
-	if err != nil {
-		t.Fatalf("Issue() error = %v", err)
-	}
+	require.NoError(t, err, "Issue()")
 	return tok
 }
 
@@ -48,9 +47,7 @@ func TestNewIssuer(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := NewIssuer(tt.key)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("NewIssuer() error = %v, want %v", err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "NewIssuer()")
 			if err != nil && len(tt.key) > 0 && strings.Contains(err.Error(), string(tt.key)) {
 				t.Errorf("error echoes the key: %v", err)
 			}
@@ -95,19 +92,13 @@ func TestIssueVerify(t *testing.T) {
 				t.Errorf("wire form %q does not start with %q", wire, wantPrefix)
 			}
 			got, err := i.Verify(wire)
-			if err != nil {
-				t.Fatalf("Verify() error = %v", err)
-			}
+			require.NoError(t, err, "Verify()")
 			if got.Task() != tt.task || got.Epoch() != tt.epoch || got.Purpose() != tt.purpose {
 				t.Errorf("Verify() = (%d, %d, %s), want (%d, %d, %s)",
 					got.Task(), got.Epoch(), got.Purpose(), tt.task, tt.epoch, tt.purpose)
 			}
-			if got.ID() != tok.ID() {
-				t.Errorf("ID() = %s after Verify, want %s", got.ID(), tok.ID())
-			}
-			if got.Secret() != wire {
-				t.Errorf("Secret() = %q after Verify, want %q", got.Secret(), wire)
-			}
+			assert.Equal(t, tok.ID(), got.ID(), "ID()")
+			assert.Equal(t, wire, got.Secret(), "Secret()")
 			// Verifying again succeeds: single use is the caller's job.
 			if _, err := i.Verify(wire); err != nil {
 				t.Errorf("second Verify() error = %v", err)
@@ -172,12 +163,8 @@ func TestParsePurpose(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := ParsePurpose(tt.in)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("ParsePurpose() error = %v, want %v", err, tt.wantErr)
-			}
-			if got != tt.want {
-				t.Errorf("ParsePurpose() = %q, want %q", got, tt.want)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "ParsePurpose()")
+			assert.Equal(t, tt.want, got, "ParsePurpose()")
 		})
 	}
 }
@@ -233,9 +220,7 @@ func TestVerifyErrors(t *testing.T) {
 				t.Fatal("test case does not alter the token")
 			}
 			got, err := i.Verify(tt.wire)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("Verify() error = %v, want %v", err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "Verify()")
 			if got != (Token{}) {
 				t.Errorf("Verify() returned a non-zero token with an error")
 			}
@@ -254,17 +239,13 @@ func TestTokenRedaction(t *testing.T) {
 	secret := tok.Secret()
 	parts := strings.Split(secret, ".")
 	want := "drc1.42.7.register." + tok.ID() + ".REDACTED"
-	if got := tok.String(); got != want {
-		t.Errorf("String() = %q, want %q", got, want)
-	}
+	assert.Equal(t, want, tok.String(), "String() = %q, want %q", tok.String(), want)
 
 	var logBuf bytes.Buffer
 	slog.New(slog.NewJSONHandler(&logBuf, nil)).Info("issued", "token", tok)
 	slog.New(slog.NewTextHandler(&logBuf, nil)).Info("issued", "token", tok)
 	jsonBytes, err := json.Marshal(tok)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	outputs := map[string]string{
 		"slog":         logBuf.String(),
 		"json.Marshal": string(jsonBytes),
@@ -281,12 +262,8 @@ func TestTokenRedaction(t *testing.T) {
 			}
 		}
 	}
-	if got, wantJSON := string(jsonBytes), `"`+want+`"`; got != wantJSON {
-		t.Errorf("json.Marshal() = %s, want %s", got, wantJSON)
-	}
-	if got := fmt.Sprintf("%v", tok); got != want {
-		t.Errorf("%%v = %q, want %q", got, want)
-	}
+	assert.Equal(t, `"`+want+`"`, string(jsonBytes), "json.Marshal()")
+	assert.Equal(t, want, fmt.Sprintf("%v", tok), "%%v = %q, want %q", fmt.Sprintf("%v", tok), want)
 }
 
 func FuzzVerify(f *testing.F) {
@@ -309,9 +286,7 @@ func FuzzVerify(f *testing.F) {
 			return
 		}
 		// Only the canonical form verifies, so it round-trips exactly.
-		if got.Secret() != wire {
-			t.Fatalf("Verify(%q) succeeded, but Secret() = %q", wire, got.Secret())
-		}
+		require.Equal(t, wire, got.Secret(), "Verify(")
 		if got.Task() <= 0 || got.Epoch() == 0 {
 			t.Fatalf("Verify(%q) returned invalid ids %d, %d", wire, got.Task(), got.Epoch())
 		}

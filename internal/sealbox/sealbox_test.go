@@ -7,6 +7,9 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // testKey has bytes whose base64 contains both '+'/'/' and '-'/'_' alphabets' characters.
@@ -21,9 +24,7 @@ var testKey = func() []byte {
 func mustNew(t testing.TB, key []byte) *Box {
 	t.Helper()
 	b, err := New(key)
-	if err != nil {
-		t.Fatalf("New() error = %v", err)
-	}
+	require.NoError(t, err, "New()")
 	return b
 }
 
@@ -44,12 +45,8 @@ func TestNewKeyForms(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b, err := New([]byte(tt.key))
-			if err != nil {
-				t.Fatalf("New() error = %v", err)
-			}
-			if got := b.KeyID(); got != want {
-				t.Errorf("KeyID() = %s, want %s (a different key was decoded)", got, want)
-			}
+			require.NoError(t, err, "New()")
+			assert.Equal(t, want, b.KeyID(), "KeyID() = %s, want %s (a different key was decoded)", b.KeyID(), want)
 		})
 	}
 }
@@ -76,9 +73,7 @@ func TestNewKeyErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := New([]byte(tt.key))
-			if !errors.Is(err, ErrKey) {
-				t.Fatalf("New() error = %v, want ErrKey", err)
-			}
+			require.ErrorIs(t, err, ErrKey, "New() error = %v, want ErrKey", err)
 			if tt.key != "" && strings.Contains(err.Error(), tt.key) {
 				t.Errorf("error echoes the key: %v", err)
 			}
@@ -104,9 +99,7 @@ func TestSealOpen(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sealed, err := b.Seal(tt.plaintext, tt.aad)
-			if err != nil {
-				t.Fatalf("Seal() error = %v", err)
-			}
+			require.NoError(t, err, "Seal()")
 			if got, want := len(sealed), len(tt.plaintext)+Overhead; got != want {
 				t.Errorf("len(sealed) = %d, want %d", got, want)
 			}
@@ -114,9 +107,7 @@ func TestSealOpen(t *testing.T) {
 				t.Error("sealed value contains the plaintext")
 			}
 			got, err := b.Open(sealed, tt.aad)
-			if err != nil {
-				t.Fatalf("Open() error = %v", err)
-			}
+			require.NoError(t, err, "Open()")
 			if !bytes.Equal(got, tt.plaintext) {
 				t.Errorf("Open() = %q, want %q", got, tt.plaintext)
 			}
@@ -142,9 +133,7 @@ func TestOpenErrors(t *testing.T) {
 	b := mustNew(t, testKey)
 	otherKey := bytes.Repeat([]byte{7}, KeySize)
 	sealed, err := b.Seal([]byte("runner-token-123"), []byte("task/42"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	flip := func(i int) []byte {
 		s := bytes.Clone(sealed)
 		s[i] ^= 0x01
@@ -174,9 +163,7 @@ func TestOpenErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.box.Open(tt.sealed, []byte(tt.aad))
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("Open() = %q, %v; want error %v", got, err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "Open() = %q, %v; want error %v", got, err, tt.wantErr)
 			if got != nil {
 				t.Errorf("Open() returned %q with an error", got)
 			}
@@ -203,30 +190,47 @@ func TestOpenEveryTamperedByte(t *testing.T) {
 	}
 }
 
+// FuzzOpen: whatever bytes are presented, Open returns a plaintext only for a value sealed
+// with this key and aad (anything else is ErrOpen or ErrWrongKey); a value sealed from the
+// fuzzed plaintext opens to exactly it, and changing any one of its bytes or its aad is refused.
 func FuzzOpen(f *testing.F) {
 	b := mustNew(f, testKey)
 	sealed, _ := b.Seal([]byte("secret"), []byte("task/1"))
-	f.Add(sealed, []byte("task/1"))
-	f.Add(sealed[:Overhead], []byte("task/1"))
-	f.Add([]byte{}, []byte{})
-	f.Add([]byte{version, 0, 0, 0, 0}, []byte("task/1"))
-	f.Fuzz(func(t *testing.T, sealed, aad []byte) {
-		got, err := b.Open(sealed, aad)
+	f.Add(sealed, []byte("task/1"), uint16(0), byte(1))
+	f.Add(sealed[:Overhead], []byte("task/1"), uint16(30), byte(0x80))
+	f.Add([]byte{}, []byte{}, uint16(5), byte(0xff))
+	f.Add([]byte{version, 0, 0, 0, 0}, []byte("task/1"), uint16(1000), byte(2))
+	f.Fuzz(func(t *testing.T, data, aad []byte, at uint16, flip byte) {
+		got, err := b.Open(data, aad)
 		if err != nil {
 			if !errors.Is(err, ErrOpen) && !errors.Is(err, ErrWrongKey) {
 				t.Fatalf("Open() error = %v, want ErrOpen or ErrWrongKey", err)
 			}
-			return
+			assert.Nil(t, got)
+		} else {
+			// Whatever opens must re-seal and open to the same plaintext.
+			again, err := b.Seal(got, aad)
+			require.NoError(t, err)
+			got2, err := b.Open(again, aad)
+			require.NoError(t, err, "the re-sealed value")
+			assert.Equal(t, got, got2, "the re-sealed value")
 		}
-		// Whatever opens must re-seal and open to the same plaintext.
-		again, err := b.Seal(got, aad)
-		if err != nil {
-			t.Fatal(err)
+
+		// Round trip of the fuzzed bytes as a plaintext, and refusal of any one change.
+		sealed, err := b.Seal(data, aad)
+		require.NoError(t, err)
+		require.Len(t, sealed, len(data)+Overhead)
+		opened, err := b.Open(sealed, aad)
+		require.NoError(t, err)
+		assert.True(t, bytes.Equal(data, opened), "Open(Seal(%q)) = %q", data, opened)
+		if flip != 0 {
+			altered := bytes.Clone(sealed)
+			altered[int(at)%len(altered)] ^= flip
+			_, err = b.Open(altered, aad)
+			assert.True(t, errors.Is(err, ErrOpen) || errors.Is(err, ErrWrongKey), "byte %d changed: Open() error = %v", int(at)%len(altered), err)
 		}
-		got2, err := b.Open(again, aad)
-		if err != nil || !bytes.Equal(got, got2) {
-			t.Fatalf("re-sealed value opens to %q, %v; want %q", got2, err, got)
-		}
+		_, err = b.Open(sealed, append(bytes.Clone(aad), flip))
+		require.ErrorIs(t, err, ErrOpen, "opened with another aad")
 	})
 }
 
@@ -239,18 +243,14 @@ func FuzzNew(f *testing.F) {
 	f.Fuzz(func(t *testing.T, key []byte) {
 		b, err := New(key)
 		if err != nil {
-			if !errors.Is(err, ErrKey) {
-				t.Fatalf("New() error = %v, want ErrKey", err)
-			}
+			require.ErrorIs(t, err, ErrKey, "New() error = %v, want ErrKey", err)
 			if len(key) >= 8 && strings.Contains(err.Error(), string(key)) {
 				t.Fatalf("error echoes the key: %v", err)
 			}
 			return
 		}
 		sealed, err := b.Seal([]byte("x"), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if _, err := b.Open(sealed, nil); err != nil {
 			t.Fatalf("Open() error = %v", err)
 		}

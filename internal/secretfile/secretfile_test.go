@@ -3,7 +3,6 @@ package secretfile
 import (
 	"bytes"
 	"encoding/base64"
-	"errors"
 	"io"
 	"io/fs"
 	"os"
@@ -21,13 +20,9 @@ const content = "s3cr3t-value-that-must-not-leak"
 
 func writeFile(t *testing.T, path, data string, mode os.FileMode) {
 	t.Helper()
-	if err := os.WriteFile(path, []byte(data), mode); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(path, []byte(data), mode))
 	// WriteFile is subject to the umask; set the mode exactly.
-	if err := os.Chmod(path, mode); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Chmod(path, mode))
 }
 
 func TestRead(t *testing.T) {
@@ -105,17 +100,11 @@ func TestRead(t *testing.T) {
 			setup: func(t *testing.T, dir string) string {
 				// Kubernetes: key -> ..data/key, ..data -> ..2024_01_01_xxx
 				ts := filepath.Join(dir, "..2024_01_01")
-				if err := os.Mkdir(ts, 0o755); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Mkdir(ts, 0o755))
 				writeFile(t, filepath.Join(ts, "token"), content+"\n", 0o600)
-				if err := os.Symlink("..2024_01_01", filepath.Join(dir, "..data")); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Symlink("..2024_01_01", filepath.Join(dir, "..data")))
 				p := filepath.Join(dir, "token")
-				if err := os.Symlink(filepath.Join("..data", "token"), p); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Symlink(filepath.Join("..data", "token"), p))
 				return p
 			},
 			want: content,
@@ -131,9 +120,7 @@ func TestRead(t *testing.T) {
 			name: "dangling symlink",
 			setup: func(t *testing.T, dir string) string {
 				p := filepath.Join(dir, "s")
-				if err := os.Symlink(filepath.Join(dir, "nope"), p); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Symlink(filepath.Join(dir, "nope"), p))
 				return p
 			},
 			wantErr: fs.ErrNotExist,
@@ -189,9 +176,7 @@ func TestRead(t *testing.T) {
 				target := filepath.Join(dir, "target")
 				writeFile(t, target, content, 0o644)
 				p := filepath.Join(dir, "s")
-				if err := os.Symlink(target, p); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Symlink(target, p))
 				return p
 			},
 			wantErr: ErrPermissions,
@@ -229,9 +214,7 @@ func TestRead(t *testing.T) {
 			path := tt.setup(t, t.TempDir())
 			got, err := Read(path)
 			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) {
-					t.Fatalf("Read() error = %v, want %v", err, tt.wantErr)
-				}
+				require.ErrorIs(t, err, tt.wantErr, "Read()")
 				if strings.Contains(err.Error(), content) {
 					t.Errorf("error leaks the content: %v", err)
 				}
@@ -240,9 +223,7 @@ func TestRead(t *testing.T) {
 				}
 				return
 			}
-			if err != nil {
-				t.Fatalf("Read() error = %v", err)
-			}
+			require.NoError(t, err, "Read()")
 			if string(got) != tt.want {
 				t.Errorf("Read() = %q, want %q", got, tt.want)
 			}
@@ -254,9 +235,7 @@ func TestReadPermissionMessage(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "key")
 	writeFile(t, p, content, 0o644)
 	_, err := Read(p)
-	if !errors.Is(err, ErrPermissions) {
-		t.Fatalf("Read() error = %v, want ErrPermissions", err)
-	}
+	require.ErrorIs(t, err, ErrPermissions, "Read() error = %v, want ErrPermissions", err)
 	// The operator is told what to run.
 	if want := "chmod 600 " + p; !strings.Contains(err.Error(), want) {
 		t.Errorf("error %q does not tell the operator to %q", err, want)
@@ -282,17 +261,13 @@ func TestReadMin(t *testing.T) {
 			writeFile(t, p, tt.data, 0o600)
 			got, err := ReadMin(p, tt.min)
 			if tt.wantErr != nil {
-				if !errors.Is(err, tt.wantErr) {
-					t.Fatalf("ReadMin() error = %v, want %v", err, tt.wantErr)
-				}
+				require.ErrorIs(t, err, tt.wantErr, "ReadMin()")
 				if strings.Contains(err.Error(), strings.TrimSpace(tt.data)) && strings.TrimSpace(tt.data) != "" {
 					t.Errorf("error leaks the content: %v", err)
 				}
 				return
 			}
-			if err != nil {
-				t.Fatalf("ReadMin() error = %v", err)
-			}
+			require.NoError(t, err, "ReadMin()")
 			if want := strings.TrimRight(tt.data, "\r\n"); string(got) != want {
 				t.Errorf("ReadMin() = %q, want %q", got, want)
 			}
@@ -304,9 +279,7 @@ func TestReadMinMessage(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "key")
 	writeFile(t, p, "0123456789", 0o600)
 	_, err := ReadMin(p, 32)
-	if !errors.Is(err, ErrTooShort) {
-		t.Fatalf("ReadMin() error = %v, want ErrTooShort", err)
-	}
+	require.ErrorIs(t, err, ErrTooShort, "ReadMin() error = %v, want ErrTooShort", err)
 	for _, want := range []string{"10 bytes", "at least 32"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
@@ -329,44 +302,30 @@ func TestWriteNew(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "state", "keys")
 			p := filepath.Join(dir, "key")
 			if tt.existing != "" {
-				if err := os.MkdirAll(dir, 0o700); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.MkdirAll(dir, 0o700))
 				writeFile(t, p, tt.existing, 0o644)
 			}
-			if err := WriteNew(p, []byte(tt.data)); err != nil {
-				t.Fatalf("WriteNew() error = %v", err)
-			}
+			require.NoError(t, WriteNew(p, []byte(tt.data)), "WriteNew()")
 			got, err := os.ReadFile(p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if string(got) != tt.data {
 				t.Errorf("content = %q, want %q", got, tt.data)
 			}
 			fi, err := os.Stat(p)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if got, want := fi.Mode().Perm(), os.FileMode(0o600); got != want {
 				t.Errorf("file mode = %04o, want %04o", got, want)
 			}
 			di, err := os.Stat(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if tt.existing == "" {
 				if got, want := di.Mode().Perm(), os.FileMode(0o700); got != want {
 					t.Errorf("dir mode = %04o, want %04o", got, want)
 				}
 			}
 			entries, err := os.ReadDir(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(entries) != 1 {
-				t.Errorf("directory holds %d entries, want only the file (no temporary files left)", len(entries))
-			}
+			require.NoError(t, err)
+			assert.Len(t, entries, 1, "directory holds %d entries, want only the file (no temporary files left)", len(entries))
 		})
 	}
 }
@@ -374,38 +333,24 @@ func TestWriteNew(t *testing.T) {
 func TestLoadOrCreate(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "state", "capability.key")
 	first, created, err := LoadOrCreate(p, 32)
-	if err != nil {
-		t.Fatalf("LoadOrCreate() error = %v", err)
-	}
+	require.NoError(t, err, "LoadOrCreate()")
 	if !created {
 		t.Error("created = false on first call, want true")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(string(first))
-	if err != nil {
-		t.Fatalf("secret %q is not unpadded base64url: %v", first, err)
-	}
-	if len(raw) != 32 {
-		t.Errorf("secret decodes to %d bytes, want 32", len(raw))
-	}
+	require.NoError(t, err, "secret %q is not unpadded base64url", first)
+	assert.Len(t, raw, 32, "secret decodes to %d bytes, want 32", len(raw))
 	fi, err := os.Stat(p)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := fi.Mode().Perm(); got != 0o600 {
-		t.Errorf("file mode = %04o, want 0600", got)
-	}
+	require.NoError(t, err)
+	assert.EqualValues(t, 0o600, fi.Mode().Perm(), "file mode = %04o, want 0600", fi.Mode().Perm())
 	onDisk, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if want := string(first) + "\n"; string(onDisk) != want {
 		t.Errorf("file holds %q, want %q", onDisk, want)
 	}
 
 	second, created, err := LoadOrCreate(p, 32)
-	if err != nil {
-		t.Fatalf("LoadOrCreate() second error = %v", err)
-	}
+	require.NoError(t, err, "LoadOrCreate() second")
 	if created {
 		t.Error("created = true on second call, want false")
 	}
@@ -414,9 +359,7 @@ func TestLoadOrCreate(t *testing.T) {
 	}
 
 	other, _, err := LoadOrCreate(filepath.Join(t.TempDir(), "k"), 32)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if bytes.Equal(first, other) {
 		t.Error("two created secrets are equal")
 	}
@@ -448,9 +391,7 @@ func TestLoadOrCreateErrors(t *testing.T) {
 		{
 			name: "existing directory",
 			setup: func(t *testing.T, p string) {
-				if err := os.Mkdir(p, 0o700); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Mkdir(p, 0o700))
 			},
 			n:       32,
 			wantErr: ErrNotRegular,
@@ -461,9 +402,7 @@ func TestLoadOrCreateErrors(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "key")
 			tt.setup(t, p)
 			_, _, err := LoadOrCreate(p, tt.n)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("LoadOrCreate() error = %v, want %v", err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "LoadOrCreate()")
 			if strings.Contains(err.Error(), content) {
 				t.Errorf("error leaks the content: %v", err)
 			}
@@ -503,9 +442,7 @@ func TestLoadOrCreateConcurrent(t *testing.T) {
 			t.Errorf("caller %d got a different secret", i)
 		}
 	}
-	if creators != 1 {
-		t.Errorf("%d callers created the file, want exactly 1", creators)
-	}
+	assert.EqualValues(t, 1, creators, "%d callers created the file, want exactly 1", creators)
 }
 
 func FuzzRead(f *testing.F) {
@@ -521,14 +458,10 @@ func FuzzRead(f *testing.F) {
 		got, err := Read(p)
 		want := bytes.TrimRight(data, "\r\n")
 		if len(want) == 0 {
-			if !errors.Is(err, ErrEmpty) {
-				t.Fatalf("Read(%q) error = %v, want ErrEmpty", data, err)
-			}
+			require.ErrorIs(t, err, ErrEmpty, "Read(%q) error = %v, want ErrEmpty", data, err)
 			return
 		}
-		if err != nil {
-			t.Fatalf("Read(%q) error = %v", data, err)
-		}
+		require.NoError(t, err, "Read(%q)", data)
 		if !bytes.Equal(got, want) {
 			t.Fatalf("Read(%q) = %q, want %q", data, got, want)
 		}

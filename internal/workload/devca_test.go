@@ -15,6 +15,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 )
@@ -22,18 +24,14 @@ import (
 func newCA(t *testing.T, td spiffeid.TrustDomain) *DevCA {
 	t.Helper()
 	ca, err := LoadOrCreateDevCA(filepath.Join(t.TempDir(), "devca"), td)
-	if err != nil {
-		t.Fatalf("LoadOrCreateDevCA() error = %v", err)
-	}
+	require.NoError(t, err, "LoadOrCreateDevCA()")
 	return ca
 }
 
 func TestLoadOrCreateDevCA(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state", "devca")
 	ca, err := LoadOrCreateDevCA(dir, testTD)
-	if err != nil {
-		t.Fatalf("LoadOrCreateDevCA() error = %v", err)
-	}
+	require.NoError(t, err, "LoadOrCreateDevCA()")
 	cert := ca.Certificate()
 	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
 		t.Errorf("CA certificate: IsCA = %v, KeyUsage = %v", cert.IsCA, cert.KeyUsage)
@@ -44,39 +42,25 @@ func TestLoadOrCreateDevCA(t *testing.T) {
 	if got := cert.NotAfter.Sub(cert.NotBefore); got < 364*24*time.Hour || got > 366*24*time.Hour {
 		t.Errorf("CA validity = %s, want about a year", got)
 	}
-	if ca.TrustDomain() != testTD {
-		t.Errorf("TrustDomain() = %s, want %s", ca.TrustDomain(), testTD)
-	}
+	assert.Equal(t, testTD, ca.TrustDomain(), "TrustDomain()")
 
 	di, err := os.Stat(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := di.Mode().Perm(); got != 0o700 {
-		t.Errorf("dir mode = %04o, want 0700", got)
-	}
+	require.NoError(t, err)
+	assert.EqualValues(t, 0o700, di.Mode().Perm(), "dir mode = %04o, want 0700", di.Mode().Perm())
 	for _, name := range []string{DevCACertFile, DevCAKeyFile} {
 		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := fi.Mode().Perm(); got != 0o600 {
-			t.Errorf("%s mode = %04o, want 0600", name, got)
-		}
+		require.NoError(t, err)
+		assert.EqualValues(t, 0o600, fi.Mode().Perm(), "%s mode = %04o, want 0600", name, fi.Mode().Perm())
 	}
 
 	again, err := LoadOrCreateDevCA(dir, testTD)
-	if err != nil {
-		t.Fatalf("LoadOrCreateDevCA() again error = %v", err)
-	}
+	require.NoError(t, err, "LoadOrCreateDevCA() again")
 	if !again.Certificate().Equal(cert) {
 		t.Error("LoadOrCreateDevCA() did not reuse the CA kept in dir")
 	}
 	// SVIDs of the first instance verify against the reloaded one's bundle.
 	svid, err := ca.Issue(AssignmentID(testTD, 1, 1), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if _, _, err := x509svid.Verify(svid.Certificates, again.Bundle()); err != nil {
 		t.Errorf("SVID of the first instance does not verify with the reloaded CA: %v", err)
 	}
@@ -100,9 +84,7 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 			name: "world readable key",
 			setup: func(t *testing.T, dir string) {
 				mustDevCA(t, dir, testTD)
-				if err := os.Chmod(filepath.Join(dir, DevCAKeyFile), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Chmod(filepath.Join(dir, DevCAKeyFile), 0o644))
 			},
 			td:      testTD,
 			wantErr: secretfile.ErrPermissions,
@@ -111,9 +93,7 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 			name: "key missing",
 			setup: func(t *testing.T, dir string) {
 				mustDevCA(t, dir, testTD)
-				if err := os.Remove(filepath.Join(dir, DevCAKeyFile)); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, os.Remove(filepath.Join(dir, DevCAKeyFile)))
 			},
 			td:      testTD,
 			wantMsg: "remove",
@@ -125,12 +105,8 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 				other := filepath.Join(t.TempDir(), "other")
 				mustDevCA(t, other, testTD)
 				key, err := os.ReadFile(filepath.Join(other, DevCAKeyFile))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := secretfile.WriteNew(filepath.Join(dir, DevCAKeyFile), key); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
+				require.NoError(t, secretfile.WriteNew(filepath.Join(dir, DevCAKeyFile), key))
 			},
 			td:      testTD,
 			wantMsg: "does not match",
@@ -138,9 +114,7 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 		{
 			name: "garbage certificate",
 			setup: func(t *testing.T, dir string) {
-				if err := secretfile.WriteNew(filepath.Join(dir, DevCACertFile), []byte("nope")); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, secretfile.WriteNew(filepath.Join(dir, DevCACertFile), []byte("nope")))
 			},
 			td: testTD,
 		},
@@ -155,9 +129,7 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "devca")
 			tt.setup(t, dir)
 			_, err := LoadOrCreateDevCA(dir, tt.td)
-			if err == nil {
-				t.Fatal("LoadOrCreateDevCA() succeeded, want an error")
-			}
+			require.Error(t, err, "LoadOrCreateDevCA() succeeded, want an error")
 			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
 				t.Errorf("LoadOrCreateDevCA() error = %v, want %v", err, tt.wantErr)
 			}
@@ -175,9 +147,7 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 func mustDevCA(t *testing.T, dir string, td spiffeid.TrustDomain) *DevCA {
 	t.Helper()
 	ca, err := LoadOrCreateDevCA(dir, td)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return ca
 }
 
@@ -225,29 +195,17 @@ func TestDevCAIssue(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			svid, err := ca.IssueServer(tt.id, tt.ttl, tt.hosts)
 			if tt.wantError {
-				if err == nil {
-					t.Fatal("IssueServer() succeeded, want an error")
-				}
+				require.Error(t, err, "IssueServer() succeeded, want an error")
 				return
 			}
-			if err != nil {
-				t.Fatalf("IssueServer() error = %v", err)
-			}
-			if svid.ID != tt.id {
-				t.Errorf("ID = %s, want %s", svid.ID, tt.id)
-			}
+			require.NoError(t, err, "IssueServer()")
+			assert.Equal(t, tt.id, svid.ID, "ID")
 			// The SVID is valid by the SPIFFE rules and chains to the bundle.
 			id, _, err := x509svid.Verify(svid.Certificates, ca.Bundle())
-			if err != nil {
-				t.Fatalf("x509svid.Verify() error = %v", err)
-			}
-			if id != tt.id {
-				t.Errorf("verified ID = %s, want %s", id, tt.id)
-			}
+			require.NoError(t, err, "x509svid.Verify()")
+			assert.Equal(t, tt.id, id, "verified ID")
 			certPEM, keyPEM, err := svid.Marshal()
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			if _, err := x509svid.Parse(certPEM, keyPEM); err != nil {
 				t.Errorf("x509svid.Parse() error = %v", err)
 			}
@@ -283,13 +241,9 @@ func TestDevCAIssue(t *testing.T) {
 func TestDevCAIssueDistinctKeys(t *testing.T) {
 	ca := newCA(t, testTD)
 	a, err := ca.Issue(FacadeID(testTD), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	b, err := ca.Issue(FacadeID(testTD), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if a.Certificates[0].SerialNumber.Cmp(b.Certificates[0].SerialNumber) == 0 {
 		t.Error("two SVIDs share a serial number")
 	}
@@ -303,28 +257,20 @@ func TestDevCASourceRotates(t *testing.T) {
 		ca := mustDevCA(t, filepath.Join(t.TempDir(), "devca"), testTD)
 		id := AssignmentID(testTD, 42, 7)
 		src, err := ca.Source(id, time.Hour)
-		if err != nil {
-			t.Fatalf("Source() error = %v", err)
-		}
+		require.NoError(t, err, "Source()")
 		first, err := src.GetX509SVID()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		time.Sleep(29 * time.Minute)
 		if got, _ := src.GetX509SVID(); got != first {
 			t.Error("SVID re-issued before half its ttl")
 		}
 		time.Sleep(2 * time.Minute)
 		second, err := src.GetX509SVID()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if second == first {
 			t.Fatal("SVID not re-issued after half its ttl")
 		}
-		if second.ID != id {
-			t.Errorf("re-issued ID = %s, want %s", second.ID, id)
-		}
+		assert.Equal(t, id, second.ID, "re-issued ID")
 		if !second.Certificates[0].NotAfter.After(first.Certificates[0].NotAfter) {
 			t.Error("re-issued SVID does not live longer than the first")
 		}
@@ -335,12 +281,8 @@ func TestDevCASourceRotates(t *testing.T) {
 		if _, err := src.GetX509BundleForTrustDomain(otherTD); err == nil {
 			t.Error("GetX509BundleForTrustDomain(other) succeeded")
 		}
-		if err := src.Close(); err != nil {
-			t.Fatal(err)
-		}
-		if err := src.Close(); err != nil {
-			t.Errorf("second Close() error = %v", err)
-		}
+		require.NoError(t, src.Close())
+		assert.NoError(t, src.Close(), "second Close()")
 		if _, err := src.GetX509SVID(); !errors.Is(err, ErrClosed) {
 			t.Errorf("GetX509SVID() after Close error = %v, want ErrClosed", err)
 		}
@@ -350,14 +292,10 @@ func TestDevCASourceRotates(t *testing.T) {
 func TestDevCAServerSource(t *testing.T) {
 	ca := newCA(t, testTD)
 	src, err := ca.ServerSource(FacadeID(testTD), time.Hour, []string{"127.0.0.1", "facade.internal"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer src.Close()
 	svid, err := src.GetX509SVID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	leaf := svid.Certificates[0]
 	if !slices.Equal(leaf.DNSNames, []string{"facade.internal"}) || len(leaf.IPAddresses) != 1 || !leaf.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) {
 		t.Errorf("SANs = %v %v, want facade.internal and 127.0.0.1", leaf.DNSNames, leaf.IPAddresses)
@@ -370,8 +308,6 @@ func TestDevCAServerSource(t *testing.T) {
 func mustID(t *testing.T, s string) spiffeid.ID {
 	t.Helper()
 	id, err := spiffeid.FromString(s)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return id
 }

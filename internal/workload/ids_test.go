@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -40,9 +41,7 @@ func TestAssignmentID(t *testing.T) {
 				}
 				return
 			}
-			if got.String() != tt.want {
-				t.Fatalf("AssignmentID() = %s, want %s", got, tt.want)
-			}
+			require.Equal(t, tt.want, got.String(), "AssignmentID() = %s, want %s", got, tt.want)
 			task, epoch, err := ParseAssignmentID(got, tt.td)
 			if err != nil || task != tt.task || epoch != tt.epoch {
 				t.Errorf("ParseAssignmentID(AssignmentID()) = %d, %d, %v; want %d, %d", task, epoch, err, tt.task, tt.epoch)
@@ -96,9 +95,7 @@ func TestParseAssignmentID(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			id := spiffeid.RequireFromString(tt.id)
 			task, epoch, err := ParseAssignmentID(id, tt.td)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("ParseAssignmentID() error = %v, want %v", err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "ParseAssignmentID()")
 			if task != tt.wantTask || epoch != tt.wantEpoch {
 				t.Errorf("ParseAssignmentID() = %d, %d; want %d, %d", task, epoch, tt.wantTask, tt.wantEpoch)
 			}
@@ -123,14 +120,10 @@ func FuzzParseAssignmentID(f *testing.F) {
 		}
 		task, epoch, err := ParseAssignmentID(id, testTD)
 		if err != nil {
-			if !errors.Is(err, ErrNotAssignment) {
-				t.Fatalf("ParseAssignmentID(%q) error = %v, want ErrNotAssignment", s, err)
-			}
+			require.ErrorIs(t, err, ErrNotAssignment, "ParseAssignmentID(%q) error = %v, want ErrNotAssignment", s, err)
 			return
 		}
 		// Only the canonical form parses, so it round-trips exactly.
-		if got := AssignmentID(testTD, task, epoch); got != id {
-			t.Fatalf("ParseAssignmentID(%q) = %d, %d, but AssignmentID of that is %s", s, task, epoch, got)
-		}
+		require.Equal(t, id, AssignmentID(testTD, task, epoch), "ParseAssignmentID(%q) = %d, %d, but AssignmentID of that is %s", s, task, epoch, AssignmentID(testTD, task, epoch))
 	})
 }

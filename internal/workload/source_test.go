@@ -11,6 +11,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/testbed/workloadtest"
@@ -19,9 +21,7 @@ import (
 func mustIssue(t *testing.T, ca *DevCA, id string) *x509svid.SVID {
 	t.Helper()
 	svid, err := ca.Issue(mustID(t, id), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return svid
 }
 
@@ -40,9 +40,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func serialOf(t *testing.T, src Source) string {
 	t.Helper()
 	svid, err := src.GetX509SVID()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return svid.Certificates[0].SerialNumber.String()
 }
 
@@ -50,26 +48,18 @@ func TestWriteSVIDFiles(t *testing.T) {
 	ca := newCA(t, testTD)
 	svid := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/1/epoch/1")
 	dir := filepath.Join(t.TempDir(), "env", "svid")
-	if err := WriteSVIDFiles(dir, svid, ca.Bundle()); err != nil {
-		t.Fatalf("WriteSVIDFiles() error = %v", err)
-	}
+	require.NoError(t, WriteSVIDFiles(dir, svid, ca.Bundle()), "WriteSVIDFiles()")
 	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("dir: %v, %v; want mode 0700", fi, err)
 	}
 	for _, name := range []string{SVIDFile, SVIDKeyFile, BundleFile} {
 		fi, err := os.Stat(filepath.Join(dir, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := fi.Mode().Perm(); got != 0o600 {
-			t.Errorf("%s mode = %04o, want 0600", name, got)
-		}
+		require.NoError(t, err)
+		assert.EqualValues(t, 0o600, fi.Mode().Perm(), "%s mode = %04o, want 0600", name, fi.Mode().Perm())
 	}
 	// The files are what go-spiffe's own loaders read.
 	loaded, err := x509svid.Load(filepath.Join(dir, SVIDFile), filepath.Join(dir, SVIDKeyFile))
-	if err != nil {
-		t.Fatalf("x509svid.Load() error = %v", err)
-	}
+	require.NoError(t, err, "x509svid.Load()")
 	if loaded.ID != svid.ID || !loaded.Certificates[0].Equal(svid.Certificates[0]) {
 		t.Error("loaded SVID differs from the written one")
 	}
@@ -106,9 +96,7 @@ func TestFromFilesWaitsAndReloads(t *testing.T) {
 	}
 
 	first := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := WriteSVIDFiles(dir, first, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, WriteSVIDFiles(dir, first, ca.Bundle()))
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("FromFiles() error = %v", r.err)
@@ -116,12 +104,8 @@ func TestFromFilesWaitsAndReloads(t *testing.T) {
 	src := r.src
 	defer src.Close()
 	svid, err := src.GetX509SVID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if svid.ID != first.ID {
-		t.Errorf("ID = %s, want %s", svid.ID, first.ID)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, first.ID, svid.ID, "ID")
 	if b, err := src.GetX509BundleForTrustDomain(testTD); err != nil || !b.Equal(ca.Bundle()) {
 		t.Errorf("GetX509BundleForTrustDomain() = %v, %v", b, err)
 	}
@@ -131,24 +115,18 @@ func TestFromFilesWaitsAndReloads(t *testing.T) {
 
 	// A rotation (new files) is picked up.
 	second := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := WriteSVIDFiles(dir, second, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, WriteSVIDFiles(dir, second, ca.Bundle()))
 	if got, want := serialOf(t, src), second.Certificates[0].SerialNumber.String(); got != want {
 		t.Errorf("serial after rotation = %s, want %s", got, want)
 	}
 
 	// A broken replacement keeps the last good SVID.
-	if err := secretfile.WriteNew(filepath.Join(dir, SVIDFile), []byte("garbage")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, secretfile.WriteNew(filepath.Join(dir, SVIDFile), []byte("garbage")))
 	if got, want := serialOf(t, src), second.Certificates[0].SerialNumber.String(); got != want {
 		t.Errorf("serial after a broken replacement = %s, want %s", got, want)
 	}
 
-	if err := src.Close(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, src.Close())
 	if _, err := src.GetX509SVID(); !errors.Is(err, ErrClosed) {
 		t.Errorf("GetX509SVID() after Close error = %v, want ErrClosed", err)
 	}
@@ -169,24 +147,16 @@ func TestFromFilesErrors(t *testing.T) {
 		{
 			name: "key missing until ctx ends",
 			setup: func(t *testing.T, dir string) {
-				if err := WriteSVIDFiles(dir, mustIssue(t, ca, "spiffe://ci.example.org/x"), ca.Bundle()); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.Remove(filepath.Join(dir, SVIDKeyFile)); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, WriteSVIDFiles(dir, mustIssue(t, ca, "spiffe://ci.example.org/x"), ca.Bundle()))
+				require.NoError(t, os.Remove(filepath.Join(dir, SVIDKeyFile)))
 			},
 			wantErr: fs.ErrNotExist,
 		},
 		{
 			name: "world readable key is refused at once",
 			setup: func(t *testing.T, dir string) {
-				if err := WriteSVIDFiles(dir, mustIssue(t, ca, "spiffe://ci.example.org/x"), ca.Bundle()); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.Chmod(filepath.Join(dir, SVIDKeyFile), 0o644); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, WriteSVIDFiles(dir, mustIssue(t, ca, "spiffe://ci.example.org/x"), ca.Bundle()))
+				require.NoError(t, os.Chmod(filepath.Join(dir, SVIDKeyFile), 0o644))
 			},
 			wantErr: secretfile.ErrPermissions,
 		},
@@ -198,9 +168,7 @@ func TestFromFilesErrors(t *testing.T) {
 			ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 			defer cancel()
 			src, err := FromFiles(ctx, dir, 10*time.Millisecond)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("FromFiles() = %v, %v; want error %v", src, err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "FromFiles() = %v, %v; want error %v", src, err, tt.wantErr)
 		})
 	}
 }
@@ -209,41 +177,27 @@ func TestFromWorkloadAPI(t *testing.T) {
 	ca := newCA(t, testTD)
 	api := workloadtest.Start(t)
 	first := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := api.SetX509SVID(first, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, api.SetX509SVID(first, ca.Bundle()))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	src, err := FromWorkloadAPI(ctx, api.Addr())
-	if err != nil {
-		t.Fatalf("FromWorkloadAPI() error = %v", err)
-	}
+	require.NoError(t, err, "FromWorkloadAPI()")
 	defer src.Close()
 	svid, err := src.GetX509SVID()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if svid.ID != first.ID {
-		t.Errorf("ID = %s, want %s", svid.ID, first.ID)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, first.ID, svid.ID, "ID")
 	if b, err := src.GetX509BundleForTrustDomain(testTD); err != nil || !b.Equal(ca.Bundle()) {
 		t.Errorf("GetX509BundleForTrustDomain() = %v, %v", b, err)
 	}
 
 	// Rotation is pushed over the stream.
 	second := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := api.SetX509SVID(second, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, api.SetX509SVID(second, ca.Bundle()))
 	want := second.Certificates[0].SerialNumber.String()
 	waitFor(t, "the rotated SVID", func() bool { return serialOf(t, src) == want })
 
-	if err := src.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Close(); err != nil {
-		t.Errorf("second Close() error = %v", err)
-	}
+	require.NoError(t, src.Close())
+	assert.NoError(t, src.Close(), "second Close()")
 	if _, err := src.GetX509SVID(); err == nil {
 		t.Error("GetX509SVID() after Close succeeded")
 	}
@@ -271,9 +225,7 @@ func TestFromWorkloadAPIWaitsForSVID(t *testing.T) {
 	default:
 	}
 	svid := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := api.SetX509SVID(svid, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, api.SetX509SVID(svid, ca.Bundle()))
 	r := <-done
 	if r.err != nil {
 		t.Fatalf("FromWorkloadAPI() error = %v", r.err)
@@ -325,9 +277,7 @@ func TestFromWorkloadAPIForPicksItsOwnSVID(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	src, err := FromWorkloadAPIFor(ctx, api.Addr(), own.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer src.Close()
 	if svid, err := src.GetX509SVID(); err != nil || svid.ID != own.ID {
 		t.Fatalf("GetX509SVID() = %v, %v; want %s", svid, err, own.ID)
@@ -340,9 +290,7 @@ func TestFromWorkloadAPIForPicksItsOwnSVID(t *testing.T) {
 	waitFor(t, "the rotated own SVID", func() bool { return serialOf(t, src) == want })
 
 	plain, err := FromWorkloadAPI(ctx, api.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer plain.Close()
 	if svid, err := plain.GetX509SVID(); err != nil || svid.ID != other.ID {
 		t.Fatalf("without an identity to pick: %v, %v; want the first, %s", svid, err, other.ID)

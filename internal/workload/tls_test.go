@@ -24,6 +24,8 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/spiffetls/tlsconfig"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // staticSource serves one SVID and a set of bundles (to model federation).
@@ -43,9 +45,7 @@ func (s staticSource) Close() error { return nil }
 func startFacade(t *testing.T, cfg *tls.Config, handler http.Handler) (string, *syncBuffer) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	serverLog := &syncBuffer{}
 	srv := &http.Server{
 		Handler:           handler,
@@ -124,9 +124,7 @@ func get(t *testing.T, url string, cfg *tls.Config, h2 bool) (string, error) {
 func mustSource(t *testing.T, ca *DevCA, id spiffeid.ID) Source {
 	t.Helper()
 	src, err := ca.Source(id, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { src.Close() })
 	return src
 }
@@ -137,23 +135,17 @@ func TestMTLS(t *testing.T) {
 	otherCA := newCA(t, otherTD)
 	assignmentID := AssignmentID(testTD, 42, 7)
 	facade, err := ca.ServerSource(FacadeID(testTD), time.Hour, LocalHosts())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer facade.Close()
 
 	federated := func(t *testing.T) Source {
 		svid, err := ca.IssueServer(FacadeID(testTD), time.Hour, LocalHosts())
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		return staticSource{svid: svid, bundles: x509bundle.NewSet(ca.Bundle(), otherCA.Bundle())}
 	}
 	otherTDClient := func(t *testing.T) *tls.Config {
 		svid, err := otherCA.Issue(AssignmentID(otherTD, 42, 7), time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		src := staticSource{svid: svid, bundles: x509bundle.NewSet(ca.Bundle(), otherCA.Bundle())}
 		return ClientTLSConfig(src, FacadeID(testTD))
 	}
@@ -184,9 +176,7 @@ func TestMTLS(t *testing.T) {
 			name: "ordinary tls client trusting the ca by host name",
 			client: func(t *testing.T) *tls.Config {
 				svid, err := ca.Issue(assignmentID, time.Hour)
-				if err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, err)
 				roots := x509.NewCertPool()
 				roots.AddCert(ca.Certificate())
 				return &tls.Config{
@@ -240,22 +230,14 @@ func TestMTLS(t *testing.T) {
 			url, serverLog := startFacade(t, ServerTLSConfig(server), peerHandler(&calls))
 			body, err := get(t, url, tt.client(t), tt.h2)
 			if tt.wantBody == "" {
-				if err == nil {
-					t.Fatalf("request succeeded with %q, want a refused handshake", body)
-				}
+				require.Error(t, err, "request succeeded with %q, want a refused handshake", body)
 				t.Logf("refused as expected: client: %v", err)
 				t.Logf("refused as expected: server log: %s", serverLog)
-				if n := calls.Load(); n != 0 {
-					t.Errorf("handler ran %d times, want 0", n)
-				}
+				assert.EqualValues(t, 0, calls.Load(), "handler ran %d times, want 0", calls.Load())
 				return
 			}
-			if err != nil {
-				t.Fatalf("request failed: %v", err)
-			}
-			if body != tt.wantBody {
-				t.Errorf("body = %q, want %q", body, tt.wantBody)
-			}
+			require.NoError(t, err, "request failed")
+			assert.Equal(t, tt.wantBody, body, "body")
 		})
 	}
 }
@@ -265,9 +247,7 @@ func TestMTLS(t *testing.T) {
 func clientTrustingCA(t *testing.T, ca *DevCA, id spiffeid.ID, trusted *DevCA) *tls.Config {
 	t.Helper()
 	svid, err := ca.Issue(id, time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return ClientTLSConfig(staticSource{svid: svid, bundles: x509bundle.NewSet(trusted.Bundle())}, FacadeID(testTD))
 }
 
@@ -303,9 +283,7 @@ func TestServerTLSConfig(t *testing.T) {
 		t.Errorf("ClientAuth = %v, VerifyPeerCertificate set = %v; want client SVIDs required and verified",
 			cfg.ClientAuth, cfg.VerifyPeerCertificate != nil)
 	}
-	if got := strings.Join(cfg.NextProtos, ","); got != "h2,http/1.1" {
-		t.Errorf("NextProtos = %s, want h2,http/1.1", got)
-	}
+	assert.EqualValues(t, "h2,http/1.1", strings.Join(cfg.NextProtos, ","), "NextProtos = %s, want h2,http/1.1", strings.Join(cfg.NextProtos, ","))
 	if cfg.MinVersion < tls.VersionTLS12 {
 		t.Errorf("MinVersion = %x, want at least TLS 1.2", cfg.MinVersion)
 	}
@@ -314,9 +292,7 @@ func TestServerTLSConfig(t *testing.T) {
 func TestPeerID(t *testing.T) {
 	ca := newCA(t, testTD)
 	svid, err := ca.Issue(AssignmentID(testTD, 42, 7), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	leaf := svid.Certificates[0]
 	plain := plainCert(t)
 
@@ -337,9 +313,7 @@ func TestPeerID(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := &http.Request{TLS: tt.state}
 			got, err := PeerID(r)
-			if !errors.Is(err, tt.wantErr) {
-				t.Fatalf("PeerID() error = %v, want %v", err, tt.wantErr)
-			}
+			require.ErrorIs(t, err, tt.wantErr, "PeerID()")
 			if tt.wantErr == nil && got.String() != tt.want {
 				t.Errorf("PeerID() = %s, want %s", got, tt.want)
 			}
@@ -351,9 +325,7 @@ func TestPeerID(t *testing.T) {
 func plainCert(t *testing.T) *x509.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(1),
 		NotBefore:    time.Now().Add(-time.Minute),
@@ -361,12 +333,8 @@ func plainCert(t *testing.T) *x509.Certificate {
 		DNSNames:     []string{"example.org"},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return cert
 }

@@ -27,9 +27,7 @@ func newTestBackend(t *testing.T, edit func(*Config)) *Backend {
 		cfg.User = fmt.Sprintf("%d:%d", os.Geteuid(), os.Getegid())
 	}
 	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return b
 }
 
@@ -37,32 +35,38 @@ func TestContainerConfigHardenedByDefault(t *testing.T) {
 	b := newTestBackend(t, nil)
 	spec := podworker.Spec{Task: 7, Epoch: 9, Env: map[string]string{"B": "2", "A": "1", "HOME": "/root", "DYNRUNNER_SECRETS_DIR": "/elsewhere"}}
 	c, hc := b.containerConfig(spec, "/state/dynrunner-7-9/secrets")
-	if !slices.Equal(hc.CapDrop, []string{"ALL"}) || hc.Privileged || !hc.ReadonlyRootfs || hc.Init == nil || !*hc.Init ||
-		!slices.Equal(hc.SecurityOpt, []string{"no-new-privileges:true"}) || hc.IpcMode != container.IPCModePrivate {
-		t.Errorf("host config not hardened: %+v", hc)
+	// Hardened.
+	assert.Equal(t, []string{"ALL"}, hc.CapDrop, "capabilities dropped")
+	assert.False(t, hc.Privileged, "privileged")
+	assert.True(t, hc.ReadonlyRootfs, "read-only root")
+	assert.Equal(t, ptr(true), hc.Init, "init")
+	assert.Equal(t, []string{"no-new-privileges:true"}, hc.SecurityOpt, "security options")
+	assert.Equal(t, container.IPCModePrivate, hc.IpcMode, "IPC mode")
+	// Limits.
+	assert.EqualValues(t, DefaultMemory, hc.Memory, "memory")
+	assert.EqualValues(t, DefaultMemory, hc.MemorySwap, "memory and swap")
+	assert.EqualValues(t, 2e9, hc.NanoCPUs, "CPUs")
+	if assert.NotNil(t, hc.PidsLimit, "pids limit") {
+		assert.EqualValues(t, DefaultPids, *hc.PidsLimit, "pids limit")
 	}
-	if hc.Memory != DefaultMemory || hc.MemorySwap != DefaultMemory || hc.NanoCPUs != 2e9 ||
-		hc.PidsLimit == nil || *hc.PidsLimit != DefaultPids || hc.NetworkMode != DefaultNetwork {
-		t.Errorf("limits: %+v", hc)
+	assert.EqualValues(t, DefaultNetwork, hc.NetworkMode, "network")
+	assert.EqualValues(t, "no", hc.RestartPolicy.Name, "restart policy %q, want no", hc.RestartPolicy.Name)
+	if os.Geteuid() == 0 {
+		assert.Equal(t, DefaultUser, c.User, "user")
 	}
-	if hc.RestartPolicy.Name != "no" {
-		t.Errorf("restart policy %q, want no", hc.RestartPolicy.Name)
-	}
-	if (os.Geteuid() == 0 && c.User != DefaultUser) || c.WorkingDir != WorkDir || c.Image != b.image {
-		t.Errorf("user %q, working dir %q, image %q", c.User, c.WorkingDir, c.Image)
-	}
+	assert.Equal(t, WorkDir, c.WorkingDir, "working dir")
+	assert.Equal(t, b.image, c.Image, "image")
 	want := []string{"A=1", "B=2", "DYNRUNNER_SECRETS_DIR=" + SecretsDir, "DYNRUNNER_WORK_DIR=" + WorkDir, "HOME=" + HomeDir, "TMPDIR=" + TmpDir}
-	if !slices.Equal(c.Env, want) {
-		t.Errorf("env = %q, want %q (the backend's own variables win)", c.Env, want)
-	}
+	assert.Equal(t, want, c.Env, "env: the backend's own variables win")
 	assert.Equal(t, []mount.Mount{{Type: mount.TypeBind, Source: "/state/dynrunner-7-9/secrets", Target: SecretsDir, ReadOnly: true}}, hc.Mounts)
 	for dir, want := range map[string]string{TmpDir: "mode=1777", WorkDir: "mode=0700,uid=", HomeDir: "mode=0700,uid="} {
-		if opts := hc.Tmpfs[dir]; !strings.Contains(opts, "nosuid,nodev") || !strings.Contains(opts, want) || !strings.Contains(opts, "exec") {
-			t.Errorf("tmpfs %s = %q, want exec,nosuid,nodev and %s", dir, opts, want)
+		opts := hc.Tmpfs[dir]
+		for _, o := range []string{"nosuid,nodev", want, "exec"} {
+			assert.Contains(t, opts, o, "tmpfs %s", dir)
 		}
 	}
-	if c.Labels[LabelManaged] != "true" || c.Labels[LabelScope] != DefaultScope || c.Labels[LabelTask] != "7" || c.Labels[LabelEpoch] != "9" {
-		t.Errorf("labels = %v", c.Labels)
+	for k, v := range map[string]string{LabelManaged: "true", LabelScope: DefaultScope, LabelTask: "7", LabelEpoch: "9"} {
+		assert.Equal(t, v, c.Labels[k], "label %s", k)
 	}
 }
 
@@ -76,14 +80,13 @@ func TestContainerConfigWorkloadAPI(t *testing.T) {
 		{Type: mount.TypeBind, Source: "/run/spire/agent-sockets", Target: SpiffeSocketDir, ReadOnly: true},
 	}
 	assert.Equal(t, want, hc.Mounts)
-	if !slices.Contains(c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/api.sock") || slices.Contains(c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///elsewhere") {
-		t.Errorf("env = %q, want SPIFFE_ENDPOINT_SOCKET naming the mounted socket only", c.Env)
-	}
+	assert.Contains(t, c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///run/spire/sockets/api.sock", "SPIFFE_ENDPOINT_SOCKET names the mounted socket")
+	assert.NotContains(t, c.Env, "SPIFFE_ENDPOINT_SOCKET=unix:///elsewhere", "SPIFFE_ENDPOINT_SOCKET names the mounted socket only")
 	// Without one, nothing of SPIRE reaches the container.
 	c, hc = newTestBackend(t, nil).containerConfig(podworker.Spec{Task: 7, Epoch: 9}, "/s")
-	if len(hc.Mounts) != 1 || slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }) {
-		t.Errorf("without a socket: mounts %+v, env %q", hc.Mounts, c.Env)
-	}
+	assert.Len(t, hc.Mounts, 1, "without a socket: mounts")
+	assert.False(t, slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }),
+		"without a socket: env %q names one", c.Env)
 }
 
 func TestContainerConfigPrivilegedOptIn(t *testing.T) {
@@ -92,17 +95,19 @@ func TestContainerConfigPrivilegedOptIn(t *testing.T) {
 	}
 	b := newTestBackend(t, func(c *Config) { c.Privileged = true; c.Memory = 1 << 30 })
 	c, hc := b.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s")
-	if !hc.Privileged || len(hc.CapDrop) != 0 || c.User != "0:0" {
-		t.Errorf("privileged: Privileged %v, CapDrop %v, User %q; want true, none, 0:0", hc.Privileged, hc.CapDrop, c.User)
-	}
+	assert.True(t, hc.Privileged, "privileged")
+	assert.Empty(t, hc.CapDrop, "privileged: capabilities dropped")
+	assert.Equal(t, "0:0", c.User, "privileged: user")
 	// What Privileged does not give up.
-	if !hc.ReadonlyRootfs || hc.Memory != 1<<30 || hc.PidsLimit == nil || *hc.PidsLimit != DefaultPids || !slices.Contains(hc.SecurityOpt, "no-new-privileges:true") {
-		t.Errorf("privileged container lost its read-only root, limits or no-new-privileges: %+v", hc)
+	assert.True(t, hc.ReadonlyRootfs, "privileged: read-only root")
+	assert.EqualValues(t, 1<<30, hc.Memory, "privileged: memory")
+	if assert.NotNil(t, hc.PidsLimit, "privileged: pids limit") {
+		assert.EqualValues(t, DefaultPids, *hc.PidsLimit, "privileged: pids limit")
 	}
+	assert.Contains(t, hc.SecurityOpt, "no-new-privileges:true", "privileged: no-new-privileges")
 	explicit := newTestBackend(t, func(c *Config) { c.Privileged = true; c.User = "1000:1000" })
-	if u, _ := explicit.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s"); u.User != "1000:1000" {
-		t.Errorf("privileged with an explicit user runs as %q", u.User)
-	}
+	u, _ := explicit.containerConfig(podworker.Spec{Task: 1, Epoch: 1}, "/s")
+	assert.Equal(t, "1000:1000", u.User, "privileged with an explicit user")
 }
 
 func TestEnvNames(t *testing.T) {
@@ -123,8 +128,9 @@ func TestEnvNames(t *testing.T) {
 		{def, "dynrunner-12", false},
 	} {
 		task, epoch, ok := tt.b.parseEnvName(tt.name)
-		if ok != tt.ok || (ok && tt.b.envName(task, epoch) != tt.name) {
-			t.Errorf("parseEnvName(%q) in scope %s = %d, %d, %v; want ok %v", tt.name, tt.b.scope, task, epoch, ok, tt.ok)
+		assert.Equal(t, tt.ok, ok, "parseEnvName(%q) in scope %s = %d, %d", tt.name, tt.b.scope, task, epoch)
+		if ok {
+			assert.Equal(t, tt.name, tt.b.envName(task, epoch), "parseEnvName(%q) in scope %s", tt.name, tt.b.scope)
 		}
 	}
 }
@@ -202,3 +208,5 @@ func FuzzLastExecutorError(f *testing.F) {
 		assert.Equal(t, want, got, "stream %x", stream)
 	})
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -2,7 +2,6 @@ package docker_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -10,6 +9,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/docker"
@@ -21,9 +23,7 @@ func fakeEngine(t *testing.T, apiVersion string) (socket string, waits *atomic.I
 	t.Helper()
 	socket = filepath.Join(t.TempDir(), "docker.sock")
 	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	waits = new(atomic.Int32)
 	id := strings.Repeat("c", 64)
 	mux := http.NewServeMux()
@@ -56,12 +56,9 @@ func TestWaitRetriesTransientEngineErrors(t *testing.T) {
 	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = "unix://" + socket })
 	h := podworker.Handle{Backend: "docker", ID: "dynrunner-5-1", Task: 5, Epoch: 1, Data: map[string]string{"container_id": strings.Repeat("c", 64)}}
 	exit, err := b.Wait(ctxT(t), h)
-	if err != nil || exit != (podworker.Exit{Code: 7, Reason: "oom"}) {
-		t.Errorf("Wait = %+v, %v; want code 7, oom", exit, err)
-	}
-	if n := waits.Load(); n != 2 {
-		t.Errorf("%d wait calls, want 2 (one failed, one answered)", n)
-	}
+	require.NoError(t, err, "Wait")
+	assert.Equal(t, podworker.Exit{Code: 7, Reason: "oom"}, exit, "Wait")
+	assert.EqualValues(t, 2, waits.Load(), "wait calls: one failed, one answered")
 }
 
 func TestWaitOnUnreachableEngineEndsWithContext(t *testing.T) {
@@ -71,15 +68,12 @@ func TestWaitOnUnreachableEngineEndsWithContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	h := podworker.Handle{Backend: "docker", ID: "dynrunner-5-1", Task: 5, Epoch: 1}
-	if _, err := b.Wait(ctx, h); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Wait with the engine unreachable = %v, want it to retry until the context ends", err)
-	}
+	_, err := b.Wait(ctx, h)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "Wait with the engine unreachable retries until the context ends")
 }
 
 func TestRefusesOldEngine(t *testing.T) {
 	socket, _ := fakeEngine(t, "1.40")
 	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = socket })
-	if err := b.Check(ctxT(t)); !errors.Is(err, docker.ErrEngineTooOld) {
-		t.Errorf("Check against API 1.40 = %v, want ErrEngineTooOld", err)
-	}
+	assert.ErrorIs(t, b.Check(ctxT(t)), docker.ErrEngineTooOld, "Check against API 1.40")
 }

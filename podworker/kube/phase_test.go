@@ -3,10 +3,11 @@ package kube_test
 import (
 	"context"
 	"errors"
-	"reflect"
 	"sync"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -51,22 +52,16 @@ func (e *env) testPhases(t *testing.T) {
 
 	t.Run("Succeeded", func(t *testing.T) {
 		h := startT(t, b, fakeSpec(61, "brief"))
-		if exit := waitT(t, b, h); exit.Code != 0 {
-			t.Fatalf("Wait = %+v, want exit code 0", exit)
-		}
+		exit := waitT(t, b, h)
+		require.Zero(t, exit.Code, "Wait = %+v, want exit code 0", exit)
 		got, changes := obs.phases(h)
 		t.Logf("reported %+v", changes)
-		if want := []string{"Running", "Succeeded"}; !reflect.DeepEqual(got, want) {
-			t.Fatalf("phases = %v, want [Pending] %v", got, want)
-		}
+		require.Equal(t, []string{"Running", "Succeeded"}, got, "phases after [Pending]")
 		for _, c := range changes {
-			if c.UID != h.Data["pod_uid"] || c.Node != e.k.NodeName() {
-				t.Errorf("%s: uid %q on node %q, want %q on %q", c.Phase, c.UID, c.Node, h.Data["pod_uid"], e.k.NodeName())
-			}
+			assert.Equal(t, h.Data["pod_uid"], c.UID, "%s: uid", c.Phase)
+			assert.Equal(t, e.k.NodeName(), c.Node, "%s: node", c.Phase)
 		}
-		if got, want := changes[1].Reason, "Completed"; got != want {
-			t.Errorf("Succeeded with reason %q, want %q", got, want)
-		}
+		assert.Equal(t, "Completed", changes[1].Reason, "reason of Succeeded")
 	})
 
 	t.Run("Deleted", func(t *testing.T) {
@@ -77,9 +72,7 @@ func (e *env) testPhases(t *testing.T) {
 			ch <- err
 		}()
 		pollT(t, "pod running", func() bool { return getPod(t, e.c, ns, h.ID).Status.Phase == corev1.PodRunning })
-		if err := e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}))
 		if err := <-ch; err != nil && !errors.Is(err, podworker.ErrNotFound) {
 			t.Fatalf("Wait: %v", err)
 		}
@@ -94,8 +87,8 @@ func (e *env) testPhases(t *testing.T) {
 		if !ok {
 			t.Fatalf("phases = %v, want [Pending] Running [Failed or Succeeded] Deleted", got)
 		}
-		if last := changes[len(changes)-1]; last.UID != h.Data["pod_uid"] || last.Node != e.k.NodeName() {
-			t.Errorf("Deleted: uid %q on node %q, want %q on %q", last.UID, last.Node, h.Data["pod_uid"], e.k.NodeName())
-		}
+		last := changes[len(changes)-1]
+		assert.Equal(t, h.Data["pod_uid"], last.UID, "Deleted: uid")
+		assert.Equal(t, e.k.NodeName(), last.Node, "Deleted: node")
 	})
 }

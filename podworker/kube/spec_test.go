@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -13,6 +15,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
@@ -29,47 +32,32 @@ func (e *env) testPodSpec(t *testing.T) {
 	spec.Files = map[string][]byte{"token": []byte("t0ken")}
 	h := startT(t, b, spec)
 	p := getPod(t, e.c, ns, h.ID)
-	if h.ID != "dynrunner-61-1" || h.Data["pod_uid"] != string(p.UID) {
-		t.Errorf("handle %+v, want id dynrunner-61-1 and the pod's uid %s", h, p.UID)
-	}
+	assert.Equal(t, "dynrunner-61-1", h.ID, "handle id")
+	assert.Equal(t, string(p.UID), h.Data["pod_uid"], "the handle records the pod's uid")
 	wantLabels := map[string]string{
 		"app.kubernetes.io/managed-by": "dynrunner", "app.kubernetes.io/component": "executor",
 		"dynrunner.io/task": "61", "dynrunner.io/epoch": "1",
 	}
 	for k, v := range wantLabels {
-		if p.Labels[k] != v {
-			t.Errorf("label %s = %q, want %q", k, p.Labels[k], v)
-		}
+		assert.Equal(t, v, p.Labels[k], "label %s = %q, want %q", k, p.Labels[k], v)
 	}
-	if got := p.Annotations[kube.AnnotationAssignment]; got != "dynrunner.assignment.61.*" {
-		t.Errorf("annotation %s = %q", kube.AnnotationAssignment, got)
-	}
+	assert.Equal(t, "dynrunner.assignment.61.*", p.Annotations[kube.AnnotationAssignment], "annotation %s", kube.AnnotationAssignment)
 	s := p.Spec
-	if s.RestartPolicy != corev1.RestartPolicyNever {
-		t.Errorf("restartPolicy %s, want Never", s.RestartPolicy)
-	}
-	if s.ActiveDeadlineSeconds == nil || *s.ActiveDeadlineSeconds != 5400 {
-		t.Errorf("activeDeadlineSeconds %v, want 5400", s.ActiveDeadlineSeconds)
-	}
-	if s.TerminationGracePeriodSeconds == nil || *s.TerminationGracePeriodSeconds != 2 {
-		t.Errorf("terminationGracePeriodSeconds %v, want 2", s.TerminationGracePeriodSeconds)
-	}
-	if s.AutomountServiceAccountToken == nil || *s.AutomountServiceAccountToken {
-		t.Errorf("automountServiceAccountToken %v, want false", s.AutomountServiceAccountToken)
-	}
-	if s.NodeName != e.k.NodeName() || s.ServiceAccountName != "default" {
-		t.Errorf("nodeName %q serviceAccountName %q", s.NodeName, s.ServiceAccountName)
-	}
-	if len(s.Containers) != 1 {
-		t.Fatalf("%d containers, want 1", len(s.Containers))
-	}
+	assert.Equal(t, corev1.RestartPolicyNever, s.RestartPolicy, "restartPolicy %s, want Never", s.RestartPolicy)
+	assert.Equal(t, ptr.To[int64](5400), s.ActiveDeadlineSeconds, "activeDeadlineSeconds")
+	assert.Equal(t, ptr.To[int64](2), s.TerminationGracePeriodSeconds, "terminationGracePeriodSeconds")
+	assert.Equal(t, ptr.To(false), s.AutomountServiceAccountToken, "automountServiceAccountToken")
+	assert.Equal(t, e.k.NodeName(), s.NodeName, "nodeName")
+	assert.Equal(t, "default", s.ServiceAccountName, "serviceAccountName")
+	require.Len(t, s.Containers, 1, "%d containers, want 1", len(s.Containers))
 	c := s.Containers[0]
-	if c.Name != kube.ContainerName || c.Image != e.image || !strings.Contains(c.Image, "@sha256:") {
-		t.Errorf("container %s image %s, want %s pinned by digest", c.Name, c.Image, e.image)
-	}
+	assert.Equal(t, kube.ContainerName, c.Name, "container name")
+	assert.Equal(t, e.image, c.Image, "container image")
+	assert.Contains(t, c.Image, "@sha256:", "the image is pinned by digest")
 	sc := c.SecurityContext
-	if sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.RunAsUser == nil || *sc.RunAsUser != 0 {
-		t.Errorf("securityContext %+v, want privileged as root (the default)", sc)
+	if assert.NotNil(t, sc, "securityContext") {
+		assert.Equal(t, ptr.To(true), sc.Privileged, "privileged (the default)")
+		assert.Equal(t, ptr.To[int64](0), sc.RunAsUser, "as root (the default)")
 	}
 	for _, q := range []struct {
 		list corev1.ResourceList
@@ -79,9 +67,8 @@ func (e *env) testPodSpec(t *testing.T) {
 		{c.Resources.Requests, corev1.ResourceCPU, "250m"}, {c.Resources.Limits, corev1.ResourceCPU, "1500m"},
 		{c.Resources.Requests, corev1.ResourceMemory, "128Mi"}, {c.Resources.Limits, corev1.ResourceMemory, "1Gi"},
 	} {
-		if got := q.list[q.name]; got.Cmp(resource.MustParse(q.want)) != 0 {
-			t.Errorf("resource %s = %s, want %s", q.name, got.String(), q.want)
-		}
+		got := q.list[q.name]
+		assert.Zero(t, got.Cmp(resource.MustParse(q.want)), "resource %s = %s, want %s", q.name, got.String(), q.want)
 	}
 	env := map[string]string{}
 	for _, v := range c.Env {
@@ -91,45 +78,37 @@ func (e *env) testPodSpec(t *testing.T) {
 		fakeEnv: "forever", "HOME": kube.HomeDir, "TMPDIR": kube.TmpDir,
 		"DYNRUNNER_SECRETS_DIR": kube.SecretsDir, "DYNRUNNER_WORK_DIR": kube.WorkDir,
 	} {
-		if env[k] != v {
-			t.Errorf("env %s = %q, want %q", k, env[k], v)
-		}
+		assert.Equal(t, v, env[k], "env %s = %q, want %q", k, env[k], v)
 	}
-	if _, ok := env["SPIFFE_ENDPOINT_SOCKET"]; ok {
-		t.Error("SPIFFE_ENDPOINT_SOCKET set without SpiffeCSI")
-	}
+	assert.NotContains(t, env, "SPIFFE_ENDPOINT_SOCKET", "set without SpiffeCSI")
 	mounts := map[string]corev1.VolumeMount{}
 	for _, m := range c.VolumeMounts {
 		mounts[m.MountPath] = m
 	}
-	if m, ok := mounts[kube.SecretsDir]; !ok || !m.ReadOnly {
-		t.Errorf("secrets mount %+v, want read-only at %s", m, kube.SecretsDir)
+	if assert.Contains(t, mounts, kube.SecretsDir, "secrets mount") {
+		assert.True(t, mounts[kube.SecretsDir].ReadOnly, "secrets mount %+v, want read-only", mounts[kube.SecretsDir])
 	}
 	volumes := map[string]corev1.Volume{}
 	for _, v := range s.Volumes {
 		volumes[v.Name] = v
 	}
 	sv := volumes[mounts[kube.SecretsDir].Name].Secret
-	if sv == nil || sv.SecretName != h.ID || sv.DefaultMode == nil || *sv.DefaultMode != 0o600 {
-		t.Errorf("secrets volume %+v, want Secret %s with mode 0600", sv, h.ID)
+	if assert.NotNil(t, sv, "secrets volume") {
+		assert.Equal(t, h.ID, sv.SecretName, "secrets volume's Secret")
+		assert.Equal(t, ptr.To[int32](0o600), sv.DefaultMode, "secrets volume's mode")
 	}
 	for _, dir := range []string{kube.WorkDir, kube.HomeDir, kube.TmpDir} {
-		if v := volumes[mounts[dir].Name]; v.EmptyDir == nil {
-			t.Errorf("volume at %s: %+v, want an emptyDir", dir, v)
-		}
+		v := volumes[mounts[dir].Name]
+		assert.NotNil(t, v.EmptyDir, "volume at %s: %+v, want an emptyDir", dir, v)
 	}
-	if _, ok := mounts[kube.SpireSocketDir]; ok {
-		t.Error("SPIFFE CSI volume mounted without SpiffeCSI")
-	}
+	assert.NotContains(t, mounts, kube.SpireSocketDir, "SPIFFE CSI volume mounted without SpiffeCSI")
 	sec, err := e.c.Client.CoreV1().Secrets(ns).Get(ctxT(t), h.ID, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if string(sec.Data["token"]) != "t0ken" || sec.Labels["dynrunner.io/task"] != "61" {
-		t.Errorf("secret data %q labels %v", sec.Data, sec.Labels)
-	}
-	if refs := sec.OwnerReferences; len(refs) != 1 || refs[0].Kind != "Pod" || refs[0].UID != p.UID {
-		t.Errorf("secret owner references %+v, want the pod %s", refs, p.UID)
+	require.NoError(t, err)
+	assert.Equal(t, "t0ken", string(sec.Data["token"]), "secret's token")
+	assert.Equal(t, "61", sec.Labels["dynrunner.io/task"], "secret's task label")
+	if refs := sec.OwnerReferences; assert.Len(t, refs, 1, "secret owner references: the pod") {
+		assert.Equal(t, "Pod", refs[0].Kind, "secret owner")
+		assert.Equal(t, p.UID, refs[0].UID, "secret owner")
 	}
 }
 
@@ -147,9 +126,8 @@ func (e *env) testSpiffeCSI(t *testing.T) {
 	if !found {
 		t.Errorf("volumes %+v, want a read-only CSI volume of %s", p.Spec.Volumes, kube.SpiffeCSIDriver)
 	}
-	if exit := waitT(t, b, h); exit.Code != 0 {
-		t.Errorf("the check inside the pod failed: %+v", exit)
-	}
+	exit := waitT(t, b, h)
+	assert.Zero(t, exit.Code, "the check inside the pod failed: %+v", exit)
 }
 
 func (e *env) testUnprivileged(t *testing.T) {
@@ -159,44 +137,42 @@ func (e *env) testUnprivileged(t *testing.T) {
 	spec.Files = map[string][]byte{"capability-token": []byte("conformance-secret\n")}
 	h := startT(t, b, spec)
 	p := getPod(t, e.c, ns, h.ID)
-	if psc := p.Spec.SecurityContext; psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.FSGroup == nil {
-		t.Errorf("pod securityContext %+v, want runAsNonRoot with an fsGroup", psc)
+	if psc := p.Spec.SecurityContext; assert.NotNil(t, psc, "pod securityContext") {
+		assert.Equal(t, ptr.To(true), psc.RunAsNonRoot, "pod securityContext runAsNonRoot")
+		assert.NotNil(t, psc.FSGroup, "pod securityContext fsGroup")
 	}
 	sc := p.Spec.Containers[0].SecurityContext
-	if sc == nil || *sc.Privileged || *sc.AllowPrivilegeEscalation || !*sc.ReadOnlyRootFilesystem || len(sc.Capabilities.Drop) != 1 {
-		t.Errorf("container securityContext %+v, want unprivileged and hardened", sc)
-	}
-	if exit := waitT(t, b, h); exit.Code != 0 {
-		t.Errorf("the check inside the pod failed: %+v", exit)
-	}
+	require.NotNil(t, sc, "container securityContext")
+	assert.Equal(t, ptr.To(false), sc.Privileged, "unprivileged")
+	assert.Equal(t, ptr.To(false), sc.AllowPrivilegeEscalation, "no privilege escalation")
+	assert.Equal(t, ptr.To(true), sc.ReadOnlyRootFilesystem, "read-only root filesystem")
+	require.NotNil(t, sc.Capabilities, "container capabilities")
+	assert.Len(t, sc.Capabilities.Drop, 1, "capabilities dropped")
+	exit := waitT(t, b, h)
+	assert.Zero(t, exit.Code, "the check inside the pod failed: %+v", exit)
 }
 
 func (e *env) testDeadline(t *testing.T) {
 	ns := e.c.Namespace(t)
 	b := e.newBackend(t, e.c.Client, ns, func(c *kube.Config) { c.ActiveDeadline = time.Second })
 	h := startT(t, b, fakeSpec(64, "forever"))
-	if exit := waitT(t, b, h); exit.Reason != "deadline" {
-		t.Errorf("exit = %+v, want reason deadline", exit)
-	}
+	exit := waitT(t, b, h)
+	assert.Equal(t, "deadline", exit.Reason, "exit %+v", exit)
 }
 
 func (e *env) testDiagnose(t *testing.T) {
 	ns := e.c.Namespace(t)
 	b := e.newBackend(t, e.c.Client, ns, nil)
 	h := startT(t, b, fakeSpec(65, "diagnose"))
-	if exit := waitT(t, b, h); exit.Code != 1 || exit.Reason != "exited" {
-		t.Errorf("exit = %+v, want code 1, exited", exit)
-	}
+	exit := waitT(t, b, h)
+	assert.Equal(t, 1, exit.Code, "exit %+v", exit)
+	assert.Equal(t, "exited", exit.Reason, "exit %+v", exit)
 	got, err := b.Diagnose(ctxT(t), h)
-	if want := "dynrunner executor: wait for the SVID: context deadline exceeded"; err != nil || got != want {
-		t.Errorf("Diagnose = %q, %v; want %q (the last error line)", got, err, want)
-	}
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Diagnose(ctxT(t), h); !errors.Is(err, podworker.ErrNotFound) {
-		t.Errorf("Diagnose after Destroy = %v, want ErrNotFound", err)
-	}
+	require.NoError(t, err, "Diagnose")
+	assert.Equal(t, "dynrunner executor: wait for the SVID: context deadline exceeded", got, "Diagnose: the last error line")
+	require.NoError(t, b.Destroy(ctxT(t), h))
+	_, err = b.Diagnose(ctxT(t), h)
+	assert.ErrorIs(t, err, podworker.ErrNotFound, "Diagnose after Destroy")
 }
 
 // testStartReplacesEnded checks that a Start finding its Pod ended creates a new one, and that a
@@ -210,18 +186,14 @@ func (e *env) testStartReplacesEnded(t *testing.T) {
 	spec.Env[fakeEnv] = "forever"
 	spec.Files = map[string][]byte{"token": []byte("x")}
 	cur := startT(t, b, spec)
-	if cur.ID != old.ID || cur.Data["pod_uid"] == old.Data["pod_uid"] {
-		t.Fatalf("second Start = %+v, first %+v: want the same name and a new pod", cur, old)
-	}
-	if err := b.Destroy(ctxT(t), old); err != nil {
-		t.Fatalf("Destroy(old handle): %v", err)
-	}
-	if p := getPod(t, e.c, ns, cur.ID); string(p.UID) != cur.Data["pod_uid"] || p.DeletionTimestamp != nil {
-		t.Fatal("Destroy of the old handle deleted the new pod")
-	}
-	if _, err := e.c.Client.CoreV1().Secrets(ns).Get(ctxT(t), cur.ID, metav1.GetOptions{}); err != nil {
-		t.Fatalf("Destroy of the old handle removed the new pod's secret: %v", err)
-	}
+	require.Equal(t, old.ID, cur.ID, "the second Start has the same name")
+	require.NotEqual(t, old.Data["pod_uid"], cur.Data["pod_uid"], "the second Start has a new pod")
+	require.NoError(t, b.Destroy(ctxT(t), old), "Destroy(old handle)")
+	p := getPod(t, e.c, ns, cur.ID)
+	require.Equal(t, cur.Data["pod_uid"], string(p.UID), "Destroy of the old handle deleted the new pod")
+	require.Nil(t, p.DeletionTimestamp, "Destroy of the old handle deleted the new pod")
+	_, err := e.c.Client.CoreV1().Secrets(ns).Get(ctxT(t), cur.ID, metav1.GetOptions{})
+	require.NoError(t, err, "Destroy of the old handle removed the new pod's secret")
 }
 
 // testListOrphanSecret checks that a Secret without its Pod (a crash between the two
@@ -234,22 +206,20 @@ func (e *env) testListOrphanSecret(t *testing.T) {
 		"app.kubernetes.io/managed-by": "dynrunner", "app.kubernetes.io/component": "executor",
 		"dynrunner.io/task": "68", "dynrunner.io/epoch": "1",
 	}}}
-	if _, err := e.c.Client.CoreV1().Secrets(ns).Create(ctxT(t), orphan, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err := e.c.Client.CoreV1().Secrets(ns).Create(ctxT(t), orphan, metav1.CreateOptions{})
+	require.NoError(t, err)
 	all, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(all) != 2 || all[0].ID != h.ID || all[1].ID != orphan.Name || all[1].Task != 68 || all[1].Epoch != 1 || all[1].Data != nil {
-		t.Fatalf("List = %+v, want %s and the orphan %s (task 68, no data)", all, h.ID, orphan.Name)
-	}
-	if err := b.Destroy(ctxT(t), all[1]); err != nil {
-		t.Fatal(err)
-	}
-	if all, err := b.List(ctxT(t)); err != nil || len(all) != 1 {
-		t.Errorf("List after Destroy of the orphan = %+v, %v; want only %s", all, err, h.ID)
-	}
+	require.NoError(t, err)
+	require.Len(t, all, 2, "List: the handle and the orphan")
+	assert.Equal(t, h.ID, all[0].ID, "List")
+	assert.Equal(t, orphan.Name, all[1].ID, "List: the orphan")
+	assert.Equal(t, assignment.TaskID(68), all[1].Task, "List: the orphan's task")
+	assert.Equal(t, assignment.Epoch(1), all[1].Epoch, "List: the orphan's epoch")
+	assert.Nil(t, all[1].Data, "List: the orphan has no data")
+	require.NoError(t, b.Destroy(ctxT(t), all[1]))
+	all, err = b.List(ctxT(t))
+	require.NoError(t, err, "List after Destroy of the orphan")
+	assert.Len(t, all, 1, "List after Destroy of the orphan: only %s", h.ID)
 }
 
 // testNotManaged checks that the backend never adopts or deletes a Pod that has an
@@ -264,9 +234,8 @@ func (e *env) testNotManaged(t *testing.T) {
 			Containers: []corev1.Container{{Name: "x", Image: e.image, Env: []corev1.EnvVar{{Name: fakeEnv, Value: "exit0"}}}},
 		},
 	}
-	if _, err := e.c.Client.CoreV1().Pods(ns).Create(ctxT(t), foreign, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err := e.c.Client.CoreV1().Pods(ns).Create(ctxT(t), foreign, metav1.CreateOptions{})
+	require.NoError(t, err)
 	if _, err := b.Start(ctxT(t), fakeSpec(69, "forever")); !errors.Is(err, kube.ErrNotManaged) {
 		t.Errorf("Start over a foreign pod = %v, want ErrNotManaged", err)
 	}
@@ -340,9 +309,7 @@ func TestNewValidates(t *testing.T) {
 func TestRejectsBadInput(t *testing.T) {
 	b, err := kube.New(kube.Config{Client: offlineClient(), Namespace: "dynrunner",
 		Image: "executor@sha256:" + strings.Repeat("ab", 32)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, h := range []podworker.Handle{
 		{Backend: "docker", ID: "dynrunner-1-1"},
 		{Backend: "kubernetes", ID: "../etc"},

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -117,21 +119,13 @@ func stateDir(t *testing.T) string {
 	t.Helper()
 	base := t.TempDir()
 	for _, d := range []string{filepath.Dir(base), base} {
-		if err := os.Chmod(d, 0o711); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.Chmod(d, 0o711))
 	}
 	state := filepath.Join(base, "state")
-	if err := os.MkdirAll(filepath.Join(state, "ca"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chmod(state, 0o711); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.MkdirAll(filepath.Join(state, "ca"), 0o700))
+	require.NoError(t, os.Chmod(state, 0o711))
 	for _, f := range []string{"task.key", "ca/key.pem"} {
-		if err := os.WriteFile(filepath.Join(state, f), []byte("secret"), 0o600); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.WriteFile(filepath.Join(state, f), []byte("secret"), 0o600))
 	}
 	return state
 }
@@ -139,16 +133,12 @@ func stateDir(t *testing.T) string {
 func newIsolatedBackend(t *testing.T, root string, users *local.Users, grace time.Duration) *local.Backend {
 	t.Helper()
 	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	b, err := local.New(local.Config{
 		Root: root, Command: []string{exe}, BaseEnv: baseEnv(), Grace: grace, PollInterval: 20 * time.Millisecond,
 		Users: users, Log: zerolog.New(zerolog.NewTestWriter(t)),
 	})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	require.NoError(t, err, "New")
 	return b
 }
 
@@ -156,9 +146,7 @@ func newIsolatedBackend(t *testing.T, root string, users *local.Users, grace tim
 func uidOf(t *testing.T, pid int) int {
 	t.Helper()
 	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for line := range strings.SplitSeq(string(status), "\n") {
 		if v, ok := strings.CutPrefix(line, "Uid:"); ok {
 			uid, _ := strconv.Atoi(strings.Fields(v)[0])
@@ -207,13 +195,9 @@ func TestIsolatedJobReadsNothingOfOthers(t *testing.T) {
 		t.Fatalf("attacker exit = %+v", exit)
 	}
 	raw, err := os.ReadFile(filepath.Join(root, attacker.ID, "work", attackReport))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var got report
-	if err := json.Unmarshal(raw, &got); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, json.Unmarshal(raw, &got))
 
 	victimUID, attackerUID := uidOf(t, pidOf(t, victim)), got.UID
 	for _, uid := range []int{victimUID, attackerUID} {
@@ -230,17 +214,13 @@ func TestIsolatedJobReadsNothingOfOthers(t *testing.T) {
 	if got.GID != got.UID || len(got.Groups) != 0 {
 		t.Errorf("attacker runs with gid %d and groups %v, want gid %d and none", got.GID, got.Groups, got.UID)
 	}
-	if got.Own != "own token" {
-		t.Errorf("own capability token: %q", got.Own)
-	}
+	assert.EqualValues(t, "own token", got.Own, "own capability token: %q", got.Own)
 	for _, p := range targets {
 		if errno, ok := got.Read[p]; !ok || errno != syscall.EACCES {
 			t.Errorf("read %s: %v (errno %d), want EACCES", p, errno, errno)
 		}
 	}
-	if got.Signal != syscall.EPERM {
-		t.Errorf("signal the other job's executor: %v (errno %d), want EPERM", got.Signal, got.Signal)
-	}
+	assert.Equal(t, syscall.EPERM, got.Signal, "signal the other job's executor: %v (errno %d), want EPERM", got.Signal, got.Signal)
 	for p, mode := range map[string]fs.FileMode{
 		root:                                fs.ModeDir | 0o711,
 		victimDir:                           fs.ModeDir | 0o710,
@@ -248,9 +228,8 @@ func TestIsolatedJobReadsNothingOfOthers(t *testing.T) {
 		filepath.Join(victimDir, "secrets", podworker.TokenFile): 0o600,
 	} {
 		fi, err := os.Lstat(p)
-		if err != nil || fi.Mode() != mode {
-			t.Errorf("%s: %v, %v; want mode %v", p, fi, err, mode)
-		}
+		require.NoError(t, err, "%s: %v, %v; want mode %v", p, fi, err, mode)
+		assert.Equal(t, mode, fi.Mode(), "%s: %v, %v; want mode %v", p, fi, err, mode)
 	}
 }
 
@@ -265,9 +244,7 @@ func TestIsolatedDestroyKillsTheUID(t *testing.T) {
 	if uid := strconv.Itoa(uidOf(t, escaped)); uid != h.Data["uid"] {
 		t.Fatalf("escaped child runs as uid %s, the environment as %s", uid, h.Data["uid"])
 	}
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	eventually(t, "the escaped child is gone", func() bool { return !alive(t, escaped) })
 	if !gone(root)(t, h) {
 		t.Error("something remains")
@@ -298,17 +275,11 @@ func TestIsolatedUIDsAcrossBackends(t *testing.T) {
 		seen[h.Data["uid"]] = true
 		hs = append(hs, h)
 	}
-	if err := second.Destroy(ctxT(t), a); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, second.Destroy(ctxT(t), a))
 	again := startT(t, first, fakeSpec(9, 1, "forever"))
-	if again.Data["uid"] != a.Data["uid"] {
-		t.Errorf("after destroying %s (uid %s) the next environment got uid %s, want the freed one", a.ID, a.Data["uid"], again.Data["uid"])
-	}
+	assert.Equal(t, a.Data["uid"], again.Data["uid"], "after destroying %s (uid %s) the next environment got uid %s, want the freed one", a.ID, a.Data["uid"], again.Data["uid"])
 	for _, h := range append(hs, again) {
-		if got := strconv.Itoa(uidOf(t, pidOf(t, h))); got != h.Data["uid"] {
-			t.Errorf("%s runs as uid %s, its handle says %s", h.ID, got, h.Data["uid"])
-		}
+		assert.Equal(t, h.Data["uid"], strconv.Itoa(uidOf(t, pidOf(t, h))), "%s runs as the uid its handle names", h.ID)
 	}
 }
 
@@ -333,9 +304,7 @@ func TestNewIsolatedRefuses(t *testing.T) {
 	needRoot(t)
 	exe, _ := os.Executable()
 	closed := filepath.Join(t.TempDir(), "closed")
-	if err := os.Mkdir(closed, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Mkdir(closed, 0o700))
 	tests := []struct {
 		name  string
 		root  string
@@ -350,9 +319,7 @@ func TestNewIsolatedRefuses(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			b, err := local.New(local.Config{Root: tt.root, Command: []string{exe}, Users: &tt.users})
-			if err == nil {
-				t.Errorf("New = %v, want an error", b)
-			}
+			assert.Error(t, err, "New = %v, want an error", b)
 		})
 	}
 }

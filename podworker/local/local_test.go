@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -37,9 +39,7 @@ func ctxT(t *testing.T) context.Context {
 func newBackend(t *testing.T, root string, grace time.Duration) *local.Backend {
 	t.Helper()
 	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	b, err := local.New(local.Config{
 		Root:         root,
 		Command:      []string{exe},
@@ -48,9 +48,7 @@ func newBackend(t *testing.T, root string, grace time.Duration) *local.Backend {
 		PollInterval: 20 * time.Millisecond,
 		Log:          zerolog.New(zerolog.NewTestWriter(t)),
 	})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	require.NoError(t, err, "New")
 	return b
 }
 
@@ -82,9 +80,7 @@ type proc struct {
 func running(t *testing.T) []proc {
 	t.Helper()
 	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var out []proc
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -155,9 +151,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func pidOf(t *testing.T, h podworker.Handle) int {
 	t.Helper()
 	pid, err := strconv.Atoi(h.Data["pid"])
-	if err != nil {
-		t.Fatalf("handle %+v: pid: %v", h, err)
-	}
+	require.NoError(t, err, "handle %+v: pid", h)
 	return pid
 }
 
@@ -165,13 +159,9 @@ func pidOf(t *testing.T, h podworker.Handle) int {
 func startT(t *testing.T, b *local.Backend, spec podworker.Spec) podworker.Handle {
 	t.Helper()
 	h, err := b.Start(ctxT(t), spec)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() {
-		if err := b.Destroy(context.Background(), h); err != nil {
-			t.Errorf("cleanup: Destroy: %v", err)
-		}
+		assert.NoError(t, b.Destroy(context.Background(), h), "cleanup: Destroy")
 	})
 	return h
 }
@@ -179,9 +169,7 @@ func startT(t *testing.T, b *local.Backend, spec podworker.Spec) podworker.Handl
 func waitT(t *testing.T, b *local.Backend, h podworker.Handle, root string) podworker.Exit {
 	t.Helper()
 	exit, err := b.Wait(ctxT(t), h)
-	if err != nil {
-		t.Fatalf("Wait: %v", err)
-	}
+	require.NoError(t, err, "Wait")
 	if exit.Code != 0 && root != "" {
 		log, _ := os.ReadFile(filepath.Join(root, h.ID, "executor.log"))
 		t.Logf("executor.log:\n%s", log)
@@ -191,9 +179,7 @@ func waitT(t *testing.T, b *local.Backend, h podworker.Handle, root string) podw
 
 func TestNewValidates(t *testing.T) {
 	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	tests := []struct {
 		name string
 		cfg  local.Config
@@ -234,9 +220,7 @@ func TestStartEnvironment(t *testing.T) {
 		BaseEnv: append(baseEnv(), "FROM_BASE=base", "OVERRIDDEN=by-base"),
 		Log:     zerolog.New(zerolog.NewTestWriter(t)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	spec := fakeSpec(12, 34, "check-env")
 	spec.Env["FROM_SPEC"] = "spec"
 	spec.Env["OVERRIDDEN"] = "by-spec"
@@ -297,9 +281,7 @@ func TestDestroyEscalatesToSIGKILL(t *testing.T) {
 	// The executor ignores SIGTERM only once it runs its mode; wait until it does.
 	eventually(t, "the executor ignores SIGTERM", func() bool { return ignoresSIGTERM(t, pidOf(t, h)) })
 	start := time.Now()
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	if d := time.Since(start); d < grace {
 		t.Errorf("Destroy took %v, less than the grace period %v", d, grace)
 	}
@@ -330,9 +312,7 @@ func TestDestroyWithCanceledContextKillsAtOnce(t *testing.T) {
 	eventually(t, "the executor ignores SIGTERM", func() bool { return ignoresSIGTERM(t, pidOf(t, h)) })
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := b.Destroy(ctx, h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctx, h), "Destroy")
 	if alive(t, pidOf(t, h)) {
 		t.Error("executor survived Destroy")
 	}
@@ -371,9 +351,7 @@ func TestDestroyKillsStrays(t *testing.T) {
 	if !alive(t, stray) {
 		t.Fatal("stray is not running")
 	}
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	if alive(t, stray) {
 		t.Error("stray survived Destroy")
 	}
@@ -387,9 +365,7 @@ func TestDestroyKillsEscapedProcesses(t *testing.T) {
 	b := newBackend(t, root, 5*time.Second)
 	h := startT(t, b, fakeSpec(1, 1, "escape"))
 	escaped := childPID(t, root, h)
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	if alive(t, escaped) {
 		t.Error("process in its own session survived Destroy")
 	}
@@ -401,9 +377,7 @@ func TestStartWipesExitedEnvironment(t *testing.T) {
 	h1 := startT(t, b, fakeSpec(3, 4, "exit0"))
 	waitT(t, b, h1, root)
 	leftover := filepath.Join(root, h1.ID, "work", "leftover")
-	if err := os.WriteFile(leftover, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(leftover, nil, 0o600))
 	h2 := startT(t, b, fakeSpec(3, 4, "forever"))
 	if h2.ID != h1.ID || h2.Data["pid"] == h1.Data["pid"] {
 		t.Errorf("restart = %+v, first %+v; want the same id and a new process", h2, h1)
@@ -428,16 +402,12 @@ func TestStartAfterCrashBeforeHandle(t *testing.T) {
 	root := t.TempDir()
 	b := newBackend(t, root, 5*time.Second)
 	dir := filepath.Join(root, "5-1")
-	if err := os.MkdirAll(filepath.Join(dir, "work"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "work"), 0o700))
 	exe, _ := os.Executable()
 	orphan := exec.Command(exe)
 	orphan.Env = append(baseEnv(), fakeEnv+"=forever", "DYNRUNNER_ENV_DIR="+dir)
 	orphan.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := orphan.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, orphan.Start())
 	orphanDone := make(chan struct{})
 	go func() { _ = orphan.Wait(); close(orphanDone) }()
 	t.Cleanup(func() { _ = orphan.Process.Kill(); <-orphanDone })
@@ -451,9 +421,7 @@ func TestStartAfterCrashBeforeHandle(t *testing.T) {
 	})
 
 	list, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	broken := podworker.Handle{Backend: "local", ID: "5-1", Task: 5, Epoch: 1}
 	if !reflect.DeepEqual(list, []podworker.Handle{broken}) {
 		t.Errorf("List = %+v, want [%+v]", list, broken)
@@ -479,39 +447,23 @@ func TestListAndDestroyForeignEntries(t *testing.T) {
 	root := t.TempDir()
 	outside := t.TempDir()
 	precious := filepath.Join(outside, "precious")
-	if err := os.WriteFile(precious, []byte("keep"), 0o400); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(precious, []byte("keep"), 0o400))
 	b := newBackend(t, root, time.Second)
 	// An environment whose work directory links outside, with a read-only tree.
 	h := startT(t, b, fakeSpec(9, 9, "write-files"))
 	waitT(t, b, h, root)
-	if err := os.Symlink(outside, filepath.Join(root, h.ID, "work", "out")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.Symlink(outside, filepath.Join(root, h.ID, "work", "out")))
 	// Entries that are not environments.
-	if err := os.MkdirAll(filepath.Join(root, "junk", "ro", "deeper"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "junk", "ro", "deeper", "f"), nil, 0o400); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "junk", "ro", "deeper"), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(root, "junk", "ro", "deeper", "f"), nil, 0o400))
 	for _, d := range []string{"junk/ro/deeper", "junk/ro"} {
-		if err := os.Chmod(filepath.Join(root, d), 0o500); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, os.Chmod(filepath.Join(root, d), 0o500))
 	}
-	if err := os.WriteFile(filepath.Join(root, "file"), nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Symlink(outside, filepath.Join(root, "link")); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(filepath.Join(root, "file"), nil, 0o600))
+	require.NoError(t, os.Symlink(outside, filepath.Join(root, "link")))
 
 	list, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	want := []podworker.Handle{
 		h,
 		{Backend: "local", ID: "file"},
@@ -522,15 +474,11 @@ func TestListAndDestroyForeignEntries(t *testing.T) {
 		t.Errorf("List = %+v\nwant %+v", list, want)
 	}
 	for _, l := range list {
-		if err := b.Destroy(ctxT(t), l); err != nil {
-			t.Errorf("Destroy(%s): %v", l.ID, err)
-		}
+		assert.NoError(t, b.Destroy(ctxT(t), l), "Destroy(%s)", l.ID)
 	}
 	entries, _ := os.ReadDir(root)
 	for _, e := range entries {
-		if e.Name() != ".locks" {
-			t.Errorf("%s remains in root", e.Name())
-		}
+		assert.EqualValues(t, ".locks", e.Name(), "%s remains in root", e.Name())
 	}
 	if got, err := os.ReadFile(precious); err != nil || string(got) != "keep" {
 		t.Errorf("file outside root: %q, %v", got, err)
@@ -593,12 +541,8 @@ func TestSurvivesControllerDeath(t *testing.T) {
 	var stderr bytes.Buffer
 	ctl.Stderr = &stderr
 	out, err := ctl.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ctl.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, ctl.Start())
 	ctlDone := make(chan error, 1)
 	lines := make(chan []byte, 1)
 	go func() {
@@ -610,15 +554,14 @@ func TestSurvivesControllerDeath(t *testing.T) {
 	var h podworker.Handle
 	select {
 	case line := <-lines:
+		// The message reads stderr only on failure: the controller may still be writing it.
 		if err := json.Unmarshal(line, &h); err != nil {
 			t.Fatalf("controller printed %q (%v); stderr:\n%s", line, err, stderr.String())
 		}
 	case <-time.After(testTimeout):
 		t.Fatal("controller printed no handle")
 	}
-	if err := ctl.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, ctl.Process.Kill())
 	if err := <-ctlDone; err == nil {
 		t.Fatal("controller exited with 0, want killed")
 	}
@@ -628,9 +571,7 @@ func TestSurvivesControllerDeath(t *testing.T) {
 	}
 	b := newBackend(t, root, 5*time.Second)
 	list, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if !reflect.DeepEqual(list, []podworker.Handle{h}) {
 		t.Errorf("List after the restart = %+v, want [%+v]", list, h)
 	}
@@ -647,9 +588,7 @@ func TestSurvivesControllerDeath(t *testing.T) {
 		}
 		waited <- err
 	}()
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	if err := <-waited; err != nil && !errors.Is(err, podworker.ErrNotFound) {
 		t.Errorf("Wait during Destroy: %v", err)
 	}

@@ -3,8 +3,13 @@
 package local
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -27,8 +32,11 @@ func TestParseStat(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := parseStat([]byte(tt.in))
-			if (err == nil) != tt.ok || got != tt.want {
-				t.Errorf("parseStat(%q) = %+v, %v; want %+v, ok %v", tt.in, got, err, tt.want, tt.ok)
+			assert.Equal(t, tt.want, got)
+			if tt.ok {
+				assert.NoError(t, err)
+			} else {
+				assert.ErrorIs(t, err, errBadStat)
 			}
 		})
 	}
@@ -36,31 +44,41 @@ func TestParseStat(t *testing.T) {
 
 func TestReadStatSelf(t *testing.T) {
 	st, err := readStat(os.Getpid())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st.exited() || st.start == 0 {
-		t.Errorf("readStat(self) = %+v", st)
-	}
+	require.NoError(t, err)
+	assert.False(t, st.exited(), "readStat(self) = %+v", st)
+	assert.NotZero(t, st.start, "readStat(self) = %+v", st)
 	ref := procRef{pid: os.Getpid(), pgid: os.Getpid(), start: st.start}
-	if !ref.alive() {
-		t.Error("alive(self) = false")
-	}
+	assert.True(t, ref.alive(), "alive(self)")
 	ref.start++
-	if ref.alive() {
-		t.Error("alive(self with another start time) = true")
-	}
+	assert.False(t, ref.alive(), "alive(self with another start time)")
 }
 
+// FuzzParseStat: whatever a process names itself (the command may hold spaces and
+// parentheses), a stat line parses back to the state, process group and start time it
+// carries; bytes that are no stat line are errBadStat and yield nothing.
 func FuzzParseStat(f *testing.F) {
-	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 42 48459776 2920"))
-	f.Add([]byte("77 (a) (b c) Z 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0"))
-	f.Add([]byte(")"))
-	f.Fuzz(func(t *testing.T, b []byte) {
+	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 42 48459776 2920"), "init", byte('S'), 1, uint64(42))
+	f.Add([]byte("77 (a) (b c) Z 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0"), "a) (b c", byte('Z'), 77, uint64(999))
+	f.Add([]byte(")"), ") R 1 (", byte('R'), -1, uint64(0))
+	f.Fuzz(func(t *testing.T, b []byte, comm string, state byte, pgrp int, start uint64) {
 		st, err := parseStat(b)
-		if err != nil && st != (procStat{}) {
-			t.Errorf("parseStat(%q) = %+v with error %v", b, st, err)
+		if err != nil {
+			require.ErrorIs(t, err, errBadStat)
+			assert.Zero(t, st, "parseStat(%q) failed but returned fields", b)
+		} else {
+			// The state is the one byte after the command's closing parenthesis.
+			rest := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
+			assert.Equal(t, []byte{st.state}, rest[0])
 		}
+
+		// Round trip: a line the kernel would write for these values.
+		if bytes.ContainsAny([]byte{state}, " \t\n\v\f\r)") {
+			return
+		}
+		line := fmt.Sprintf("4242 (%s) %c 1 %d %d 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 %d 48459776 2920\n", comm, state, pgrp, pgrp, start)
+		st, err = parseStat([]byte(line))
+		require.NoError(t, err, "%q", line)
+		assert.Equal(t, procStat{state: state, pgrp: pgrp, start: start}, st, "%q", line)
 	})
 }
 
@@ -82,11 +100,11 @@ func TestEnvIDs(t *testing.T) {
 	}
 	for _, tt := range tests {
 		task, epoch, ok := parseEnvID(tt.id)
-		if task != tt.task || epoch != tt.epoch || ok != tt.ok {
-			t.Errorf("parseEnvID(%q) = %d, %d, %v; want %d, %d, %v", tt.id, task, epoch, ok, tt.task, tt.epoch, tt.ok)
-		}
-		if ok && envID(task, epoch) != tt.id {
-			t.Errorf("envID(%d, %d) = %q, want %q", task, epoch, envID(task, epoch), tt.id)
+		assert.Equal(t, tt.task, task, "parseEnvID(%q)", tt.id)
+		assert.Equal(t, tt.epoch, epoch, "parseEnvID(%q)", tt.id)
+		assert.Equal(t, tt.ok, ok, "parseEnvID(%q)", tt.id)
+		if ok {
+			assert.Equal(t, tt.id, envID(task, epoch))
 		}
 	}
 }
@@ -99,12 +117,8 @@ func FuzzEnvID(f *testing.F) {
 		if !ok {
 			return
 		}
-		if envID(task, epoch) != id {
-			t.Errorf("parseEnvID(%q) = %d, %d; envID gives %q", id, task, epoch, envID(task, epoch))
-		}
-		if !validName(id, false) {
-			t.Errorf("environment id %q is not a valid name", id)
-		}
+		assert.Equal(t, id, envID(task, epoch), "parseEnvID(%q) = %d, %d", id, task, epoch)
+		assert.True(t, validName(id, false), "environment id %q is not a valid name", id)
 	})
 }
 
@@ -113,32 +127,27 @@ func TestValidName(t *testing.T) {
 		"token": true, "svid.pem": true, ".hidden": false, "": false, ".": false, "..": false,
 		"a/b": false, "a..b": false, "nul\x00": false, string(make([]byte, 256)): false,
 	} {
-		if got := validName(name, false); got != want {
-			t.Errorf("validName(%q) = %v, want %v", name, got, want)
-		}
+		assert.Equal(t, want, validName(name, false), "validName(%q)", name)
 	}
-	if !validName(".hidden", true) {
-		t.Error(`validName(".hidden", dots) = false`)
-	}
+	assert.True(t, validName(".hidden", true), `validName(".hidden", dots)`)
 }
 
 func TestRefFromData(t *testing.T) {
 	ref := procRef{pid: 10, pgid: 10, start: 99}
 	got, ok, err := refFromData(ref.data("/x"))
-	if err != nil || !ok || got != ref {
-		t.Errorf("refFromData(data(%+v)) = %+v, %v, %v", ref, got, ok, err)
-	}
-	if _, ok, err := refFromData(nil); ok || err != nil {
-		t.Errorf("refFromData(nil) = %v, %v; want no process, no error", ok, err)
-	}
+	require.NoError(t, err)
+	assert.True(t, ok)
+	assert.Equal(t, ref, got)
+	_, ok, err = refFromData(nil)
+	require.NoError(t, err, "refFromData(nil): no process, no error")
+	assert.False(t, ok, "refFromData(nil): no process")
 	for _, d := range []map[string]string{
 		{dataPID: "1", dataPGID: "1", dataStartTime: "5"},
 		{dataPID: "10", dataPGID: "11", dataStartTime: "5"},
 		{dataPID: "10", dataPGID: "10"},
 		{dataPID: "ten", dataPGID: "10", dataStartTime: "5"},
 	} {
-		if _, _, err := refFromData(d); err == nil {
-			t.Errorf("refFromData(%v) succeeded", d)
-		}
+		_, _, err := refFromData(d)
+		assert.Error(t, err, "refFromData(%v)", d)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 func TestIDsMapped(t *testing.T) {
@@ -23,9 +25,7 @@ func TestIDsMapped(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "uid_map")
-			if err := os.WriteFile(p, []byte(tt.uidMap), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, os.WriteFile(p, []byte(tt.uidMap), 0o600))
 			got, err := idsMapped(p, tt.first, tt.count)
 			if got != tt.want || (err != nil) != tt.err {
 				t.Errorf("idsMapped(%q, %d, %d) = %v, %v; want %v, error %v", tt.uidMap, tt.first, tt.count, got, err, tt.want, tt.err)

@@ -11,6 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
@@ -27,9 +30,7 @@ func needTools(t *testing.T) devforge.Tools {
 	if errors.Is(err, devforge.ErrToolsMissing) && os.Getenv("CI") == "" {
 		t.Skip(err) // names the command that builds them
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return tools
 }
 
@@ -75,13 +76,9 @@ func startForge(t *testing.T, ctx context.Context, tools devforge.Tools, dir str
 	out := newLogWriter(t, "gitea")
 	began := time.Now()
 	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: dir, Output: out})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() {
-		if err := forge.Close(); err != nil {
-			t.Errorf("close forge: %v", err)
-		}
+		assert.NoError(t, forge.Close(), "close forge")
 	})
 	t.Logf("gitea started at %s in %v", forge.URL(), time.Since(began))
 	return forge
@@ -99,18 +96,12 @@ func TestStaticRunnerJob(t *testing.T) {
 
 	forge := startForge(t, ctx, tools, t.TempDir())
 	repo, err := forge.CreateRepo(ctx, "hello")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	const secret = "s3cr3t-Value-42"
-	if err := forge.SetSecret(ctx, repo, "X", secret); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, forge.SetSecret(ctx, repo, "X", secret))
 
 	regToken, err := forge.RunnerRegistrationToken(ctx, repo.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, scope := range []string{"", devforge.AdminUser} {
 		tok, err := forge.RunnerRegistrationToken(ctx, scope)
 		if err != nil || tok == "" || tok == regToken {
@@ -122,19 +113,13 @@ func TestStaticRunnerJob(t *testing.T) {
 	}
 	runner, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), regToken,
 		executor.Labels(assignment.BackendPod), filepath.Join(t.TempDir(), "runner"), newLogWriter(t, "runner"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() {
-		if err := runner.Close(); err != nil {
-			t.Errorf("close runner: %v", err)
-		}
+		assert.NoError(t, runner.Close(), "close runner")
 	})
 
 	runners, err := forge.Runners(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if len(runners) != 1 || runners[0].Name != runner.Name() {
 		t.Fatalf("runners = %+v, want one named %q", runners, runner.Name())
 	}
@@ -149,32 +134,22 @@ jobs:
 `
 	pushed := time.Now()
 	sha, err := forge.PushWorkflow(ctx, repo, ".gitea/workflows/ci.yml", workflow)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	run, err := forge.WaitRun(ctx, repo, sha)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Logf("run %d finished %v after the push: %+v", run.ID, time.Since(pushed), run.Jobs)
 	if !run.Succeeded() {
 		t.Errorf("run did not succeed: %+v", run)
 	}
-	if run.HeadSHA != sha {
-		t.Errorf("run head sha = %q, want %q", run.HeadSHA, sha)
-	}
+	assert.Equal(t, sha, run.HeadSHA, "run head sha")
 	job, ok := run.Job("hello")
 	if !ok {
 		t.Fatalf("no job hello in %+v", run.Jobs)
 	}
-	if job.RunnerName != runner.Name() {
-		t.Errorf("job ran on %q, want %q", job.RunnerName, runner.Name())
-	}
+	assert.Equal(t, runner.Name(), job.RunnerName, "job ran on")
 
 	log, err := forge.JobLog(ctx, repo, job.ID)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Logf("job log:\n%s", log)
 	if !strings.Contains(log, "hello ***") {
 		t.Errorf("log does not contain the masked secret %q", "hello ***")
@@ -201,9 +176,7 @@ func TestRestartKeepsState(t *testing.T) {
 	if _, err := first.CreateRepo(ctx, "kept"); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.Close(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, first.Close())
 	if err := first.Close(); err != nil { // idempotent
 		t.Fatalf("second close: %v", err)
 	}

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -70,13 +72,10 @@ func ctxT(t *testing.T) context.Context {
 func TestCluster(t *testing.T) {
 	c := kubetest.Start(t)
 	v, err := c.Client.Discovery().ServerVersion()
-	if err != nil || v.GitVersion != kubetest.KubeVersion {
-		t.Fatalf("server version %v, %v; want %s", v, err, kubetest.KubeVersion)
-	}
+	require.NoError(t, err, "server version %v, %v; want %s", v, err, kubetest.KubeVersion)
+	require.Equal(t, kubetest.KubeVersion, v.GitVersion, "server version %v, %v; want %s", v, err, kubetest.KubeVersion)
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	admin := kubernetes.NewForConfigOrDie(cfg)
 	if _, err := admin.CoreV1().ServiceAccounts("default").Get(ctxT(t), "default", metav1.GetOptions{}); err != nil {
 		t.Errorf("the default ServiceAccount through the kubeconfig: %v", err)
@@ -117,9 +116,7 @@ func TestKubelet(t *testing.T) {
 	}
 	tail := int64(10)
 	r, err := pods.GetLogs("check", &corev1.PodLogOptions{TailLines: &tail}).Stream(ctxT(t))
-	if err != nil {
-		t.Fatalf("pods/log: %v", err)
-	}
+	require.NoError(t, err, "pods/log")
 	logs, _ := io.ReadAll(r)
 	r.Close()
 	// stdout ("hello from check") and stderr ("bye") are separate streams: the engine keeps
@@ -149,9 +146,7 @@ func TestKubelet(t *testing.T) {
 		t.Fatal(err)
 	}
 	got = waitPod(t, c, ns, "deadline", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-	if got.Status.Reason != "DeadlineExceeded" {
-		t.Errorf("pod status reason %q, want DeadlineExceeded", got.Status.Reason)
-	}
+	assert.EqualValues(t, "DeadlineExceeded", got.Status.Reason, "pod status reason %q, want DeadlineExceeded", got.Status.Reason)
 
 	// A CSI driver the node does not have: the Pod stays Pending, saying why.
 	p = newPod("csi", k.NodeName(), image, "forever")
@@ -171,9 +166,7 @@ func TestKubeletCSI(t *testing.T) {
 	c := kubetest.Start(t)
 	image := kubetest.TestBinaryImage(t)
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "token"), []byte("s3cret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "token"), []byte("s3cret"), 0o600))
 	k := kubetest.StartKubelet(t, c, kubetest.KubeletConfig{NodeName: "csi-node", CSIDrivers: map[string]string{"csi.example.com": dir}})
 	ns := c.Namespace(t)
 	p := newPod("csi", k.NodeName(), image, "check")

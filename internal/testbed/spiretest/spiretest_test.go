@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
@@ -99,9 +100,7 @@ func TestHostWorkload(t *testing.T) {
 	checkSocketDir(t, s)
 
 	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	want := spiffeid.RequireFromPath(s.TrustDomain, "/test/host")
 	selectors := []string{"unix:uid:" + strconv.Itoa(os.Getuid()), "unix:path:" + exe}
 	began := time.Now()
@@ -113,9 +112,7 @@ func TestHostWorkload(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), svidTimeout)
 	defer cancel()
 	ids, err := fetchSVIDs(ctx, s.EndpointSocket())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Logf("SVID %v %v after the entry's creation", ids, time.Since(began).Round(time.Millisecond))
 	if len(ids) != 1 || ids[0] != want {
 		t.Errorf("SVIDs = %v, want [%s]", ids, want)
@@ -141,9 +138,7 @@ func TestHostWorkload(t *testing.T) {
 func checkSocketDir(t *testing.T, s *spiretest.SPIRE) {
 	t.Helper()
 	des, err := os.ReadDir(s.AgentSocketDir)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if len(des) != 1 || filepath.Join(s.AgentSocketDir, des[0].Name()) != s.AgentSocket {
 		t.Errorf("%s holds %v, want only %s", s.AgentSocketDir, des, filepath.Base(s.AgentSocket))
 	}
@@ -182,9 +177,7 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 	s.CreateEntry(t, want.String(), s.AgentID.String(), "docker:label:io.kubernetes.pod.uid:"+podUID)
 	code := spiretest.WaitContainer(t, id)
 	out := spiretest.ContainerLogs(t, id)
-	if code != 0 {
-		t.Fatalf("container exited %d:\n%s", code, out)
-	}
+	require.EqualValues(t, 0, code, "container exited %d:\n%s", code, out)
 	var ids []string
 	var at int64
 	sc := bufio.NewScanner(strings.NewReader(out))
@@ -207,8 +200,6 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 func newUUID(t *testing.T) string {
 	t.Helper()
 	u, err := uuid.NewRandom()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return u.String()
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -22,9 +23,7 @@ import (
 func dial(t *testing.T, addr string) workload.SpiffeWorkloadAPIClient {
 	t.Helper()
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { conn.Close() })
 	return workload.NewSpiffeWorkloadAPIClient(conn)
 }
@@ -36,13 +35,9 @@ func withHeader(ctx context.Context) context.Context {
 func TestServer(t *testing.T) {
 	td := spiffeid.RequireTrustDomainFromString("ci.example.org")
 	ca, err := dynworkload.LoadOrCreateDevCA(filepath.Join(t.TempDir(), "ca"), td)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	svid, err := ca.Issue(dynworkload.AssignmentID(td, 42, 7), time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	api := workloadtest.Start(t)
 	client := dial(t, api.Addr())
 
@@ -78,22 +73,16 @@ func TestServer(t *testing.T) {
 			} else {
 				err = api.SetX509SVID(nil, nil)
 			}
-			if err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			if tt.header {
 				ctx = withHeader(ctx)
 			}
 			resp, err := recvX509(ctx)
-			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("FetchX509SVID code = %v (%v), want %v", got, err, tt.wantCode)
-			}
+			require.Equal(t, tt.wantCode, status.Code(err), "FetchX509SVID code = %v (%v), want %v", status.Code(err), err, tt.wantCode)
 			bundles, err := recvBundles(ctx)
-			if got := status.Code(err); got != tt.wantCode {
-				t.Fatalf("FetchX509Bundles code = %v (%v), want %v", got, err, tt.wantCode)
-			}
+			require.Equal(t, tt.wantCode, status.Code(err), "FetchX509Bundles code = %v (%v), want %v", status.Code(err), err, tt.wantCode)
 			if tt.wantCode != codes.OK {
 				return
 			}
@@ -101,9 +90,7 @@ func TestServer(t *testing.T) {
 				t.Fatalf("response SVIDs = %v, want one for %s", resp.Svids, svid.ID)
 			}
 			got, err := x509svid.ParseRaw(resp.Svids[0].X509Svid, resp.Svids[0].X509SvidKey)
-			if err != nil {
-				t.Fatalf("response SVID does not parse: %v", err)
-			}
+			require.NoError(t, err, "response SVID does not parse")
 			if !got.Certificates[0].Equal(svid.Certificates[0]) {
 				t.Error("response SVID differs from the one set")
 			}
@@ -117,21 +104,15 @@ func TestServer(t *testing.T) {
 		ctx, cancel := context.WithTimeout(withHeader(t.Context()), 10*time.Second)
 		defer cancel()
 		_, err := client.FetchJWTSVID(ctx, &workload.JWTSVIDRequest{Audience: []string{"x"}})
-		if got := status.Code(err); got != codes.Unimplemented {
-			t.Fatalf("FetchJWTSVID code = %v, want Unimplemented", got)
-		}
+		require.Equal(t, codes.Unimplemented, status.Code(err), "FetchJWTSVID code = %v, want Unimplemented", status.Code(err))
 	})
 
 	t.Run("stop ends streams", func(t *testing.T) {
-		if err := api.SetX509SVID(svid, ca.Bundle()); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, api.SetX509SVID(svid, ca.Bundle()))
 		ctx, cancel := context.WithTimeout(withHeader(t.Context()), 10*time.Second)
 		defer cancel()
 		stream, err := client.FetchX509SVID(ctx, &workload.X509SVIDRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		if _, err := stream.Recv(); err != nil {
 			t.Fatal(err)
 		}
