@@ -60,6 +60,7 @@ func FuzzParseStat(f *testing.F) {
 	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 42 48459776 2920"), "init", byte('S'), 1, uint64(42))
 	f.Add([]byte("77 (a) (b c) Z 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0"), "a) (b c", byte('Z'), 77, uint64(999))
 	f.Add([]byte(")"), ") R 1 (", byte('R'), -1, uint64(0))
+	f.Add([]byte("0 (0) \x89"), "0", byte(0x89), 1, uint64(42))
 	f.Fuzz(func(t *testing.T, b []byte, comm string, state byte, pgrp int, start uint64) {
 		st, err := parseStat(b)
 		if err != nil {
@@ -75,7 +76,7 @@ func FuzzParseStat(f *testing.F) {
 		if bytes.ContainsAny([]byte{state}, " \t\n\v\f\r)") {
 			return
 		}
-		line := fmt.Sprintf("4242 (%s) %c 1 %d %d 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 %d 48459776 2920\n", comm, state, pgrp, pgrp, start)
+		line := fmt.Sprintf("4242 (%s) %s 1 %d %d 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 %d 48459776 2920\n", comm, []byte{state}, pgrp, pgrp, start)
 		st, err = parseStat([]byte(line))
 		require.NoError(t, err, "%q", line)
 		assert.Equal(t, procStat{state: state, pgrp: pgrp, start: start}, st, "%q", line)
