@@ -58,6 +58,11 @@ type controllerProc struct {
 func startController(b *testing.B, bin string, tools devforge.Tools, forge *devforge.Forge, scope string, extra ...string) *controllerProc {
 	b.Helper()
 	dir := b.TempDir()
+	// As root, local environments run under uids of their own, which must pass through every
+	// directory above STATE_DIR; b.TempDir's parent is 0700.
+	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
+		b.Fatal(err)
+	}
 	tok, err := forge.RunnerRegistrationToken(b.Context(), scope)
 	if err != nil {
 		b.Fatal(err)
