@@ -2,7 +2,6 @@ package identity_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -125,9 +124,7 @@ func (e *env) create(t *testing.T, p *corev1.Pod) *corev1.Pod {
 
 func (e *env) deletePod(t *testing.T, name string) {
 	t.Helper()
-	if err := e.kube.CoreV1().Pods(e.ns).Delete(t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.kube.CoreV1().Pods(e.ns).Delete(t.Context(), name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
 }
 
 // owned lists the entries carrying the registrar's hint, by ID.
@@ -185,44 +182,34 @@ func TestRegistrar(t *testing.T) {
 		Selectors: []*types.Selector{{Type: "k8s", Value: "pod-uid:1c1e4f8e-0000-4000-8000-000000000000"}},
 	}
 	resp, err := e.entries.BatchCreateEntry(t.Context(), &entryv1.BatchCreateEntryRequest{Entries: []*types.Entry{stale, neighbour}})
-	if err != nil || resp.Results[0].Status.Code != 0 || resp.Results[1].Status.Code != 0 {
-		t.Fatalf("create the stale and the neighbour's entries: %v %v", err, resp)
-	}
+	require.NoError(t, err, "create the stale and the neighbour's entries")
+	require.Zero(t, resp.Results[0].Status.Code, "create the stale entry: %v", resp)
+	require.Zero(t, resp.Results[1].Status.Code, "create the neighbour's entry: %v", resp)
 	e.spire.CreateEntry(t, "spiffe://"+trustDomain+"/operator/made", e.parent.String(), "unix:uid:4242")
 
 	r, stop := e.run(t, e.config(t, nil))
-	if _, ok := e.owned(t)[stale.Id]; ok {
-		t.Errorf("the stale entry survived the start sweep")
-	}
-	if !slices.ContainsFunc(e.spire.Entries(t), func(en spiretest.Entry) bool { return en.SPIFFEID.String() == "spiffe://"+trustDomain+"/operator/made" }) {
-		t.Errorf("the registrar deleted an entry it does not own")
-	}
-	if !slices.ContainsFunc(e.spire.Entries(t), func(en spiretest.Entry) bool { return en.ID == neighbour.Id }) {
-		t.Errorf("the registrar deleted the entry of another namespace's registrar")
-	}
+	assert.NotContains(t, e.owned(t), stale.Id, "the stale entry survived the start sweep")
+	assert.True(t, slices.ContainsFunc(e.spire.Entries(t), func(en spiretest.Entry) bool { return en.SPIFFEID.String() == "spiffe://"+trustDomain+"/operator/made" }),
+		"the registrar deleted an entry it does not own")
+	assert.True(t, slices.ContainsFunc(e.spire.Entries(t), func(en spiretest.Entry) bool { return en.ID == neighbour.Id }),
+		"the registrar deleted the entry of another namespace's registrar")
 
 	t.Run("a job pod gets an entry for its uid", func(t *testing.T) {
 		p := e.pod(t, 7, 3)
 		id := "dynrunner-pod-" + string(p.UID)
 		poll(t, "the pod's entry exists", func() bool { _, ok := e.owned(t)[id]; return ok })
 		en := e.owned(t)[id]
-		if got := idOf(en.SpiffeId); got != "spiffe://"+trustDomain+"/dynrunner/task/7/epoch/3" {
-			t.Errorf("SPIFFE ID %s", got)
-		}
+		assert.Equal(t, "spiffe://"+trustDomain+"/dynrunner/task/7/epoch/3", idOf(en.SpiffeId), "SPIFFE ID")
 		assert.Equal(t, e.parent.String(), idOf(en.ParentId), "parent %s, want %s", idOf(en.ParentId), e.parent)
-		want := []string{"k8s:ns:" + e.ns, "k8s:pod-uid:" + string(p.UID)}
-		if got := selectorStrings(en); !slices.Equal(got, want) {
-			t.Errorf("selectors %v, want %v", got, want)
-		}
+		assert.Equal(t, []string{"k8s:ns:" + e.ns, "k8s:pod-uid:" + string(p.UID)}, selectorStrings(en), "selectors")
 		assert.EqualValues(t, 300, en.X509SvidTtl, "X509 SVID TTL %d, want 300", en.X509SvidTtl)
 		wantExpiry := p.CreationTimestamp.Add(3630*time.Second + 10*time.Minute).Unix()
 		assert.Equal(t, wantExpiry, en.ExpiresAt, "expires at")
 
 		// The Pod ends: its entry goes at once, though the Pod object stays.
 		p.Status.Phase = corev1.PodSucceeded
-		if _, err := e.kube.CoreV1().Pods(e.ns).UpdateStatus(t.Context(), p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		_, err := e.kube.CoreV1().Pods(e.ns).UpdateStatus(t.Context(), p, metav1.UpdateOptions{})
+		require.NoError(t, err)
 		poll(t, "the ended pod's entry is deleted", func() bool { _, ok := e.owned(t)[id]; return !ok })
 		e.deletePod(t, p.Name)
 	})
@@ -249,9 +236,7 @@ func TestRegistrar(t *testing.T) {
 		poll(t, "the job pod's entry exists", func() bool { _, ok := e.owned(t)["dynrunner-pod-"+string(p.UID)]; return ok })
 		require.NoError(t, r.Reconcile(t.Context()))
 		for _, q := range []*corev1.Pod{liar, other} {
-			if _, ok := e.owned(t)["dynrunner-pod-"+string(q.UID)]; ok {
-				t.Errorf("pod %s got an entry", q.Name)
-			}
+			assert.NotContains(t, e.owned(t), "dynrunner-pod-"+string(q.UID), "pod %s got an entry", q.Name)
 			e.deletePod(t, q.Name)
 		}
 		e.deletePod(t, p.Name)
@@ -267,12 +252,8 @@ func TestRegistrar(t *testing.T) {
 		keep := e.pod(t, 14, 1)
 		_, stop2 := e.run(t, e.config(t, nil))
 		owned := e.owned(t)
-		if _, ok := owned[id]; ok {
-			t.Errorf("the entry of the pod deleted while the registrar was down survived its start")
-		}
-		if _, ok := owned["dynrunner-pod-"+string(keep.UID)]; !ok {
-			t.Errorf("the pod created while the registrar was down has no entry after its start")
-		}
+		assert.NotContains(t, owned, id, "the entry of the pod deleted while the registrar was down survived its start")
+		assert.Contains(t, owned, "dynrunner-pod-"+string(keep.UID), "the pod created while the registrar was down has no entry after its start")
 		e.deletePod(t, keep.Name)
 		poll(t, "no entries are left", func() bool { return len(e.owned(t)) == 0 })
 		stop2()
@@ -290,27 +271,26 @@ func TestRegistrar(t *testing.T) {
 		}))
 		defer stop3()
 		fa, ok := e.owned(t)["dynrunner-facade-nodes-k8s-"+e.ns]
-		if !ok || idOf(fa.SpiffeId) != facadeNodes.String() || idOf(fa.ParentId) != "spiffe://"+trustDomain+"/spire/server" ||
-			!slices.Equal(selectorStrings(fa), []string{"join_token:controller-node"}) {
-			t.Fatalf("facade nodes' alias entry: %v", fa)
-		}
+		require.True(t, ok, "the facade nodes' alias entry is missing")
+		require.Equal(t, facadeNodes.String(), idOf(fa.SpiffeId), "facade nodes' alias entry %v: SPIFFE ID", fa)
+		require.Equal(t, "spiffe://"+trustDomain+"/spire/server", idOf(fa.ParentId), "facade nodes' alias entry %v: parent", fa)
+		require.Equal(t, []string{"join_token:controller-node"}, selectorStrings(fa), "facade nodes' alias entry %v: selectors", fa)
 		fe, ok := e.owned(t)["dynrunner-facade-k8s-"+e.ns]
-		if !ok || idOf(fe.SpiffeId) != "spiffe://"+trustDomain+"/dynrunner/facade" || idOf(fe.ParentId) != facadeNodes.String() ||
-			!slices.Equal(selectorStrings(fe), []string{"unix:path:/usr/bin/dynrunner", "unix:uid:0"}) {
-			t.Fatalf("facade entry: %v", fe)
-		}
+		require.True(t, ok, "the facade entry is missing")
+		require.Equal(t, "spiffe://"+trustDomain+"/dynrunner/facade", idOf(fe.SpiffeId), "facade entry %v: SPIFFE ID", fe)
+		require.Equal(t, facadeNodes.String(), idOf(fe.ParentId), "facade entry %v: parent", fe)
+		require.Equal(t, []string{"unix:path:/usr/bin/dynrunner", "unix:uid:0"}, selectorStrings(fe), "facade entry %v: selectors", fe)
 		a, ok := e.owned(t)["dynrunner-node-alias-k8s-"+e.ns]
-		if !ok || idOf(a.SpiffeId) != alias.String() || idOf(a.ParentId) != "spiffe://"+trustDomain+"/spire/server" {
-			t.Fatalf("node alias entry: %v", a)
-		}
+		require.True(t, ok, "the node alias entry is missing")
+		require.Equal(t, alias.String(), idOf(a.SpiffeId), "node alias entry %v: SPIFFE ID", a)
+		require.Equal(t, "spiffe://"+trustDomain+"/spire/server", idOf(a.ParentId), "node alias entry %v: parent", a)
 		p := e.pod(t, 15, 4)
 		id := "dynrunner-pod-" + string(p.UID)
 		poll(t, "the pod's entry exists", func() bool { _, ok := e.owned(t)[id]; return ok })
 		en := e.owned(t)[id]
 		want := []string{"docker:label:io.kubernetes.pod.namespace:" + e.ns, "docker:label:io.kubernetes.pod.uid:" + string(p.UID)}
-		if got := selectorStrings(en); !slices.Equal(got, want) || idOf(en.ParentId) != alias.String() {
-			t.Errorf("entry %v %v, want selectors %v parent %s", got, idOf(en.ParentId), want, alias)
-		}
+		assert.Equal(t, want, selectorStrings(en), "entry selectors")
+		assert.Equal(t, alias.String(), idOf(en.ParentId), "entry parent")
 		e.deletePod(t, p.Name)
 		poll(t, "the pod's entry is deleted", func() bool { _, ok := e.owned(t)[id]; return !ok })
 	})
@@ -322,9 +302,8 @@ func TestNewRefusesHalfConfigurations(t *testing.T) {
 		Kube: kubernetes.New(nil), Namespace: "jobs", Entries: entryv1.NewEntryClient(nil), TrustDomain: td,
 		ParentID: spiffeid.RequireFromString("spiffe://" + trustDomain + "/nodes"), Selectors: identity.SelectorsK8s, SVIDTTL: time.Minute,
 	}
-	if _, err := identity.New(good); err != nil {
-		t.Fatalf("a complete configuration: %v", err)
-	}
+	_, err := identity.New(good)
+	require.NoError(t, err, "a complete configuration")
 	for name, edit := range map[string]func(*identity.Config){
 		"no namespace":         func(c *identity.Config) { c.Namespace = "" },
 		"parent in other td":   func(c *identity.Config) { c.ParentID = spiffeid.RequireFromString("spiffe://other.test/nodes") },
@@ -340,16 +319,14 @@ func TestNewRefusesHalfConfigurations(t *testing.T) {
 	} {
 		c := good
 		edit(&c)
-		if _, err := identity.New(c); !errors.Is(err, identity.ErrConfig) {
-			t.Errorf("%s: %v, want ErrConfig", name, err)
-		}
+		_, err := identity.New(c)
+		assert.ErrorIs(t, err, identity.ErrConfig, name)
 	}
 	// The docker source needs neither a Kubernetes client nor a namespace.
 	inv, err := docker.NewInventory("", "")
 	require.NoError(t, err)
 	dc := good
 	dc.Source, dc.Docker, dc.Kube, dc.Namespace, dc.Selectors = identity.SourceDocker, inv, nil, "", ""
-	if _, err := identity.New(dc); err != nil {
-		t.Errorf("a docker configuration: %v", err)
-	}
+	_, err = identity.New(dc)
+	assert.NoError(t, err, "a docker configuration")
 }

@@ -188,9 +188,7 @@ func newRigHeartbeat(t *testing.T, heartbeat time.Duration) *rig {
 	cfg.DispatchMaxDeliver = 3
 	cfg.WorkersTTL = 3 * heartbeat
 	l, err := eventlog.Open(t.Context(), js, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return &rig{t: t, conn: c, log: l, js: js}
 }
 
@@ -200,18 +198,12 @@ func newRigHeartbeat(t *testing.T, heartbeat time.Duration) *rig {
 func (r *rig) replica() (*nats.Conn, *eventlog.Log) {
 	r.t.Helper()
 	nc, err := nats.Connect("", nats.InProcessServer(r.conn.Server))
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
 	r.t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
 	l, err := eventlog.Open(r.t.Context(), js, r.log.Config())
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
 	return nc, l
 }
 
@@ -227,9 +219,7 @@ func (r *rig) runWorker(l *eventlog.Log, backend podworker.Backend, cfg podworke
 	r.t.Helper()
 	r.view = eventlog.NewView()
 	issuer, err := captoken.NewIssuer([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
 	cfg.Tier, cfg.Concurrency, cfg.Issuer, cfg.RetryDelay = assignment.BackendPod, 4, issuer, 10*time.Millisecond
 	cfg.Log = zerolog.New(zerolog.NewTestWriter(r.t)).With().Str("actor", cfg.Actor).Logger()
 	view := r.view
@@ -254,9 +244,7 @@ func (r *rig) runWorker(l *eventlog.Log, backend podworker.Backend, cfg podworke
 		stopped = true
 		cancel()
 		wg.Wait()
-		if err := <-errc; err != nil {
-			r.t.Errorf("worker Run returned %v on cancellation", err)
-		}
+		assert.NoError(r.t, <-errc, "worker Run on cancellation")
 	}
 	r.t.Cleanup(stop)
 	return stop
@@ -266,20 +254,14 @@ func (r *rig) claim(task assignment.TaskID) assignment.State {
 	r.t.Helper()
 	st, err := r.log.Apply(r.t.Context(), assignment.Event{Transition: assignment.Claimed, Task: task, At: time.Now(), Actor: "test",
 		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
-	if err != nil {
-		r.t.Fatal(err)
-	}
-	if err := r.log.Dispatch(r.t.Context(), assignment.BackendPod, task, st.Epoch()); err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
+	require.NoError(r.t, r.log.Dispatch(r.t.Context(), assignment.BackendPod, task, st.Epoch()))
 	return st
 }
 
 func (r *rig) phase(task assignment.TaskID) assignment.State {
 	st, err := r.log.Get(r.t.Context(), task)
-	if err != nil {
-		r.t.Fatal(err)
-	}
+	require.NoError(r.t, err)
 	return st
 }
 
@@ -303,18 +285,16 @@ func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
 	eventually(t, "started", func() bool { return r.phase(1).Phase == assignment.Started })
 	got := r.phase(1)
 	var h podworker.Handle
-	if err := json.Unmarshal(got.Handle, &h); err != nil || h.ID != id || got.TokenID == "" {
-		t.Fatalf("started record: handle %s token %q", got.Handle, got.TokenID)
-	}
+	require.NoError(t, json.Unmarshal(got.Handle, &h), "started record: handle %s", got.Handle)
+	require.Equal(t, id, h.ID, "started record: handle id")
+	require.NotEmpty(t, got.TokenID, "started record: token id")
 	// The environment dies before the job completed: the assignment fails with a reason. The
 	// worker must be waiting on it first: the memory backend forgets an environment that exits
 	// unwatched, where a real one keeps its exit code.
 	eventually(t, "the worker waits on the environment", func() bool { return mem.watchers(id) == 1 })
 	mem.exit(id, 2)
 	eventually(t, "failed", func() bool { return r.phase(1).Phase == assignment.Failed })
-	if reason := r.phase(1).Reason; !strings.Contains(reason, "exit code 2") {
-		t.Fatalf("reason %q does not give the exit code", reason)
-	}
+	assert.Contains(t, r.phase(1).Reason, "exit code 2", "the reason does not give the exit code")
 }
 
 func TestWorkerDeadLettersAfterMaxDeliver(t *testing.T) {
@@ -324,31 +304,23 @@ func TestWorkerDeadLettersAfterMaxDeliver(t *testing.T) {
 	r.run(mem)
 	r.claim(2)
 	eventually(t, "failed", func() bool { return r.phase(2).Phase == assignment.Failed })
-	if reason := r.phase(2).Reason; !strings.Contains(reason, "no capacity") {
-		t.Fatalf("reason %q does not say why", reason)
-	}
+	assert.Contains(t, r.phase(2).Reason, "no capacity", "the reason does not say why")
 	mem.mu.Lock()
 	starts := mem.starts
 	mem.mu.Unlock()
-	if starts != 3 {
-		t.Fatalf("%d start attempts, want MaxDeliver = 3", starts)
-	}
+	assert.Equal(t, 3, starts, "start attempts, want MaxDeliver")
 	st, err := r.js.Stream(t.Context(), eventlog.StreamDead)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// The worker fails the assignment first and dead-letters the message after.
 	var msg *jetstream.RawStreamMsg
 	eventually(t, "the dead letter", func() bool {
 		msg, err = st.GetLastMsgForSubject(t.Context(), eventlog.SubjectDead+"pod")
-		if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			t.Fatalf("read the dead letter: %v", err)
+		if !errors.Is(err, jetstream.ErrMsgNotFound) {
+			require.NoError(t, err, "read the dead letter")
 		}
 		return err == nil
 	})
-	if !strings.Contains(msg.Header.Get("Dynrunner-Reason"), "no capacity") {
-		t.Fatalf("dead letter reason = %q", msg.Header.Get("Dynrunner-Reason"))
-	}
+	assert.Contains(t, msg.Header.Get("Dynrunner-Reason"), "no capacity", "dead letter reason")
 }
 
 func TestWorkerAdoptsOwnedAndReapsOrphans(t *testing.T) {
@@ -364,14 +336,11 @@ func TestWorkerAdoptsOwnedAndReapsOrphans(t *testing.T) {
 	mem.add(orphan)
 	r.run(mem)
 	eventually(t, "the orphan reaped", func() bool { return !mem.has(orphan.ID) })
-	if !mem.has(owned) {
-		t.Fatal("the owned environment was destroyed instead of adopted")
-	}
+	require.True(t, mem.has(owned), "the owned environment was destroyed instead of adopted")
 	// The adopted environment is watched: ending the assignment elsewhere destroys it.
 	cur := r.phase(3)
-	if _, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 3, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 3, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil)
+	require.NoError(t, err)
 	eventually(t, "the adopted environment destroyed", func() bool { return !mem.has(owned) })
 }
 
@@ -386,31 +355,23 @@ func TestWorkerLeavesEnvironmentsOfLiveWorkers(t *testing.T) {
 	st := r.claim(5)
 	id := fmt.Sprintf("5-%d", st.Epoch())
 	eventually(t, "worker a watches its environment", func() bool { return mem.watchers(id) == 1 })
-	if got := r.phase(5).StartedBy; got != a {
-		t.Fatalf("started by %q, want %q", got, a)
-	}
+	require.Equal(t, a, r.phase(5).StartedBy, "started by")
 
 	r.runWorker(r.log, mem, podworker.Config{Actor: b, Reap: 20 * time.Millisecond, Heartbeat: 500 * time.Millisecond})
 	swept := mem.listed()
 	eventually(t, "worker b sweeps", func() bool { return mem.listed() >= swept+5 })
-	if n := mem.watchers(id); n != 1 {
-		t.Fatalf("%d workers watch the environment while the worker that started it is alive, want 1", n)
-	}
+	require.Equal(t, 1, mem.watchers(id), "workers watching the environment while the worker that started it is alive")
 
 	stopA() // a clean shutdown: a's watch ends, the environment keeps running
-	if n := mem.watchers(id); n != 0 || !mem.has(id) {
-		t.Fatalf("after a stopped: %d watchers, environment exists %v; want 0, true", n, mem.has(id))
-	}
+	require.Equal(t, 0, mem.watchers(id), "watchers after a stopped")
+	require.True(t, mem.has(id), "the environment is gone after a stopped")
 	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
 	kv := workersBucket(t, r)
-	if got := watcherOf(t, kv, 5, st.Epoch()); got != b {
-		t.Fatalf("the environment's key names %q, want %q", got, b)
-	}
+	require.Equal(t, b, watcherOf(t, kv, 5, st.Epoch()), "the environment's key names")
 	// b watches it: ending the assignment elsewhere destroys the environment, and its key goes.
 	cur := r.phase(5)
-	if _, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 5, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 5, Epoch: cur.Epoch(), At: time.Now(), Reason: "lease expired"}, nil)
+	require.NoError(t, err)
 	eventually(t, "the adopted environment destroyed", func() bool { return !mem.has(id) })
 	eventually(t, "the environment's key deleted", func() bool { return watcherOf(t, kv, 5, st.Epoch()) == "" })
 }
@@ -430,26 +391,18 @@ func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
 
 	r.runWorker(r.log, mem, podworker.Config{Actor: b, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
 	// b is ready: its first sweep is done and left the environment to a.
-	if n := mem.watchers(id); n != 1 {
-		t.Fatalf("%d workers watch the environment while the worker that started it is alive, want 1", n)
-	}
+	require.Equal(t, 1, mem.watchers(id), "workers watching the environment while the worker that started it is alive")
 	kv := workersBucket(t, r)
-	if got := watcherOf(t, kv, 6, st.Epoch()); got != a {
-		t.Fatalf("the environment's key names %q, want %q", got, a)
-	}
-	if actors := liveActors(t, kv); !actors[a] || !actors[b] {
-		t.Fatalf("live workers %v, want %s and %s", actors, a, b)
-	}
+	require.Equal(t, a, watcherOf(t, kv, 6, st.Epoch()), "the environment's key names")
+	actors := liveActors(t, kv)
+	require.True(t, actors[a] && actors[b], "live workers %v, want %s and %s", actors, a, b)
 
 	nc.Close() // a crashes: no more heartbeats, and its key is not deleted
 	stopA()
 	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
-	if actors := liveActors(t, kv); actors[a] || !actors[b] {
-		t.Fatalf("live workers %v, want only %s", actors, b)
-	}
-	if got := watcherOf(t, kv, 6, st.Epoch()); got != b {
-		t.Fatalf("the environment's key names %q, want %q", got, b)
-	}
+	actors = liveActors(t, kv)
+	require.True(t, !actors[a] && actors[b], "live workers %v, want only %s", actors, b)
+	require.Equal(t, b, watcherOf(t, kv, 6, st.Epoch()), "the environment's key names")
 }
 
 // TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker: three workers on one backend. The one
@@ -473,9 +426,8 @@ func TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker(t *testing.T) {
 	r.runWorker(lc, sc, podworker.Config{Actor: c, Reap: 20 * time.Millisecond, Heartbeat: heartbeat})
 	fromB, fromC := sb.sweeps.Load(), sc.sweeps.Load()
 	eventually(t, "workers b and c sweep", func() bool { return sb.sweeps.Load() >= fromB+5 && sc.sweeps.Load() >= fromC+5 })
-	if n := mem.watchers(id); n != 1 || sb.waiting.Load()+sc.waiting.Load() != 0 {
-		t.Fatalf("%d workers watch the environment while its watcher is alive (b %d, c %d), want only a", n, sb.waiting.Load(), sc.waiting.Load())
-	}
+	require.Equal(t, 1, mem.watchers(id), "workers watching the environment while its watcher is alive")
+	require.Zero(t, sb.waiting.Load()+sc.waiting.Load(), "b or c watches the environment while its watcher is alive (b %d, c %d), want only a", sb.waiting.Load(), sc.waiting.Load())
 
 	nc.Close() // a crashes: no more heartbeats, and its keys are not deleted
 	stopA()
@@ -484,9 +436,7 @@ func TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker(t *testing.T) {
 	adopted := false
 	for {
 		n := mem.watchers(id)
-		if n > 1 {
-			t.Fatalf("%d workers watch the environment (b %d, c %d), want at most 1", n, sb.waiting.Load(), sc.waiting.Load())
-		}
+		require.LessOrEqual(t, n, 1, "workers watching the environment (b %d, c %d)", sb.waiting.Load(), sc.waiting.Load())
 		if n == 1 && !adopted {
 			adopted = true
 			fromB, fromC = sb.sweeps.Load(), sc.sweeps.Load()
@@ -503,12 +453,11 @@ func TestWorkerOneOfTwoAdoptsEnvironmentOfCrashedWorker(t *testing.T) {
 	if sc.waiting.Load() == 1 {
 		want = c
 	}
-	if got := watcherOf(t, workersBucket(t, r), 7, st.Epoch()); got != want || sb.waiting.Load()+sc.waiting.Load() != 1 {
-		t.Fatalf("the environment's key names %q; b watches %d, c %d", got, sb.waiting.Load(), sc.waiting.Load())
-	}
-	if got := r.phase(7); got.StartedBy != a || got.Phase != assignment.Started {
-		t.Fatalf("assignment %s started by %q, want %s by %q", got.Phase, got.StartedBy, assignment.Started, a)
-	}
+	require.Equal(t, want, watcherOf(t, workersBucket(t, r), 7, st.Epoch()), "the environment's key names")
+	require.Equal(t, int64(1), sb.waiting.Load()+sc.waiting.Load(), "watchers: b watches %d, c %d", sb.waiting.Load(), sc.waiting.Load())
+	got := r.phase(7)
+	require.Equal(t, a, got.StartedBy, "assignment started by")
+	require.Equal(t, assignment.Started, got.Phase, "assignment phase")
 }
 
 // TestWorkerStopsWatchingWhenAdoptedElsewhere: a worker cut off from NATS for longer than its
@@ -525,24 +474,17 @@ func TestWorkerStopsWatchingWhenAdoptedElsewhere(t *testing.T) {
 	eventually(t, "the environment's key", func() bool { return watcherOf(t, kv, 8, st.Epoch()) == "pod-worker@a/1" })
 
 	// Another worker's adoption, as it would be after a's key expired.
-	if _, err := kv.Put(t.Context(), fmt.Sprintf("env.8.%d", st.Epoch()), []byte("pod-worker@b/2")); err != nil {
-		t.Fatal(err)
-	}
+	_, err := kv.Put(t.Context(), fmt.Sprintf("env.8.%d", st.Epoch()), []byte("pod-worker@b/2"))
+	require.NoError(t, err)
 	eventually(t, "the worker stops watching", func() bool { return mem.watchers(id) == 0 })
-	if !mem.has(id) {
-		t.Fatal("the environment was destroyed")
-	}
-	if got := r.phase(8).Phase; got != assignment.Started {
-		t.Fatalf("phase %s, want %s", got, assignment.Started)
-	}
+	require.True(t, mem.has(id), "the environment was destroyed")
+	require.Equal(t, assignment.Started, r.phase(8).Phase, "phase")
 }
 
 func workersBucket(t *testing.T, r *rig) jetstream.KeyValue {
 	t.Helper()
 	kv, err := r.js.KeyValue(t.Context(), eventlog.BucketWorkers)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return kv
 }
 
@@ -553,9 +495,7 @@ func watcherOf(t *testing.T, kv jetstream.KeyValue, task assignment.TaskID, epoc
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return ""
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return string(e.Value())
 }
 
@@ -564,9 +504,7 @@ func watcherOf(t *testing.T, kv jetstream.KeyValue, task assignment.TaskID, epoc
 func liveActors(t *testing.T, kv jetstream.KeyValue) map[string]bool {
 	t.Helper()
 	keys, err := kv.ListKeys(t.Context())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	out := map[string]bool{}
 	for k := range keys.Keys() {
 		if strings.HasPrefix(k, "env.") {
@@ -576,9 +514,7 @@ func liveActors(t *testing.T, kv jetstream.KeyValue) map[string]bool {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		out[string(e.Value())] = true
 	}
 	return out

@@ -48,9 +48,7 @@ func (e *env) runSchedulerWith(clk *clock, capacity map[assignment.Backend]int) 
 	go func() { done <- s.Run(ctx) }()
 	e.t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			e.t.Errorf("Run returned %v on cancellation", err)
-		}
+		assert.NoError(e.t, <-done, "Run on cancellation")
 	})
 }
 
@@ -83,31 +81,21 @@ func TestSchedulerClaimsPersistsAndDispatches(t *testing.T) {
 		st, err = e.log.Get(t.Context(), 11)
 		return err == nil
 	})
-	if st.Backend != assignment.BackendPod || st.Repo != "o/r" || st.Job != "build" {
-		t.Fatalf("claim = %+v", st.Record)
-	}
+	require.Equal(t, assignment.BackendPod, st.Backend, "claim %+v: backend", st.Record)
+	require.Equal(t, "o/r", st.Repo, "claim %+v: repo", st.Record)
+	require.Equal(t, "build", st.Job, "claim %+v: job", st.Record)
 	sealed, err := e.log.GetTask(t.Context(), 11)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(sealed), "s3cr3t") || strings.Contains(string(sealed), "ghs_secret_token") {
-		t.Fatal("the stored task holds a secret in clear text")
-	}
+	require.NoError(t, err)
+	require.NotContains(t, string(sealed), "s3cr3t", "the stored task holds a secret in clear text")
+	require.NotContains(t, string(sealed), "ghs_secret_token", "the stored task holds a secret in clear text")
 	task, err := sealedtask.Open(e.box, 11, sealed, st.TaskDigest)
-	if err != nil || task.GetSecrets()["API_KEY"] != "s3cr3t" {
-		t.Fatalf("sealedtask.Open = %v, %v", task, err)
-	}
+	require.NoError(t, err, "sealedtask.Open")
+	require.Equal(t, "s3cr3t", task.GetSecrets()["API_KEY"], "sealedtask.Open = %v: the secret", task)
 	cons, err := e.log.Consumer(t.Context(), assignment.BackendPod)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	msg, err := cons.Next()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := string(msg.Data()); !strings.Contains(got, `"task_id":11`) {
-		t.Fatalf("dispatch = %s", got)
-	}
+	require.NoError(t, err)
+	assert.Contains(t, string(msg.Data()), `"task_id":11`, "dispatch")
 }
 
 // TestSchedulerFailsOversizeTasksAtOnce: a task too large for the event bus (a 5 MB env in
@@ -123,19 +111,15 @@ func TestSchedulerFailsOversizeTasksAtOnce(t *testing.T) {
 	began := time.Now()
 	eventually(t, "the oversize task failed upstream", func() bool { return e.forge.Result(31) == runnerv1.Result_RESULT_FAILURE })
 	eventually(t, "the next task claimed", func() bool { _, err := e.log.Get(t.Context(), 32); return err == nil })
-	if took := time.Since(began); took > 10*time.Second {
-		t.Fatalf("the next task waited %s behind the oversize one", took)
-	}
+	took := time.Since(began)
+	assert.LessOrEqual(t, took, 10*time.Second, "the next task waited %s behind the oversize one", took)
 	log := strings.Join(e.forge.Log(31), "\n")
-	if !strings.Contains(log, "dynrunner: this job was not run") || !strings.Contains(log, "max_payload") {
-		t.Fatalf("the oversize task's log does not say why it was not run: %q", log)
-	}
-	if _, err := e.log.Get(t.Context(), 31); !errors.Is(err, assignment.ErrNotFound) {
-		t.Fatalf("the oversize task got an assignment: %v", err)
-	}
-	if _, err := e.log.GetTask(t.Context(), 31); !errors.Is(err, assignment.ErrNotFound) {
-		t.Fatalf("the oversize task is stored: %v", err)
-	}
+	assert.Contains(t, log, "dynrunner: this job was not run", "the oversize task's log does not say why it was not run")
+	assert.Contains(t, log, "max_payload", "the oversize task's log does not say why it was not run")
+	_, err := e.log.Get(t.Context(), 31)
+	assert.ErrorIs(t, err, assignment.ErrNotFound, "the oversize task got an assignment")
+	_, err = e.log.GetTask(t.Context(), 31)
+	assert.ErrorIs(t, err, assignment.ErrNotFound, "the oversize task is stored")
 }
 
 func TestSchedulerRejectsUnroutableJobs(t *testing.T) {
@@ -154,12 +138,9 @@ func TestSchedulerRejectsUnroutableJobs(t *testing.T) {
 			e.forge.Push(taskWithRunsOn(21, tc.runsOn))
 			eventually(t, "the upstream failure", func() bool { return e.forge.Result(21) == runnerv1.Result_RESULT_FAILURE })
 			log := strings.Join(e.forge.Log(21), "\n")
-			if !strings.Contains(log, "accepted: [self-hosted, pod]") {
-				t.Fatalf("log %q does not say which labels are accepted", log)
-			}
-			if _, err := e.log.Get(t.Context(), 21); !errors.Is(err, assignment.ErrNotFound) {
-				t.Fatalf("an unroutable task got an assignment: %v", err)
-			}
+			assert.Contains(t, log, "accepted: [self-hosted, pod]", "the log does not say which labels are accepted")
+			_, err := e.log.Get(t.Context(), 21)
+			assert.ErrorIs(t, err, assignment.ErrNotFound, "an unroutable task got an assignment")
 		})
 	}
 }
@@ -177,9 +158,7 @@ func TestSchedulerFailsClaimsNotPickedUp(t *testing.T) {
 		st, err := e.log.Get(t.Context(), 31)
 		return err == nil && st.Phase == assignment.Closed
 	})
-	if log := strings.Join(e.forge.Log(31), "\n"); !strings.Contains(log, "PICKUP_SECS") {
-		t.Fatalf("log %q does not explain the pickup timeout", log)
-	}
+	assert.Contains(t, strings.Join(e.forge.Log(31), "\n"), "PICKUP_SECS", "the log does not explain the pickup timeout")
 	eventually(t, "the sealed task dropped", func() bool {
 		_, err := e.log.GetTask(t.Context(), 31)
 		return errors.Is(err, assignment.ErrNotFound)
@@ -213,19 +192,14 @@ func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
 	// possible while nothing is fetched, so observe the claim of 52 not happening meanwhile).
 	deadline := time.Now().Add(300 * time.Millisecond)
 	for time.Now().Before(deadline) {
-		if _, err := e.log.Get(t.Context(), 52); err == nil {
-			t.Fatal("a second task was claimed while the only pod slot was taken")
-		}
+		_, err := e.log.Get(t.Context(), 52)
+		require.Error(t, err, "a second task was claimed while the only pod slot was taken")
 		time.Sleep(20 * time.Millisecond)
 	}
-	after := e.forge.Fetches()
-	if after != before {
-		t.Fatalf("%d fetches while full, want none", after-before)
-	}
+	require.Equal(t, before, e.forge.Fetches(), "fetches while full, want none")
 	st, _ := e.log.Get(t.Context(), 51)
-	if _, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 51, Epoch: st.Epoch(), At: time.Now(), Reason: "test"}, nil); err != nil {
-		t.Fatal(err)
-	}
+	_, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 51, Epoch: st.Epoch(), At: time.Now(), Reason: "test"}, nil)
+	require.NoError(t, err)
 	eventually(t, "the second claim", func() bool { _, err := e.log.Get(t.Context(), 52); return err == nil })
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/executor"
@@ -38,13 +38,9 @@ func newRig(t *testing.T) rig {
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Key = eventlogtest.Key
 	l, err := eventlog.Open(t.Context(), js, elCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return rig{log: l, nonces: vmworker.NewNonces(l.Nonces(), box)}
 }
 
@@ -54,24 +50,17 @@ func (r rig) claimVM(t *testing.T, task assignment.TaskID) assignment.State {
 	t.Helper()
 	st, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Claimed, Task: task, At: time.Now(), Actor: "test",
 		Backend: assignment.BackendVM, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return st
 }
 
 func TestNonceRedeemsOnceUnderRace(t *testing.T) {
 	r := newRig(t)
 	nonce, err := vmworker.NewNonce()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.nonces.Issue(t.Context(), nonce, instance, 5, 9, "drc1.secret"); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, _, err := r.nonces.Redeem(t.Context(), "11111111-2222-4333-8444-555555555555", nonce); !errors.Is(err, vmworker.ErrUnknownNonce) {
-		t.Fatalf("redeem by another instance: %v, want ErrUnknownNonce", err)
-	}
+	require.NoError(t, err)
+	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, 5, 9, "drc1.secret"))
+	_, _, _, err = r.nonces.Redeem(t.Context(), "11111111-2222-4333-8444-555555555555", nonce)
+	require.ErrorIs(t, err, vmworker.ErrUnknownNonce, "redeem by another instance")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	wins, tokens := 0, []string{}
@@ -80,27 +69,23 @@ func TestNonceRedeemsOnceUnderRace(t *testing.T) {
 			_, _, tok, err := r.nonces.Redeem(context.Background(), instance, nonce)
 			mu.Lock()
 			defer mu.Unlock()
-			switch {
-			case err == nil:
+			if err == nil {
 				wins++
 				tokens = append(tokens, tok)
-			case !errors.Is(err, vmworker.ErrNonceRedeemed):
-				t.Errorf("unexpected error: %v", err)
+				return
 			}
+			assert.ErrorIs(t, err, vmworker.ErrNonceRedeemed, "unexpected error")
 		})
 	}
 	wg.Wait()
-	if wins != 1 || tokens[0] != "drc1.secret" {
-		t.Fatalf("%d redemptions won (tokens %q), want exactly 1", wins, tokens)
-	}
+	require.Equal(t, 1, wins, "redemptions won (tokens %q)", tokens)
+	require.Equal(t, "drc1.secret", tokens[0], "the winner's token")
 }
 
 func endpoint(t *testing.T, r rig) *vmworker.Endpoint {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "gitea-runner")
-	if err := os.WriteFile(bin, []byte("runner"), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(bin, []byte("runner"), 0o755))
 	e, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
 		Listen: "10.213.0.1:7001", Allowed: netip.MustParsePrefix("10.213.0.0/24"), FacadeCA: func() ([]byte, error) { return []byte("CA"), nil },
 		Executor: executor.Config{
@@ -109,9 +94,7 @@ func endpoint(t *testing.T, r rig) *vmworker.Endpoint {
 		},
 		Log: zerolog.New(zerolog.NewTestWriter(t)),
 	}, r.nonces, r.log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	return e
 }
 
@@ -128,15 +111,11 @@ func TestEndpoint(t *testing.T) {
 	r := newRig(t)
 	st := r.claimVM(t, 7)
 	nonce, _ := vmworker.NewNonce()
-	if err := r.nonces.Issue(t.Context(), nonce, instance, 7, st.Epoch(), "drc1.tok"); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, 7, st.Epoch(), "drc1.tok"))
 	h := endpoint(t, r).Handler()
 	guest := "10.213.0.17:40000"
 
-	if w := post(h, "127.0.0.1:5555", executor.RedeemRequest{InstanceID: instance, Nonce: nonce}); w.Code != http.StatusForbidden {
-		t.Fatalf("caller outside the bridge: %d, want 403", w.Code)
-	}
+	require.Equal(t, http.StatusForbidden, post(h, "127.0.0.1:5555", executor.RedeemRequest{InstanceID: instance, Nonce: nonce}).Code, "caller outside the bridge")
 	for name, req := range map[string]executor.RedeemRequest{
 		"bad instance id": {InstanceID: "../../etc", Nonce: nonce},
 		// Only the canonical form a backend gives out, none of the others a UUID parser takes.
@@ -146,40 +125,30 @@ func TestEndpoint(t *testing.T) {
 		"instance id without hyphens": {InstanceID: strings.ReplaceAll(instance, "-", ""), Nonce: nonce},
 		"bad nonce":                   {InstanceID: instance, Nonce: "a b;c"},
 	} {
-		if w := post(h, guest, req); w.Code != http.StatusBadRequest {
-			t.Errorf("%s: %d, want 400", name, w.Code)
-		}
+		assert.Equal(t, http.StatusBadRequest, post(h, guest, req).Code, name)
 	}
 	w := post(h, guest, executor.RedeemRequest{InstanceID: instance, Nonce: nonce})
-	if w.Code != http.StatusOK {
-		t.Fatalf("redeem: %d %s", w.Code, w.Body)
-	}
+	require.Equal(t, http.StatusOK, w.Code, "redeem: %s", w.Body)
 	var g executor.Grant
-	if err := json.Unmarshal(w.Body.Bytes(), &g); err != nil || g.Token != "drc1.tok" || g.TaskID != 7 || g.FacadeURL == "" {
-		t.Fatalf("grant = %+v, %v", g, err)
-	}
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &g), "grant")
 	require.Equal(t, executor.Grant{
 		TaskID: 7, Epoch: uint64(st.Epoch()), Token: "drc1.tok",
 		FacadeURL: "https://10.213.0.1:8444", FacadeSpiffeID: "spiffe://dynrunner.local/dynrunner/facade", FacadeCAPEM: "CA",
 		RunnerPath: "/v1/runner", RunnerSHA256: "abc", RunnerVersion: "v1.0.8", Labels: []string{"vm:host"}, RenewSecs: 30,
 	}, g)
-	if w := post(h, guest, executor.RedeemRequest{InstanceID: instance, Nonce: nonce}); w.Code != http.StatusGone {
-		t.Fatalf("reused nonce: %d, want 410", w.Code)
-	}
+	require.Equal(t, http.StatusGone, post(h, guest, executor.RedeemRequest{InstanceID: instance, Nonce: nonce}).Code, "reused nonce")
 	req := httptest.NewRequest(http.MethodGet, "/v1/runner", nil)
 	req.RemoteAddr = guest
 	rw := httptest.NewRecorder()
 	h.ServeHTTP(rw, req)
-	if rw.Code != http.StatusOK || rw.Body.String() != "runner" {
-		t.Fatalf("runner download: %d %q", rw.Code, rw.Body)
-	}
+	require.Equal(t, http.StatusOK, rw.Code, "runner download")
+	require.Equal(t, "runner", rw.Body.String(), "runner download")
 }
 
 func TestEndpointRefusesWildcardListen(t *testing.T) {
 	r := newRig(t)
 	for _, listen := range []string{"0.0.0.0:7001", "127.0.0.1:7001", "[::]:7001"} {
-		if _, err := vmworker.NewEndpoint(vmworker.EndpointConfig{Listen: listen, Allowed: netip.MustParsePrefix("10.213.0.0/24")}, r.nonces, r.log); err == nil {
-			t.Errorf("listen %s accepted", listen)
-		}
+		_, err := vmworker.NewEndpoint(vmworker.EndpointConfig{Listen: listen, Allowed: netip.MustParsePrefix("10.213.0.0/24")}, r.nonces, r.log)
+		assert.Error(t, err, "listen %s accepted", listen)
 	}
 }

@@ -48,8 +48,8 @@ func TestNewIssuer(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := NewIssuer(tt.key)
 			require.ErrorIs(t, err, tt.wantErr, "NewIssuer()")
-			if err != nil && len(tt.key) > 0 && strings.Contains(err.Error(), string(tt.key)) {
-				t.Errorf("error echoes the key: %v", err)
+			if err != nil && len(tt.key) > 0 {
+				assert.NotContains(t, err.Error(), string(tt.key), "the error echoes the key")
 			}
 		})
 	}
@@ -60,9 +60,8 @@ func TestIssuerCopiesKey(t *testing.T) {
 	i := mustIssuer(t, key)
 	tok := mustIssue(t, i, 1, 1, PurposeRegister)
 	clear(key)
-	if _, err := i.Verify(tok.Secret()); err != nil {
-		t.Fatalf("Verify() after the caller cleared its key = %v", err)
-	}
+	_, err := i.Verify(tok.Secret())
+	require.NoError(t, err, "Verify() after the caller cleared its key")
 }
 
 func TestIssueVerify(t *testing.T) {
@@ -81,28 +80,20 @@ func TestIssueVerify(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			tok := mustIssue(t, i, tt.task, tt.epoch, tt.purpose)
 			wire := tok.Secret()
-			if len(wire) > maxWireLen {
-				t.Errorf("wire form has %d bytes, more than maxWireLen %d", len(wire), maxWireLen)
-			}
-			if strings.Trim(wire, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") != "" {
-				t.Errorf("wire form %q is not URL-safe", wire)
-			}
+			assert.LessOrEqual(t, len(wire), maxWireLen, "wire form bytes, more than maxWireLen")
+			assert.Empty(t, strings.Trim(wire, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_."), "wire form %q is not URL-safe", wire)
 			wantPrefix := fmt.Sprintf("drc1.%d.%d.%s.", tt.task, tt.epoch, tt.purpose)
-			if !strings.HasPrefix(wire, wantPrefix) {
-				t.Errorf("wire form %q does not start with %q", wire, wantPrefix)
-			}
+			assert.True(t, strings.HasPrefix(wire, wantPrefix), "wire form %q does not start with %q", wire, wantPrefix)
 			got, err := i.Verify(wire)
 			require.NoError(t, err, "Verify()")
-			if got.Task() != tt.task || got.Epoch() != tt.epoch || got.Purpose() != tt.purpose {
-				t.Errorf("Verify() = (%d, %d, %s), want (%d, %d, %s)",
-					got.Task(), got.Epoch(), got.Purpose(), tt.task, tt.epoch, tt.purpose)
-			}
+			assert.Equal(t, tt.task, got.Task(), "Verify(): task")
+			assert.Equal(t, tt.epoch, got.Epoch(), "Verify(): epoch")
+			assert.Equal(t, tt.purpose, got.Purpose(), "Verify(): purpose")
 			assert.Equal(t, tok.ID(), got.ID(), "ID()")
 			assert.Equal(t, wire, got.Secret(), "Secret()")
 			// Verifying again succeeds: single use is the caller's job.
-			if _, err := i.Verify(wire); err != nil {
-				t.Errorf("second Verify() error = %v", err)
-			}
+			_, err = i.Verify(wire)
+			assert.NoError(t, err, "second Verify()")
 		})
 	}
 }
@@ -112,13 +103,9 @@ func TestIssueFresh(t *testing.T) {
 	seen := map[string]bool{}
 	for range 100 {
 		tok := mustIssue(t, i, 42, 7, PurposeRegister)
-		if seen[tok.ID()] {
-			t.Fatalf("ID %s issued twice", tok.ID())
-		}
+		require.False(t, seen[tok.ID()], "ID %s issued twice", tok.ID())
 		seen[tok.ID()] = true
-		if len(tok.ID()) != 32 {
-			t.Errorf("ID() = %q, want 32 hex characters", tok.ID())
-		}
+		assert.Len(t, tok.ID(), 32, "ID(), want 32 hex characters")
 	}
 }
 
@@ -140,9 +127,8 @@ func TestIssueErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if _, err := i.Issue(tt.task, tt.epoch, tt.purpose); !errors.Is(err, tt.wantErr) {
-				t.Fatalf("Issue() error = %v, want %v", err, tt.wantErr)
-			}
+			_, err := i.Issue(tt.task, tt.epoch, tt.purpose)
+			require.ErrorIs(t, err, tt.wantErr, "Issue()")
 		})
 	}
 }
@@ -216,17 +202,13 @@ func TestVerifyErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if tt.wire == wire {
-				t.Fatal("test case does not alter the token")
-			}
+			require.NotEqual(t, wire, tt.wire, "test case does not alter the token")
 			got, err := i.Verify(tt.wire)
 			require.ErrorIs(t, err, tt.wantErr, "Verify()")
-			if got != (Token{}) {
-				t.Errorf("Verify() returned a non-zero token with an error")
-			}
+			assert.Zero(t, got, "Verify() returned a non-zero token with an error")
 			for _, secret := range []string{parts[4], parts[5], tt.wire} {
-				if secret != "" && strings.Contains(err.Error(), secret) {
-					t.Errorf("error %q contains the token or a part of it", err)
+				if secret != "" {
+					assert.NotContains(t, err.Error(), secret, "the error contains the token or a part of it")
 				}
 			}
 		})
@@ -257,9 +239,7 @@ func TestTokenRedaction(t *testing.T) {
 	}
 	for name, out := range outputs {
 		for _, s := range []string{secret, parts[4], parts[5]} {
-			if strings.Contains(out, s) {
-				t.Errorf("%s output %q leaks the secret", name, out)
-			}
+			assert.NotContains(t, out, s, "%s output leaks the secret", name)
 		}
 	}
 	assert.Equal(t, `"`+want+`"`, string(jsonBytes), "json.Marshal()")
@@ -277,21 +257,17 @@ func FuzzVerify(f *testing.F) {
 	f.Fuzz(func(t *testing.T, wire string) {
 		got, err := i.Verify(wire)
 		if err != nil {
-			if !errors.Is(err, ErrMalformed) && !errors.Is(err, ErrBadMAC) {
-				t.Fatalf("Verify() error = %v, want ErrMalformed or ErrBadMAC", err)
-			}
-			if len(wire) > 8 && strings.Contains(err.Error(), wire) {
-				t.Fatalf("error echoes the input: %v", err)
+			require.True(t, errors.Is(err, ErrMalformed) || errors.Is(err, ErrBadMAC), "Verify() error = %v, want ErrMalformed or ErrBadMAC", err)
+			if len(wire) > 8 {
+				require.NotContains(t, err.Error(), wire, "the error echoes the input")
 			}
 			return
 		}
 		// Only the canonical form verifies, so it round-trips exactly.
 		require.Equal(t, wire, got.Secret(), "Verify(")
-		if got.Task() <= 0 || got.Epoch() == 0 {
-			t.Fatalf("Verify(%q) returned invalid ids %d, %d", wire, got.Task(), got.Epoch())
-		}
-		if _, err := ParsePurpose(string(got.Purpose())); err != nil {
-			t.Fatalf("Verify(%q) returned purpose %q: %v", wire, got.Purpose(), err)
-		}
+		require.Positive(t, got.Task(), "Verify(%q) returned an invalid task", wire)
+		require.NotZero(t, got.Epoch(), "Verify(%q) returned an invalid epoch", wire)
+		_, err = ParsePurpose(string(got.Purpose()))
+		require.NoError(t, err, "Verify(%q) returned purpose %q", wire, got.Purpose())
 	})
 }

@@ -59,9 +59,7 @@ func newBackend(t *testing.T, image, stateDir, scope string, edit func(*docker.C
 		edit(&cfg)
 	}
 	b, err := docker.New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	require.NoError(t, err, "New")
 	t.Cleanup(func() { _ = b.Close() })
 	return b
 }
@@ -96,9 +94,7 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T) podworker.Backend { return newBackend(t, image, state, scope, nil) },
 		Spec: func(t *testing.T, task assignment.TaskID, behavior podworkertest.Behavior) podworker.Spec {
 			mode, ok := modes[behavior]
-			if !ok {
-				t.Fatalf("no fake executor mode for %v", behavior)
-			}
+			require.True(t, ok, "no fake executor mode for %v", behavior)
 			return fakeSpec(task, mode)
 		},
 		Gone:           gone(state),
@@ -122,9 +118,7 @@ func gone(state string) func(t *testing.T, h podworker.Handle) bool {
 func containerExists(t *testing.T, ref string) bool {
 	t.Helper()
 	code, err := engineJSON(ctxT(t), http.MethodGet, "/containers/"+ref+"/json", nil, nil)
-	if err != nil {
-		t.Fatalf("inspect %s: %v", ref, err)
-	}
+	require.NoError(t, err, "inspect %s", ref)
 	return code != http.StatusNotFound
 }
 
@@ -159,22 +153,17 @@ func inspect(t *testing.T, h podworker.Handle) inspection {
 	t.Helper()
 	var c inspection
 	code, err := engineJSON(ctxT(t), http.MethodGet, "/containers/"+h.Data["container_id"]+"/json", nil, &c)
-	if err != nil || code != http.StatusOK {
-		t.Fatalf("inspect %s: %d, %v", h.ID, code, err)
-	}
+	require.NoError(t, err, "inspect %s", h.ID)
+	require.Equal(t, http.StatusOK, code, "inspect %s", h.ID)
 	return c
 }
 
 func startT(t *testing.T, b *docker.Backend, spec podworker.Spec) podworker.Handle {
 	t.Helper()
 	h, err := b.Start(ctxT(t), spec)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() {
-		if err := b.Destroy(context.Background(), h); err != nil {
-			t.Errorf("cleanup: Destroy: %v", err)
-		}
+		assert.NoError(t, b.Destroy(context.Background(), h), "cleanup: Destroy")
 	})
 	return h
 }
@@ -182,9 +171,7 @@ func startT(t *testing.T, b *docker.Backend, spec podworker.Spec) podworker.Hand
 func waitT(t *testing.T, b *docker.Backend, h podworker.Handle) podworker.Exit {
 	t.Helper()
 	exit, err := b.Wait(ctxT(t), h)
-	if err != nil {
-		t.Fatalf("Wait: %v", err)
-	}
+	require.NoError(t, err, "Wait")
 	if exit.Code != 0 {
 		why, _ := b.Diagnose(ctxT(t), h)
 		t.Logf("exit %+v; executor said %q", exit, why)
@@ -206,69 +193,61 @@ func TestHardening(t *testing.T) {
 	h := startT(t, b, spec)
 	c := inspect(t, h)
 	hc := c.HostConfig
-	if len(hc.CapDrop) != 1 || !strings.EqualFold(hc.CapDrop[0], "ALL") {
-		t.Errorf("CapDrop = %v, want [ALL]", hc.CapDrop)
+	if assert.Len(t, hc.CapDrop, 1, "CapDrop, want [ALL]") {
+		assert.True(t, strings.EqualFold(hc.CapDrop[0], "ALL"), "CapDrop = %v, want [ALL]", hc.CapDrop)
 	}
-	if len(hc.SecurityOpt) != 1 || !strings.HasPrefix(hc.SecurityOpt[0], "no-new-privileges") {
-		t.Errorf("SecurityOpt = %v, want no-new-privileges", hc.SecurityOpt)
+	if assert.Len(t, hc.SecurityOpt, 1, "SecurityOpt, want no-new-privileges") {
+		assert.True(t, strings.HasPrefix(hc.SecurityOpt[0], "no-new-privileges"), "SecurityOpt = %v, want no-new-privileges", hc.SecurityOpt)
 	}
-	if !hc.ReadonlyRootfs || hc.Privileged {
-		t.Errorf("ReadonlyRootfs %v, Privileged %v; want true, false", hc.ReadonlyRootfs, hc.Privileged)
+	assert.True(t, hc.ReadonlyRootfs, "ReadonlyRootfs")
+	assert.False(t, hc.Privileged, "Privileged")
+	if assert.NotNil(t, hc.Init, "Init, want true") {
+		assert.True(t, *hc.Init, "Init")
 	}
-	if hc.Init == nil || !*hc.Init {
-		t.Errorf("Init = %v, want true", hc.Init)
+	assert.Equal(t, int64(hardenedMemory), hc.Memory, "limits: memory")
+	assert.Equal(t, int64(hardenedMemory), hc.MemorySwap, "limits: swap")
+	assert.Equal(t, int64(5e8), hc.NanoCpus, "limits: nanocpus")
+	if assert.NotNil(t, hc.PidsLimit, "limits: pids") {
+		assert.Equal(t, int64(hardenedPids), *hc.PidsLimit, "limits: pids")
 	}
-	if hc.Memory != hardenedMemory || hc.MemorySwap != hardenedMemory || hc.NanoCpus != 5e8 ||
-		hc.PidsLimit == nil || *hc.PidsLimit != hardenedPids {
-		t.Errorf("limits: memory %d swap %d nanocpus %d pids %v; want %d, %d, 5e8, %d",
-			hc.Memory, hc.MemorySwap, hc.NanoCpus, hc.PidsLimit, hardenedMemory, hardenedMemory, hardenedPids)
-	}
-	if hc.NetworkMode != docker.HostNetwork {
-		t.Errorf("NetworkMode = %q, want %q", hc.NetworkMode, docker.HostNetwork)
-	}
+	assert.Equal(t, docker.HostNetwork, hc.NetworkMode, "NetworkMode")
 	for _, dir := range []string{docker.TmpDir, docker.WorkDir, docker.HomeDir} {
-		if opts, ok := hc.Tmpfs[dir]; !ok || !strings.Contains(opts, "nosuid") || !strings.Contains(opts, "nodev") {
-			t.Errorf("tmpfs %s: %q, want a nosuid,nodev tmpfs", dir, opts)
+		if opts, ok := hc.Tmpfs[dir]; assert.True(t, ok, "tmpfs %s, want a nosuid,nodev tmpfs", dir) {
+			assert.Contains(t, opts, "nosuid", "tmpfs %s", dir)
+			assert.Contains(t, opts, "nodev", "tmpfs %s", dir)
 		}
 	}
-	if c.Config.User != testUser() {
-		t.Errorf("User = %q, want %q", c.Config.User, testUser())
-	}
-	if c.Config.Labels[docker.LabelManaged] != "true" || c.Config.Labels[docker.LabelTask] != "41" || c.Config.Labels[docker.LabelEpoch] != "1" {
-		t.Errorf("labels %v", c.Config.Labels)
-	}
+	assert.Equal(t, testUser(), c.Config.User, "User")
+	assert.Equal(t, "true", c.Config.Labels[docker.LabelManaged], "label %s", docker.LabelManaged)
+	assert.Equal(t, "41", c.Config.Labels[docker.LabelTask], "label %s", docker.LabelTask)
+	assert.Equal(t, "1", c.Config.Labels[docker.LabelEpoch], "label %s", docker.LabelEpoch)
 	secrets := filepath.Join(state, h.ID, "secrets")
-	if len(c.Mounts) != 1 || c.Mounts[0].Source != secrets || c.Mounts[0].Destination != docker.SecretsDir || c.Mounts[0].RW {
-		t.Errorf("mounts %+v, want %s read-only at %s", c.Mounts, secrets, docker.SecretsDir)
+	if assert.Len(t, c.Mounts, 1, "mounts, want %s read-only at %s", secrets, docker.SecretsDir) {
+		assert.Equal(t, secrets, c.Mounts[0].Source, "mount source")
+		assert.Equal(t, docker.SecretsDir, c.Mounts[0].Destination, "mount destination")
+		assert.False(t, c.Mounts[0].RW, "the secrets mount is writable")
 	}
-	if fi, err := os.Stat(secrets); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Errorf("secrets directory: %v, %v; want mode 0700", fi, err)
+	if fi, err := os.Stat(secrets); assert.NoError(t, err, "secrets directory") {
+		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "secrets directory mode")
 	}
-	if fi, err := os.Stat(filepath.Join(secrets, "token")); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Errorf("secret file: %v, %v; want mode 0600", fi, err)
+	if fi, err := os.Stat(filepath.Join(secrets, "token")); assert.NoError(t, err, "secret file") {
+		assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "secret file mode")
 	}
-	if exit := waitT(t, b, h); exit.Code != 0 {
-		t.Fatalf("the check inside the container failed: %+v", exit)
-	}
+	exit := waitT(t, b, h)
+	require.Zero(t, exit.Code, "the check inside the container failed: %+v", exit)
 }
 
 func TestDiagnose(t *testing.T) {
 	image := testImage(t)
 	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
 	h := startT(t, b, fakeSpec(43, "diagnose"))
-	if exit := waitT(t, b, h); exit.Code != 1 || exit.Reason != "exited" {
-		t.Errorf("exit = %+v, want code 1, exited", exit)
-	}
+	assert.Equal(t, podworker.Exit{Code: 1, Reason: "exited"}, waitT(t, b, h), "exit")
 	got, err := b.Diagnose(ctxT(t), h)
-	if want := "dynrunner executor: wait for the SVID: context deadline exceeded"; err != nil || got != want {
-		t.Errorf("Diagnose = %q, %v; want %q (stderr only, the last error line)", got, err, want)
-	}
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Diagnose(ctxT(t), h); !errors.Is(err, podworker.ErrNotFound) {
-		t.Errorf("Diagnose after Destroy = %v, want ErrNotFound", err)
-	}
+	assert.NoError(t, err, "Diagnose")
+	assert.Equal(t, "dynrunner executor: wait for the SVID: context deadline exceeded", got, "Diagnose: stderr only, the last error line")
+	require.NoError(t, b.Destroy(ctxT(t), h))
+	_, err = b.Diagnose(ctxT(t), h)
+	assert.ErrorIs(t, err, podworker.ErrNotFound, "Diagnose after Destroy")
 }
 
 // TestStartReplacesStopped checks that a Start finding its container stopped creates a new one
@@ -283,21 +262,13 @@ func TestStartReplacesStopped(t *testing.T) {
 	spec.Env[fakeEnv] = "forever"
 	spec.Files = map[string][]byte{"token": []byte("x")}
 	cur := startT(t, b, spec)
-	if cur.ID != old.ID || cur.Data["container_id"] == old.Data["container_id"] {
-		t.Fatalf("second Start = %+v, first %+v: want the same name and a new container", cur, old)
-	}
-	if containerExists(t, old.Data["container_id"]) {
-		t.Errorf("the stopped container %s still exists", old.Data["container_id"])
-	}
-	if err := b.Destroy(ctxT(t), old); err != nil {
-		t.Fatalf("Destroy(old handle): %v", err)
-	}
-	if !containerExists(t, cur.Data["container_id"]) {
-		t.Fatal("Destroy of the old handle removed the new container")
-	}
-	if _, err := os.Stat(filepath.Join(state, cur.ID, "secrets", "token")); err != nil {
-		t.Fatalf("Destroy of the old handle removed the new container's secrets: %v", err)
-	}
+	require.Equal(t, old.ID, cur.ID, "second Start: want the same name")
+	require.NotEqual(t, old.Data["container_id"], cur.Data["container_id"], "second Start: want a new container")
+	assert.False(t, containerExists(t, old.Data["container_id"]), "the stopped container %s still exists", old.Data["container_id"])
+	require.NoError(t, b.Destroy(ctxT(t), old), "Destroy(old handle)")
+	require.True(t, containerExists(t, cur.Data["container_id"]), "Destroy of the old handle removed the new container")
+	_, err := os.Stat(filepath.Join(state, cur.ID, "secrets", "token"))
+	require.NoError(t, err, "Destroy of the old handle removed the new container's secrets")
 }
 
 // TestListOrphansAndScopes checks that a secrets directory without a container is listed for
@@ -309,29 +280,18 @@ func TestListOrphansAndScopes(t *testing.T) {
 	other := newBackend(t, image, t.TempDir(), testScope(t), nil)
 	h := startT(t, b, fakeSpec(45, "forever"))
 	orphan := strings.Replace(h.ID, "-45-", "-46-", 1)
-	if err := os.MkdirAll(filepath.Join(state, orphan, "secrets"), 0o700); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.MkdirAll(filepath.Join(state, orphan, "secrets"), 0o700))
 	all, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(all) != 2 || all[0].ID != h.ID || all[1].ID != orphan || all[1].Task != 46 || all[1].Epoch != 1 || all[1].Data != nil {
-		t.Fatalf("List = %+v, want %s and the orphan %s (task 46, no data)", all, h.ID, orphan)
-	}
-	if err := b.Destroy(ctxT(t), all[1]); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(state, orphan)); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("orphan directory after Destroy: %v", err)
-	}
+	require.NoError(t, err)
+	require.Len(t, all, 2, "List, want %s and the orphan %s", h.ID, orphan)
+	require.Equal(t, h.ID, all[0].ID, "List")
+	require.Equal(t, podworker.Handle{Backend: all[1].Backend, ID: orphan, Task: 46, Epoch: 1}, all[1], "List: the orphan (task 46, no data)")
+	require.NoError(t, b.Destroy(ctxT(t), all[1]))
+	_, err = os.Stat(filepath.Join(state, orphan))
+	assert.ErrorIs(t, err, fs.ErrNotExist, "orphan directory after Destroy")
 	theirs, err := other.List(ctxT(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(theirs) != 0 {
-		t.Errorf("another scope lists %+v", theirs)
-	}
+	require.NoError(t, err)
+	assert.Empty(t, theirs, "another scope lists")
 }
 
 // TestNotManaged checks that the backend never adopts or removes a container that has an
@@ -345,38 +305,27 @@ func TestNotManaged(t *testing.T) {
 	var created struct {
 		ID string `json:"Id"`
 	}
-	if code, err := engineJSON(ctxT(t), http.MethodPost, "/containers/create?name="+name, body, &created); err != nil || code != http.StatusCreated {
-		t.Fatalf("create %s: %d, %v", name, code, err)
-	}
+	code, err := engineJSON(ctxT(t), http.MethodPost, "/containers/create?name="+name, body, &created)
+	require.NoError(t, err, "create %s", name)
+	require.Equal(t, http.StatusCreated, code, "create %s", name)
 	t.Cleanup(func() {
 		_, _ = engineJSON(context.Background(), http.MethodDelete, "/containers/"+created.ID+"?force=1", nil, nil)
 	})
-	if _, err := b.Start(ctxT(t), fakeSpec(47, "forever")); !errors.Is(err, docker.ErrNotManaged) {
-		t.Errorf("Start over a foreign container = %v, want ErrNotManaged", err)
-	}
+	_, err = b.Start(ctxT(t), fakeSpec(47, "forever"))
+	assert.ErrorIs(t, err, docker.ErrNotManaged, "Start over a foreign container")
 	h := podworker.Handle{Backend: "docker", ID: name, Task: 47, Epoch: 1}
-	if err := b.Destroy(ctxT(t), h); !errors.Is(err, docker.ErrNotManaged) {
-		t.Errorf("Destroy of a foreign container = %v, want ErrNotManaged", err)
-	}
-	if !containerExists(t, created.ID) {
-		t.Error("the foreign container was removed")
-	}
+	assert.ErrorIs(t, b.Destroy(ctxT(t), h), docker.ErrNotManaged, "Destroy of a foreign container")
+	assert.True(t, containerExists(t, created.ID), "the foreign container was removed")
 }
 
 func TestCheck(t *testing.T) {
 	image := testImage(t)
 	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
-	if err := b.Check(ctxT(t)); err != nil {
-		t.Errorf("Check with the test image: %v", err)
-	}
+	assert.NoError(t, b.Check(ctxT(t)), "Check with the test image")
 	missing := newBackend(t, "sha256:"+strings.Repeat("0", 64), t.TempDir(), testScope(t), nil)
-	if err := missing.Check(ctxT(t)); !errors.Is(err, docker.ErrImageMissing) {
-		t.Errorf("Check with a missing image = %v, want ErrImageMissing", err)
-	}
+	assert.ErrorIs(t, missing.Check(ctxT(t)), docker.ErrImageMissing, "Check with a missing image")
 	broken := newBackend(t, image, t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = filepath.Join(t.TempDir(), "no.sock") })
-	if err := broken.Check(ctxT(t)); err == nil {
-		t.Error("Check against a missing socket succeeded")
-	}
+	assert.Error(t, broken.Check(ctxT(t)), "Check against a missing socket succeeded")
 }
 
 func TestNewValidates(t *testing.T) {
@@ -408,41 +357,34 @@ func TestNewValidates(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := ok
 			tt.edit(&cfg)
-			if _, err := docker.New(cfg); !errors.Is(err, docker.ErrInvalidConfig) {
-				t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
-			}
+			_, err := docker.New(cfg)
+			assert.ErrorIs(t, err, docker.ErrInvalidConfig, "New(%+v)", cfg)
 		})
 	}
 	for _, img := range []string{image, "registry.example/dynrunner/executor@sha256:" + strings.Repeat("0", 64),
 		"localhost:5000/executor:v1@sha256:" + strings.Repeat("0", 64)} {
 		cfg := ok
 		cfg.Image = img
-		if _, err := docker.New(cfg); err != nil {
-			t.Errorf("New with image %s: %v", img, err)
-		}
+		_, err := docker.New(cfg)
+		assert.NoError(t, err, "New with image %s", img)
 	}
-	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Errorf("state directory: %v, %v; want mode 0700", fi, err)
+	if fi, err := os.Stat(dir); assert.NoError(t, err, "state directory") {
+		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "state directory mode")
 	}
 }
 
 func TestRejectsBadHandles(t *testing.T) {
 	b, err := docker.New(docker.Config{Image: "sha256:" + strings.Repeat("ab", 32), StateDir: t.TempDir(), User: testUser()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for _, h := range []podworker.Handle{
 		{Backend: "local", ID: "dynrunner-1-1"},
 		{Backend: "docker", ID: "../etc"},
 		{Backend: "docker", ID: ""},
 		{Backend: "docker", ID: "dynrunner-1-1", Data: map[string]string{"container_id": "abc"}},
 	} {
-		if err := b.Destroy(t.Context(), h); !errors.Is(err, docker.ErrInvalidHandle) {
-			t.Errorf("Destroy(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
-		if _, err := b.Wait(t.Context(), h); !errors.Is(err, docker.ErrInvalidHandle) {
-			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
+		assert.ErrorIs(t, b.Destroy(t.Context(), h), docker.ErrInvalidHandle, "Destroy(%+v)", h)
+		_, err := b.Wait(t.Context(), h)
+		assert.ErrorIs(t, err, docker.ErrInvalidHandle, "Wait(%+v)", h)
 	}
 }
 

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -58,9 +57,7 @@ func TestConformance(t *testing.T) {
 		New: func(t *testing.T) podworker.Backend { return newBackend(t, root, 5*time.Second) },
 		Spec: func(t *testing.T, task assignment.TaskID, behavior podworkertest.Behavior) podworker.Spec {
 			mode, ok := modes[behavior]
-			if !ok {
-				t.Fatalf("no fake executor mode for %v", behavior)
-			}
+			require.True(t, ok, "no fake executor mode for %v", behavior)
 			return fakeSpec(task, 0, mode)
 		},
 		Gone:           gone(root),
@@ -196,17 +193,15 @@ func TestNewValidates(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if b, err := local.New(tt.cfg); err == nil {
-				t.Errorf("New(%+v) = %v, want an error", tt.cfg, b)
-			}
+			b, err := local.New(tt.cfg)
+			assert.Error(t, err, "New(%+v) = %v, want an error", tt.cfg, b)
 		})
 	}
 	root := filepath.Join(t.TempDir(), "state", "envs")
-	if _, err := local.New(local.Config{Root: root, Command: []string{"sh", "-c", "true"}}); err != nil {
-		t.Errorf("New with a PATH command and a missing root: %v", err)
-	}
-	if fi, err := os.Stat(root); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Errorf("root: %v, %v; want a 0700 directory", fi, err)
+	_, err = local.New(local.Config{Root: root, Command: []string{"sh", "-c", "true"}})
+	assert.NoError(t, err, "New with a PATH command and a missing root")
+	if fi, err := os.Stat(root); assert.NoError(t, err, "root") {
+		assert.Equal(t, os.FileMode(0o700), fi.Mode().Perm(), "root: want a 0700 directory")
 	}
 }
 
@@ -233,17 +228,12 @@ func TestStartEnvironment(t *testing.T) {
 		Backend: "local", ID: "12-34", Task: 12, Epoch: 34,
 		Data: map[string]string{"pid": h.Data["pid"], "pgid": h.Data["pid"], "start_time": h.Data["start_time"], "dir": dir},
 	}
-	if !reflect.DeepEqual(h, want) {
-		t.Errorf("handle = %+v, want %+v", h, want)
-	}
-	if exit := waitT(t, b, h, root); exit != (podworker.Exit{Code: 0, Reason: "exited"}) {
-		t.Errorf("exit = %+v, want 0", exit)
-	}
+	assert.Equal(t, want, h, "handle")
+	assert.Equal(t, podworker.Exit{Code: 0, Reason: "exited"}, waitT(t, b, h, root), "exit")
 	var onDisk podworker.Handle
-	if b, err := os.ReadFile(filepath.Join(dir, "handle.json")); err != nil || json.Unmarshal(b, &onDisk) != nil {
-		t.Errorf("handle.json: %s, %v", b, err)
-	} else if !reflect.DeepEqual(onDisk, h) {
-		t.Errorf("handle.json = %+v, want %+v", onDisk, h)
+	if b, err := os.ReadFile(filepath.Join(dir, "handle.json")); assert.NoError(t, err, "handle.json") &&
+		assert.NoError(t, json.Unmarshal(b, &onDisk), "handle.json: %s", b) {
+		assert.Equal(t, h, onDisk, "handle.json")
 	}
 	for p, mode := range map[string]fs.FileMode{
 		dir:                                    fs.ModeDir | 0o700,
@@ -252,26 +242,23 @@ func TestStartEnvironment(t *testing.T) {
 		filepath.Join(dir, "secrets/svid.pem"): 0o600,
 		filepath.Join(dir, "executor.log"):     0o600,
 	} {
-		if fi, err := os.Lstat(p); err != nil || fi.Mode() != mode {
-			t.Errorf("%s: %v, %v; want mode %v", p, fi, err, mode)
+		if fi, err := os.Lstat(p); assert.NoError(t, err, p) {
+			assert.Equal(t, mode, fi.Mode(), "%s: mode", p)
 		}
 	}
-	if got, _ := os.ReadFile(filepath.Join(dir, "secrets/token")); string(got) != "secret" {
-		t.Errorf("secrets/token = %q", got)
-	}
+	got, _ := os.ReadFile(filepath.Join(dir, "secrets/token"))
+	assert.Equal(t, "secret", string(got), "secrets/token")
 }
 
 func TestExecutorLog(t *testing.T) {
 	root := t.TempDir()
 	b := newBackend(t, root, time.Second)
 	h := startT(t, b, fakeSpec(1, 1, "no-such-mode"))
-	if exit := waitT(t, b, h, ""); exit.Code != 10 {
-		t.Errorf("exit = %+v, want code 10", exit)
-	}
+	exit := waitT(t, b, h, "")
+	assert.Equal(t, 10, exit.Code, "exit = %+v", exit)
 	log, err := os.ReadFile(filepath.Join(root, h.ID, "executor.log"))
-	if err != nil || !strings.Contains(string(log), "fake executor no-such-mode: unknown mode") {
-		t.Errorf("executor.log = %q, %v; want the executor's stderr", log, err)
-	}
+	assert.NoError(t, err, "executor.log")
+	assert.Contains(t, string(log), "fake executor no-such-mode: unknown mode", "executor.log: want the executor's stderr")
 }
 
 func TestDestroyEscalatesToSIGKILL(t *testing.T) {
@@ -282,12 +269,9 @@ func TestDestroyEscalatesToSIGKILL(t *testing.T) {
 	eventually(t, "the executor ignores SIGTERM", func() bool { return ignoresSIGTERM(t, pidOf(t, h)) })
 	start := time.Now()
 	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
-	if d := time.Since(start); d < grace {
-		t.Errorf("Destroy took %v, less than the grace period %v", d, grace)
-	}
-	if alive(t, pidOf(t, h)) {
-		t.Error("executor survived Destroy")
-	}
+	d := time.Since(start)
+	assert.GreaterOrEqual(t, d, grace, "Destroy took %v, less than the grace period %v", d, grace)
+	assert.False(t, alive(t, pidOf(t, h)), "executor survived Destroy")
 }
 
 // ignoresSIGTERM reads the ignored-signals mask of pid.
@@ -313,9 +297,7 @@ func TestDestroyWithCanceledContextKillsAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	require.NoError(t, b.Destroy(ctx, h), "Destroy")
-	if alive(t, pidOf(t, h)) {
-		t.Error("executor survived Destroy")
-	}
+	assert.False(t, alive(t, pidOf(t, h)), "executor survived Destroy")
 }
 
 // childPID waits for the pid a stray or escape executor records. Should the test fail to
@@ -344,20 +326,13 @@ func TestDestroyKillsStrays(t *testing.T) {
 	root := t.TempDir()
 	b := newBackend(t, root, 300*time.Millisecond)
 	h := startT(t, b, fakeSpec(1, 1, "stray"))
-	if exit := waitT(t, b, h, root); exit.Code != 0 {
-		t.Fatalf("exit = %+v, want 0", exit)
-	}
+	exit := waitT(t, b, h, root)
+	require.Zero(t, exit.Code, "exit = %+v", exit)
 	stray := childPID(t, root, h)
-	if !alive(t, stray) {
-		t.Fatal("stray is not running")
-	}
+	require.True(t, alive(t, stray), "stray is not running")
 	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
-	if alive(t, stray) {
-		t.Error("stray survived Destroy")
-	}
-	if !gone(root)(t, h) {
-		t.Error("something remains")
-	}
+	assert.False(t, alive(t, stray), "stray survived Destroy")
+	assert.True(t, gone(root)(t, h), "something remains")
 }
 
 func TestDestroyKillsEscapedProcesses(t *testing.T) {
@@ -366,9 +341,7 @@ func TestDestroyKillsEscapedProcesses(t *testing.T) {
 	h := startT(t, b, fakeSpec(1, 1, "escape"))
 	escaped := childPID(t, root, h)
 	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
-	if alive(t, escaped) {
-		t.Error("process in its own session survived Destroy")
-	}
+	assert.False(t, alive(t, escaped), "process in its own session survived Destroy")
 }
 
 func TestStartWipesExitedEnvironment(t *testing.T) {
@@ -379,21 +352,18 @@ func TestStartWipesExitedEnvironment(t *testing.T) {
 	leftover := filepath.Join(root, h1.ID, "work", "leftover")
 	require.NoError(t, os.WriteFile(leftover, nil, 0o600))
 	h2 := startT(t, b, fakeSpec(3, 4, "forever"))
-	if h2.ID != h1.ID || h2.Data["pid"] == h1.Data["pid"] {
-		t.Errorf("restart = %+v, first %+v; want the same id and a new process", h2, h1)
-	}
-	if _, err := os.Stat(leftover); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("leftover of the first run: %v", err)
-	}
+	assert.Equal(t, h1.ID, h2.ID, "restart: want the same id")
+	assert.NotEqual(t, h1.Data["pid"], h2.Data["pid"], "restart: want a new process")
+	_, err := os.Stat(leftover)
+	assert.ErrorIs(t, err, fs.ErrNotExist, "leftover of the first run")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := b.Wait(ctx, h2); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Wait on the restarted environment = %v, want it running", err)
-	}
+	_, err = b.Wait(ctx, h2)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "Wait on the restarted environment, want it running")
 	// The old handle names a process that is gone, in a directory that now is another's.
-	if exit, err := b.Wait(ctxT(t), h1); err != nil || exit.Code != -1 {
-		t.Errorf("Wait(old handle) = %+v, %v; want -1", exit, err)
-	}
+	exit, err := b.Wait(ctxT(t), h1)
+	assert.NoError(t, err, "Wait(old handle)")
+	assert.Equal(t, -1, exit.Code, "Wait(old handle) = %+v", exit)
 }
 
 // TestStartAfterCrashBeforeHandle covers a controller that died after it started the executor
@@ -423,14 +393,11 @@ func TestStartAfterCrashBeforeHandle(t *testing.T) {
 	list, err := b.List(ctxT(t))
 	require.NoError(t, err)
 	broken := podworker.Handle{Backend: "local", ID: "5-1", Task: 5, Epoch: 1}
-	if !reflect.DeepEqual(list, []podworker.Handle{broken}) {
-		t.Errorf("List = %+v, want [%+v]", list, broken)
-	}
+	assert.Equal(t, []podworker.Handle{broken}, list, "List")
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if _, err := b.Wait(ctx, broken); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Wait(handle without data) = %v, want it running while its process runs", err)
-	}
+	_, err = b.Wait(ctx, broken)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "Wait(handle without data), want it running while its process runs")
 
 	h := startT(t, b, fakeSpec(5, 1, "forever"))
 	select {
@@ -438,9 +405,7 @@ func TestStartAfterCrashBeforeHandle(t *testing.T) {
 	case <-time.After(testTimeout):
 		t.Fatal("Start left the orphaned executor running")
 	}
-	if h.Data["pid"] == strconv.Itoa(orphan.Process.Pid) {
-		t.Error("Start adopted the orphan")
-	}
+	assert.NotEqual(t, strconv.Itoa(orphan.Process.Pid), h.Data["pid"], "Start adopted the orphan")
 }
 
 func TestListAndDestroyForeignEntries(t *testing.T) {
@@ -470,9 +435,7 @@ func TestListAndDestroyForeignEntries(t *testing.T) {
 		{Backend: "local", ID: "junk"},
 		{Backend: "local", ID: "link"},
 	}
-	if !reflect.DeepEqual(list, want) {
-		t.Errorf("List = %+v\nwant %+v", list, want)
-	}
+	assert.Equal(t, want, list, "List")
 	for _, l := range list {
 		assert.NoError(t, b.Destroy(ctxT(t), l), "Destroy(%s)", l.ID)
 	}
@@ -480,9 +443,9 @@ func TestListAndDestroyForeignEntries(t *testing.T) {
 	for _, e := range entries {
 		assert.EqualValues(t, ".locks", e.Name(), "%s remains in root", e.Name())
 	}
-	if got, err := os.ReadFile(precious); err != nil || string(got) != "keep" {
-		t.Errorf("file outside root: %q, %v", got, err)
-	}
+	got, err := os.ReadFile(precious)
+	assert.NoError(t, err, "file outside root")
+	assert.Equal(t, "keep", string(got), "file outside root")
 }
 
 func TestInvalidHandlesAndSpecs(t *testing.T) {
@@ -498,12 +461,9 @@ func TestInvalidHandlesAndSpecs(t *testing.T) {
 		{Backend: "local", ID: "1-1", Data: map[string]string{"pid": "x"}},
 	}
 	for _, h := range handles {
-		if err := b.Destroy(ctxT(t), h); !errors.Is(err, local.ErrInvalidHandle) {
-			t.Errorf("Destroy(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
-		if _, err := b.Wait(ctxT(t), h); !errors.Is(err, local.ErrInvalidHandle) {
-			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
+		assert.ErrorIs(t, b.Destroy(ctxT(t), h), local.ErrInvalidHandle, "Destroy(%+v)", h)
+		_, err := b.Wait(ctxT(t), h)
+		assert.ErrorIs(t, err, local.ErrInvalidHandle, "Wait(%+v)", h)
 	}
 	specs := []struct {
 		name string
@@ -523,9 +483,8 @@ func TestInvalidHandlesAndSpecs(t *testing.T) {
 	}
 	for _, tt := range specs {
 		t.Run(tt.name, func(t *testing.T) {
-			if h, err := b.Start(ctxT(t), tt.spec); !errors.Is(err, local.ErrInvalidSpec) {
-				t.Errorf("Start = %+v, %v; want ErrInvalidSpec", h, err)
-			}
+			h, err := b.Start(ctxT(t), tt.spec)
+			assert.ErrorIs(t, err, local.ErrInvalidSpec, "Start = %+v", h)
 		})
 	}
 }
@@ -562,24 +521,17 @@ func TestSurvivesControllerDeath(t *testing.T) {
 		t.Fatal("controller printed no handle")
 	}
 	require.NoError(t, ctl.Process.Kill())
-	if err := <-ctlDone; err == nil {
-		t.Fatal("controller exited with 0, want killed")
-	}
+	require.Error(t, <-ctlDone, "controller exited with 0, want killed")
 
-	if !alive(t, pidOf(t, h)) {
-		t.Fatal("environment died with its controller")
-	}
+	require.True(t, alive(t, pidOf(t, h)), "environment died with its controller")
 	b := newBackend(t, root, 5*time.Second)
 	list, err := b.List(ctxT(t))
 	require.NoError(t, err)
-	if !reflect.DeepEqual(list, []podworker.Handle{h}) {
-		t.Errorf("List after the restart = %+v, want [%+v]", list, h)
-	}
+	assert.Equal(t, []podworker.Handle{h}, list, "List after the restart")
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
-	if _, err := b.Wait(ctx, h); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Wait on the adopted environment = %v, want it running", err)
-	}
+	_, err = b.Wait(ctx, h)
+	require.ErrorIs(t, err, context.DeadlineExceeded, "Wait on the adopted environment, want it running")
 	waited := make(chan error, 1)
 	go func() {
 		exit, err := b.Wait(ctxT(t), h)
@@ -589,10 +541,8 @@ func TestSurvivesControllerDeath(t *testing.T) {
 		waited <- err
 	}()
 	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
-	if err := <-waited; err != nil && !errors.Is(err, podworker.ErrNotFound) {
-		t.Errorf("Wait during Destroy: %v", err)
+	if err := <-waited; !errors.Is(err, podworker.ErrNotFound) {
+		assert.NoError(t, err, "Wait during Destroy")
 	}
-	if !gone(root)(t, h) {
-		t.Error("something remains")
-	}
+	assert.True(t, gone(root)(t, h), "something remains")
 }

@@ -2,9 +2,7 @@ package opensandbox_test
 
 import (
 	"context"
-	"errors"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -42,28 +40,16 @@ func TestUnauthorized(t *testing.T) {
 			before := len(f.srv.Requests())
 			_, err := b.Start(ctxT(t), spec(101, opensandboxtest.ScriptRun))
 			f.checkErr(t, err)
-			if !errors.Is(err, opensandbox.ErrUnauthorized) {
-				t.Errorf("Start error = %v, want ErrUnauthorized", err)
-			}
-			if !strings.Contains(err.Error(), "refused the API key") {
-				t.Errorf("Start error %q does not say the API key was refused", err)
-			}
-			if got := len(f.srv.Requests()) - before; got != 1 {
-				t.Errorf("%d requests, want 1: a refused key is not retried", got)
-			}
+			assert.ErrorIs(t, err, opensandbox.ErrUnauthorized, "Start error")
+			assert.ErrorContains(t, err, "refused the API key", "Start error does not say the API key was refused")
+			assert.Equal(t, 1, len(f.srv.Requests())-before, "requests: a refused key is not retried")
 			_, err = b.List(ctxT(t))
 			f.checkErr(t, err)
-			if !errors.Is(err, opensandbox.ErrUnauthorized) {
-				t.Errorf("List error = %v, want ErrUnauthorized", err)
-			}
+			assert.ErrorIs(t, err, opensandbox.ErrUnauthorized, "List error")
 			err = b.Destroy(ctxT(t), podworker.Handle{Backend: b.Name(), ID: "some-sandbox"})
 			f.checkErr(t, err)
-			if !errors.Is(err, opensandbox.ErrUnauthorized) {
-				t.Errorf("Destroy error = %v, want ErrUnauthorized", err)
-			}
-			if f.issued(t) != 0 {
-				t.Errorf("a nonce was issued although no sandbox can be created")
-			}
+			assert.ErrorIs(t, err, opensandbox.ErrUnauthorized, "Destroy error")
+			assert.Zero(t, f.issued(t), "a nonce was issued although no sandbox can be created")
 		})
 	}
 }
@@ -72,14 +58,10 @@ func TestNotFound(t *testing.T) {
 	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	h := podworker.Handle{Backend: b.Name(), ID: "0b4f9f1e-5d59-4c39-8d5e-000000000000", Task: 5, Epoch: 1}
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Errorf("Destroy of a sandbox that does not exist (404) = %v, want nil", err)
-	}
+	assert.NoError(t, b.Destroy(ctxT(t), h), "Destroy of a sandbox that does not exist (404)")
 	_, err := b.Wait(ctxT(t), h)
 	f.checkErr(t, err)
-	if !errors.Is(err, podworker.ErrNotFound) {
-		t.Errorf("Wait on a sandbox that does not exist = %v, want ErrNotFound", err)
-	}
+	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait on a sandbox that does not exist")
 }
 
 func TestConflict(t *testing.T) {
@@ -89,30 +71,20 @@ func TestConflict(t *testing.T) {
 	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusConflict, Code: "SANDBOX::CONFLICT", Message: "conflicts"})
 	_, err := b.Start(ctxT(t), spec(201, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
-	if !errors.Is(err, opensandbox.ErrConflict) {
-		t.Errorf("Start error = %v, want ErrConflict", err)
-	}
-	if n := f.count(http.MethodPost, "/sandboxes"); n != 1 {
-		t.Errorf("%d creates, want 1: a 409 is not retried", n)
-	}
+	assert.ErrorIs(t, err, opensandbox.ErrConflict, "Start error")
+	assert.Equal(t, 1, f.count(http.MethodPost, "/sandboxes"), "creates: a 409 is not retried")
 
 	h, err := b.Start(ctxT(t), spec(202, opensandboxtest.ScriptRun))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	// 409 on delete while the sandbox runs: an error.
 	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
 	err = b.Destroy(ctxT(t), h)
 	f.checkErr(t, err)
-	if !errors.Is(err, opensandbox.ErrConflict) {
-		t.Errorf("Destroy error = %v, want ErrConflict", err)
-	}
+	assert.ErrorIs(t, err, opensandbox.ErrConflict, "Destroy error")
 	// 409 on delete because the sandbox is already stopping: done.
 	f.srv.SetState(h.ID, opensandbox.StateStopping, "user_delete", "")
 	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodDelete, Status: http.StatusConflict})
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Errorf("Destroy of a stopping sandbox answered 409 = %v, want nil", err)
-	}
+	assert.NoError(t, b.Destroy(ctxT(t), h), "Destroy of a stopping sandbox answered 409")
 }
 
 func TestRateLimited(t *testing.T) {
@@ -122,25 +94,19 @@ func TestRateLimited(t *testing.T) {
 	t.Run("RetryAfterHonoured", func(t *testing.T) {
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "1"})
 		began := time.Now()
-		if _, err := b.List(ctxT(t)); err != nil {
-			t.Fatalf("List after one 429: %v", err)
-		}
-		if took := time.Since(began); took < time.Second {
-			t.Errorf("List took %v, want at least the 1s Retry-After", took)
-		}
+		_, err := b.List(ctxT(t))
+		require.NoError(t, err, "List after one 429")
+		took := time.Since(began)
+		assert.GreaterOrEqual(t, took, time.Second, "List took %v, want at least the 1s Retry-After", took)
 	})
 	t.Run("CreateRetried", func(t *testing.T) {
 		// A 429 is answered before anything happens, so even a create is sent again.
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusTooManyRequests})
 		before := f.count(http.MethodPost, "/sandboxes")
 		h, err := b.Start(ctxT(t), spec(301, opensandboxtest.ScriptRun))
-		if err != nil {
-			t.Fatalf("Start after one 429: %v", err)
-		}
+		require.NoError(t, err, "Start after one 429")
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
-		if n := f.count(http.MethodPost, "/sandboxes") - before; n != 2 {
-			t.Errorf("%d creates, want 2", n)
-		}
+		assert.Equal(t, 2, f.count(http.MethodPost, "/sandboxes")-before, "creates")
 	})
 	t.Run("RetryAfterTooLong", func(t *testing.T) {
 		b := f.backend(t, func(c *opensandbox.Config) { c.MaxRetryWait = 2 * time.Second })
@@ -148,21 +114,16 @@ func TestRateLimited(t *testing.T) {
 		began := time.Now()
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
-		if !errors.Is(err, opensandbox.ErrRateLimited) {
-			t.Errorf("List error = %v, want ErrRateLimited", err)
-		}
-		if took := time.Since(began); took > time.Second {
-			t.Errorf("List took %v: it waited for a Retry-After it cannot honour", took)
-		}
+		assert.ErrorIs(t, err, opensandbox.ErrRateLimited, "List error")
+		took := time.Since(began)
+		assert.LessOrEqual(t, took, time.Second, "List took %v: it waited for a Retry-After it cannot honour", took)
 	})
 	t.Run("Persistent", func(t *testing.T) {
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, Count: 100})
 		t.Cleanup(f.srv.ClearFaults)
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
-		if !errors.Is(err, opensandbox.ErrRateLimited) {
-			t.Errorf("List error = %v, want ErrRateLimited", err)
-		}
+		assert.ErrorIs(t, err, opensandbox.ErrRateLimited, "List error")
 	})
 }
 
@@ -172,9 +133,8 @@ func TestServerErrors(t *testing.T) {
 
 	t.Run("RetriedThenSucceeds", func(t *testing.T) {
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusServiceUnavailable, Count: 2})
-		if _, err := b.List(ctxT(t)); err != nil {
-			t.Fatalf("List after two 503: %v", err)
-		}
+		_, err := b.List(ctxT(t))
+		require.NoError(t, err, "List after two 503")
 	})
 	t.Run("GivenUp", func(t *testing.T) {
 		b := f.backend(t, func(c *opensandbox.Config) { c.Retries = 3 })
@@ -182,59 +142,37 @@ func TestServerErrors(t *testing.T) {
 		before := f.count(http.MethodGet, "/sandboxes")
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
-		if !errors.Is(err, opensandbox.ErrUnavailable) {
-			t.Errorf("List error = %v, want ErrUnavailable", err)
-		}
-		if n := f.count(http.MethodGet, "/sandboxes") - before; n != 4 {
-			t.Errorf("%d requests, want 4 (3 retries)", n)
-		}
-		if !strings.Contains(err.Error(), "after 4 attempts") {
-			t.Errorf("error %q does not say how often it tried", err)
-		}
+		assert.ErrorIs(t, err, opensandbox.ErrUnavailable, "List error")
+		assert.Equal(t, 4, f.count(http.MethodGet, "/sandboxes")-before, "requests (3 retries)")
+		assert.ErrorContains(t, err, "after 4 attempts", "the error does not say how often it tried")
 	})
 	t.Run("CreateLostAnswer", func(t *testing.T) {
 		// The server creates the sandbox, then answers 500: Start must find it, not make two.
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
 		sp := spec(401, opensandboxtest.ScriptRun)
 		h, err := b.Start(ctxT(t), sp)
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
+		require.NoError(t, err, "Start")
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
-		if n := countTask(f, sp.Task.String()); n != 1 {
-			t.Errorf("%d sandboxes of the task, want 1", n)
-		}
-		if n := f.count(http.MethodPost, "/sandboxes"); n != 1 {
-			t.Errorf("%d creates, want 1", n)
-		}
+		assert.Equal(t, 1, countTask(f, sp.Task.String()), "sandboxes of the task")
+		assert.Equal(t, 1, f.count(http.MethodPost, "/sandboxes"), "creates")
 	})
 	t.Run("CreateFailsBeforeEffect", func(t *testing.T) {
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusBadGateway})
 		sp := spec(402, opensandboxtest.ScriptRun)
 		h, err := b.Start(ctxT(t), sp)
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
+		require.NoError(t, err, "Start")
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
-		if n := countTask(f, sp.Task.String()); n != 1 {
-			t.Errorf("%d sandboxes of the task, want 1", n)
-		}
+		assert.Equal(t, 1, countTask(f, sp.Task.String()), "sandboxes of the task")
 	})
 	t.Run("WaitRidesOut", func(t *testing.T) {
 		h, err := b.Start(ctxT(t), spec(403, opensandboxtest.ScriptExit))
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
+		require.NoError(t, err, "Start")
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 		// More failures than one request retries: Wait polls on.
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusBadGateway, Count: 3 * (opensandbox.DefaultRetries + 1)})
 		exit, err := b.Wait(ctxT(t), h)
-		if err != nil {
-			t.Fatalf("Wait through 5xx answers: %v", err)
-		}
-		if !strings.Contains(exit.Reason, "terminated") {
-			t.Errorf("exit = %+v, want the terminated sandbox", exit)
-		}
+		require.NoError(t, err, "Wait through 5xx answers")
+		assert.Contains(t, exit.Reason, "terminated", "exit = %+v, want the terminated sandbox", exit)
 	})
 }
 
@@ -256,22 +194,17 @@ func TestRequestTimeout(t *testing.T) {
 	began := time.Now()
 	_, err := b.List(ctxT(t))
 	f.checkErr(t, err)
-	if !errors.Is(err, opensandbox.ErrUnavailable) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("List error = %v, want ErrUnavailable and context.DeadlineExceeded", err)
-	}
-	if !strings.Contains(err.Error(), "no answer within 50ms") {
-		t.Errorf("error %q does not name the request timeout", err)
-	}
-	if took := time.Since(began); took > 900*time.Millisecond {
-		t.Errorf("List took %v: the request timeout did not apply", took)
-	}
+	assert.ErrorIs(t, err, opensandbox.ErrUnavailable, "List error")
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "List error")
+	assert.ErrorContains(t, err, "no answer within 50ms", "the error does not name the request timeout")
+	took := time.Since(began)
+	assert.LessOrEqual(t, took, 900*time.Millisecond, "List took %v: the request timeout did not apply", took)
 	f.srv.SetDelay(0)
 
 	// A slow answer within the timeout is fine.
 	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Delay: 20 * time.Millisecond})
-	if _, err := b.List(ctxT(t)); err != nil {
-		t.Errorf("List with a slow answer: %v", err)
-	}
+	_, err = b.List(ctxT(t))
+	assert.NoError(t, err, "List with a slow answer")
 }
 
 func TestCallerDeadline(t *testing.T) {
@@ -282,12 +215,9 @@ func TestCallerDeadline(t *testing.T) {
 	defer cancel()
 	_, err := b.Start(ctx, spec(501, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Start error = %v, want context.DeadlineExceeded", err)
-	}
-	if !poll(5*time.Second, func() bool { return countTask(f, "501") == 0 }) {
-		t.Errorf("the sandbox of a cancelled Start is left: %+v", f.srv.Sandboxes())
-	}
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "Start error")
+	assert.True(t, poll(5*time.Second, func() bool { return countTask(f, "501") == 0 }),
+		"the sandbox of a cancelled Start is left: %+v", f.srv.Sandboxes())
 }
 
 func TestNeverRunning(t *testing.T) {
@@ -315,15 +245,10 @@ func TestNeverRunning(t *testing.T) {
 			began := time.Now()
 			_, err := b.Start(ctxT(t), spec(601, tt.script))
 			f.checkErr(t, err)
-			if !errors.Is(err, tt.want) {
-				t.Errorf("Start error = %v, want %v", err, tt.want)
-			}
-			if took := time.Since(began); took > 3*time.Second {
-				t.Errorf("Start took %v with a start timeout of 200ms", took)
-			}
-			if left := f.srv.Sandboxes(); len(left) != 0 {
-				t.Errorf("the failed sandbox was not deleted: %+v", left)
-			}
+			assert.ErrorIs(t, err, tt.want, "Start error")
+			took := time.Since(began)
+			assert.LessOrEqual(t, took, 3*time.Second, "Start took %v with a start timeout of 200ms", took)
+			assert.Empty(t, f.srv.Sandboxes(), "the failed sandbox was not deleted")
 		})
 	}
 }
@@ -336,35 +261,25 @@ func TestMalformed(t *testing.T) {
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Malformed: true})
 		_, err := b.List(ctxT(t))
 		f.checkErr(t, err)
-		if !errors.Is(err, opensandbox.ErrMalformed) {
-			t.Errorf("List error = %v, want ErrMalformed", err)
-		}
+		assert.ErrorIs(t, err, opensandbox.ErrMalformed, "List error")
 	})
 	t.Run("Wait", func(t *testing.T) {
 		h, err := b.Start(ctxT(t), spec(701, opensandboxtest.ScriptRun))
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
+		require.NoError(t, err, "Start")
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Malformed: true})
 		_, err = b.Wait(ctxT(t), h)
 		f.checkErr(t, err)
-		if !errors.Is(err, opensandbox.ErrMalformed) {
-			t.Errorf("Wait error = %v, want ErrMalformed", err)
-		}
+		assert.ErrorIs(t, err, opensandbox.ErrMalformed, "Wait error")
 	})
 	t.Run("CreateAnswer", func(t *testing.T) {
 		// The create took effect but its answer is garbage: Start finds the sandbox by its
 		// instance id.
 		f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Malformed: true})
 		h, err := b.Start(ctxT(t), spec(702, opensandboxtest.ScriptRun))
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
+		require.NoError(t, err, "Start")
 		t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
-		if n := countTask(f, "702"); n != 1 {
-			t.Errorf("%d sandboxes of the task, want 1", n)
-		}
+		assert.Equal(t, 1, countTask(f, "702"), "sandboxes of the task")
 	})
 }
 
@@ -386,25 +301,18 @@ func TestInvalidInput(t *testing.T) {
 			tt.mod(&sp)
 			_, err := b.Start(ctxT(t), sp)
 			f.checkErr(t, err)
-			if !errors.Is(err, opensandbox.ErrInvalidSpec) {
-				t.Errorf("Start error = %v, want ErrInvalidSpec", err)
-			}
+			assert.ErrorIs(t, err, opensandbox.ErrInvalidSpec, "Start error")
 		})
 	}
-	if n := len(f.srv.Requests()); n != 0 {
-		t.Errorf("invalid specs sent %d requests", n)
-	}
+	assert.Empty(t, f.srv.Requests(), "invalid specs sent requests")
 	for _, h := range []podworker.Handle{
 		{Backend: "docker", ID: "abc"},
 		{Backend: b.Name(), ID: "../escape"},
 		{Backend: b.Name(), ID: ""},
 	} {
-		if err := b.Destroy(ctxT(t), h); !errors.Is(err, opensandbox.ErrInvalidHandle) {
-			t.Errorf("Destroy(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
-		if _, err := b.Wait(ctxT(t), h); !errors.Is(err, opensandbox.ErrInvalidHandle) {
-			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
+		assert.ErrorIs(t, b.Destroy(ctxT(t), h), opensandbox.ErrInvalidHandle, "Destroy(%+v)", h)
+		_, err := b.Wait(ctxT(t), h)
+		assert.ErrorIs(t, err, opensandbox.ErrInvalidHandle, "Wait(%+v)", h)
 	}
 }
 
@@ -424,44 +332,29 @@ func TestStartReplacesEndedSandbox(t *testing.T) {
 	b := f.backend(t, nil)
 	sp := spec(1001, opensandboxtest.ScriptRun)
 	h1, err := b.Start(ctxT(t), sp)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	f.srv.SetState(h1.ID, opensandbox.StateFailed, "runtime_error", "node lost")
 	h2, err := b.Start(ctxT(t), sp)
-	if err != nil {
-		t.Fatalf("second Start: %v", err)
-	}
+	require.NoError(t, err, "second Start")
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), h2) })
-	if h2.ID == h1.ID {
-		t.Errorf("second Start returned the failed sandbox %s", h1.ID)
-	}
-	if _, ok := f.srv.Sandbox(h1.ID); ok {
-		t.Errorf("the failed sandbox %s was not deleted", h1.ID)
-	}
+	assert.NotEqual(t, h1.ID, h2.ID, "second Start returned the failed sandbox")
+	_, ok := f.srv.Sandbox(h1.ID)
+	assert.False(t, ok, "the failed sandbox %s was not deleted", h1.ID)
 }
 
 func TestWaitReportsFailure(t *testing.T) {
 	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	h, err := b.Start(ctxT(t), spec(1101, opensandboxtest.ScriptRun))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 	f.srv.SetState(h.ID, opensandbox.StateFailed, "runtime_error", "the microVM crashed")
 	exit, err := b.Wait(ctxT(t), h)
-	if err != nil {
-		t.Fatalf("Wait: %v", err)
-	}
-	if want := (podworker.Exit{Code: -1, Reason: "sandbox failed (runtime_error: the microVM crashed)"}); exit != want {
-		t.Errorf("exit = %+v, want %+v", exit, want)
-	}
+	require.NoError(t, err, "Wait")
+	assert.Equal(t, podworker.Exit{Code: -1, Reason: "sandbox failed (runtime_error: the microVM crashed)"}, exit, "exit")
 	f.srv.SetAuthStatus(http.StatusUnauthorized)
 	defer f.srv.SetAuthStatus(0)
 	_, err = b.Wait(ctxT(t), h)
 	f.checkErr(t, err)
-	if !errors.Is(err, opensandbox.ErrUnauthorized) {
-		t.Errorf("Wait with a refused key = %v, want ErrUnauthorized", err)
-	}
+	assert.ErrorIs(t, err, opensandbox.ErrUnauthorized, "Wait with a refused key")
 }

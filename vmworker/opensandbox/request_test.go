@@ -1,13 +1,10 @@
 package opensandbox_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/url"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -30,84 +27,57 @@ func TestCreateRequest(t *testing.T) {
 	b := f.backend(t, nil)
 	sp := spec(42, opensandboxtest.ScriptRun)
 	h, err := b.Start(ctxT(t), sp)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 
 	var creates []opensandboxtest.Request
 	for _, r := range f.srv.Requests() {
-		if got := r.APIKey; got != f.srv.APIKey() {
-			t.Errorf("%s %s: %s header = %q, want the key without the file's newline", r.Method, r.Path, opensandboxtest.APIKeyHeader, got)
-		}
-		if !strings.HasPrefix(r.Path, "/v1/sandboxes") {
-			t.Errorf("request to %s, want the API's /v1/sandboxes paths", r.Path)
-		}
+		assert.Equal(t, f.srv.APIKey(), r.APIKey, "%s %s: %s header, want the key without the file's newline", r.Method, r.Path, opensandboxtest.APIKeyHeader)
+		assert.True(t, strings.HasPrefix(r.Path, "/v1/sandboxes"), "request to %s, want the API's /v1/sandboxes paths", r.Path)
 		if r.Method == http.MethodPost {
 			creates = append(creates, r)
 		}
 	}
-	if len(creates) != 1 {
-		t.Fatalf("%d creates, want 1", len(creates))
-	}
+	require.Len(t, creates, 1, "creates")
 	var body map[string]json.RawMessage
-	if err := json.Unmarshal(creates[0].Body, &body); err != nil {
-		t.Fatalf("create body: %v", err)
-	}
+	require.NoError(t, json.Unmarshal(creates[0].Body, &body), "create body")
 	var keys []string
 	for k := range body {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	if want := []string{"entrypoint", "env", "extensions", "image", "metadata", "resourceLimits", "timeout"}; !slices.Equal(keys, want) {
-		t.Errorf("create body fields %v, want %v", keys, want)
-	}
+	assert.Equal(t, []string{"entrypoint", "env", "extensions", "image", "metadata", "resourceLimits", "timeout"}, keys, "create body fields")
 
 	sb, ok := f.srv.Sandbox(h.ID)
-	if !ok {
-		t.Fatalf("sandbox %s not on the server", h.ID)
-	}
-	if want := map[string]string{"poolRef": "ci-vm"}; !reflect.DeepEqual(sb.Extensions, want) {
-		t.Errorf("extensions = %v, want %v", sb.Extensions, want)
-	}
-	if sb.Timeout != int(opensandbox.DefaultSandboxTTL.Seconds()) {
-		t.Errorf("timeout = %d, want %v in seconds", sb.Timeout, opensandbox.DefaultSandboxTTL)
-	}
-	if !slices.Equal(sb.Entrypoint, opensandbox.DefaultEntrypoint) || sb.Image != testImage {
-		t.Errorf("entrypoint %q image %q, want %q %q", sb.Entrypoint, sb.Image, opensandbox.DefaultEntrypoint, testImage)
-	}
-	if !reflect.DeepEqual(sb.ResourceLimits, opensandbox.DefaultResources) {
-		t.Errorf("resourceLimits = %v, want %v", sb.ResourceLimits, opensandbox.DefaultResources)
-	}
+	require.True(t, ok, "sandbox %s not on the server", h.ID)
+	assert.Equal(t, map[string]string{"poolRef": "ci-vm"}, sb.Extensions, "extensions")
+	assert.Equal(t, int(opensandbox.DefaultSandboxTTL.Seconds()), sb.Timeout, "timeout, want %v in seconds", opensandbox.DefaultSandboxTTL)
+	assert.Equal(t, opensandbox.DefaultEntrypoint, sb.Entrypoint, "entrypoint")
+	assert.Equal(t, testImage, sb.Image, "image")
+	assert.Equal(t, opensandbox.DefaultResources, sb.ResourceLimits, "resourceLimits")
 	instance := sb.Env[opensandbox.EnvInstanceID]
-	if u, err := uuid.Parse(instance); err != nil || u.String() != instance || u.Version() != 4 || u.Variant() != uuid.RFC4122 ||
-		h.Data[opensandbox.DataInstanceID] != instance {
-		t.Errorf("instance id %q (handle %q): want the same UUID", instance, h.Data[opensandbox.DataInstanceID])
+	u, err := uuid.Parse(instance)
+	if assert.NoError(t, err, "instance id %q", instance) {
+		assert.Equal(t, instance, u.String(), "instance id: want a UUID in canonical form")
+		assert.Equal(t, uuid.Version(4), u.Version(), "instance id %q: UUID version", instance)
+		assert.Equal(t, uuid.RFC4122, u.Variant(), "instance id %q: UUID variant", instance)
 	}
-	if sb.Env[opensandbox.EnvEndpoint] != testEndpoint || len(sb.Env[opensandbox.EnvNonce]) < 32 {
-		t.Errorf("env endpoint %q nonce of %d bytes: want %q and a nonce", sb.Env[opensandbox.EnvEndpoint], len(sb.Env[opensandbox.EnvNonce]), testEndpoint)
-	}
+	assert.Equal(t, instance, h.Data[opensandbox.DataInstanceID], "handle instance id: want the same UUID")
+	assert.Equal(t, testEndpoint, sb.Env[opensandbox.EnvEndpoint], "env endpoint")
+	assert.GreaterOrEqual(t, len(sb.Env[opensandbox.EnvNonce]), 32, "env nonce bytes: want a nonce")
 	for k, v := range sp.Env {
-		if sb.Env[k] != v {
-			t.Errorf("env %s = %q, want the spec's %q", k, sb.Env[k], v)
-		}
+		assert.Equal(t, v, sb.Env[k], "env %s, want the spec's", k)
 	}
-	if len(sb.Env) != len(sp.Env)+3 {
-		t.Errorf("env = %v: want the spec's and the three guest variables, nothing else", sb.Env)
-	}
+	assert.Len(t, sb.Env, len(sp.Env)+3, "env: want the spec's and the three guest variables, nothing else")
 	wantMeta := map[string]string{
 		opensandbox.MetaManagedBy: "dynrunner", opensandbox.MetaScope: opensandbox.DefaultScope,
 		opensandbox.MetaTask: "42", opensandbox.MetaEpoch: "7", opensandbox.MetaInstanceID: instance,
 		opensandbox.MetaPool: "ci-vm", "name": "dynrunner-42-7",
 	}
 	for k, v := range wantMeta {
-		if sb.Metadata[k] != v {
-			t.Errorf("metadata %s = %q, want %q", k, sb.Metadata[k], v)
-		}
+		assert.Equal(t, v, sb.Metadata[k], "metadata %s", k)
 	}
-	if sb.Metadata[opensandbox.MetaCreated] == "" {
-		t.Errorf("metadata lacks %s", opensandbox.MetaCreated)
-	}
+	assert.NotEmpty(t, sb.Metadata[opensandbox.MetaCreated], "metadata lacks %s", opensandbox.MetaCreated)
 	assert.Equal(t, map[string]string{opensandbox.DataInstanceID: instance, opensandbox.DataPool: "ci-vm"}, h.Data, "handle data")
 	// The nonce redeems once for the token, for this instance only.
 	_, _, _, err = f.redeem(t, "00000000-0000-4000-8000-000000000000", sb.Env[opensandbox.EnvNonce])
@@ -125,28 +95,23 @@ func TestPoolOnly(t *testing.T) {
 	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, func(c *opensandbox.Config) { c.Image = ""; c.Pool = "gpu-vm" })
 	h, err := b.Start(ctxT(t), spec(43, opensandboxtest.ScriptRun))
-	if err != nil {
-		t.Fatalf("Start without an image: %v", err)
-	}
+	require.NoError(t, err, "Start without an image")
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
 	sb, _ := f.srv.Sandbox(h.ID)
-	if sb.Image != "" || sb.Extensions["poolRef"] != "gpu-vm" || h.Data[opensandbox.DataPool] != "gpu-vm" {
-		t.Errorf("image %q poolRef %q handle pool %q: want no image and pool gpu-vm", sb.Image, sb.Extensions["poolRef"], h.Data[opensandbox.DataPool])
-	}
+	assert.Empty(t, sb.Image, "image: want none")
+	assert.Equal(t, "gpu-vm", sb.Extensions["poolRef"], "poolRef")
+	assert.Equal(t, "gpu-vm", h.Data[opensandbox.DataPool], "handle pool")
 }
 
 func TestBaseURLWithoutVersion(t *testing.T) {
 	f := newFixture(t, opensandboxtest.ServerConfig{})
 	for _, base := range []string{f.srv.RootURL, f.srv.RootURL + "/"} {
 		b := f.backend(t, func(c *opensandbox.Config) { c.BaseURL = base })
-		if _, err := b.List(ctxT(t)); err != nil {
-			t.Fatalf("List with base %s: %v", base, err)
-		}
+		_, err := b.List(ctxT(t))
+		require.NoError(t, err, "List with base %s", base)
 	}
 	for _, r := range f.srv.Requests() {
-		if r.Path != "/v1/sandboxes" {
-			t.Errorf("request to %s, want /v1/sandboxes", r.Path)
-		}
+		assert.Equal(t, "/v1/sandboxes", r.Path, "request path")
 	}
 }
 
@@ -155,28 +120,20 @@ func TestListScopeAndQuery(t *testing.T) {
 	a := f.backend(t, func(c *opensandbox.Config) { c.Scope = "staging" })
 	b := f.backend(t, nil)
 	ha, err := a.Start(ctxT(t), spec(51, opensandboxtest.ScriptRun))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() { _ = a.Destroy(context.Background(), ha) })
 	hb, err := b.Start(ctxT(t), spec(51, opensandboxtest.ScriptRun))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() { _ = b.Destroy(context.Background(), hb) })
-	if ha.ID == hb.ID {
-		t.Fatalf("two scopes share sandbox %s", ha.ID)
-	}
+	require.NotEqual(t, ha.ID, hb.ID, "two scopes share a sandbox")
 	for _, tt := range []struct {
 		b    *opensandbox.Backend
 		want string
 	}{{a, ha.ID}, {b, hb.ID}} {
 		hs, err := tt.b.List(ctxT(t))
-		if err != nil {
-			t.Fatalf("List: %v", err)
-		}
-		if len(hs) != 1 || hs[0].ID != tt.want {
-			t.Errorf("List = %+v, want only %s", hs, tt.want)
+		require.NoError(t, err, "List")
+		if assert.Len(t, hs, 1, "List, want only %s", tt.want) {
+			assert.Equal(t, tt.want, hs[0].ID, "List")
 		}
 	}
 	// The metadata parameter is "k=v&k=v", encoded once more, as the API documents.
@@ -185,16 +142,13 @@ func TestListScopeAndQuery(t *testing.T) {
 			continue
 		}
 		q, err := url.ParseQuery(r.RawQuery)
-		if err != nil {
-			t.Fatalf("query %q: %v", r.RawQuery, err)
-		}
+		require.NoError(t, err, "query %q", r.RawQuery)
 		inner, err := url.ParseQuery(q.Get("metadata"))
-		if err != nil || inner.Get(opensandbox.MetaManagedBy) != "dynrunner" || inner.Get(opensandbox.MetaScope) == "" {
-			t.Errorf("metadata filter %q: want managed-by and scope", q.Get("metadata"))
-		}
-		if q.Get("page") == "" || q.Get("pageSize") == "" {
-			t.Errorf("list query %q lacks page and pageSize", r.RawQuery)
-		}
+		assert.NoError(t, err, "metadata filter %q", q.Get("metadata"))
+		assert.Equal(t, "dynrunner", inner.Get(opensandbox.MetaManagedBy), "metadata filter %q: want managed-by", q.Get("metadata"))
+		assert.NotEmpty(t, inner.Get(opensandbox.MetaScope), "metadata filter %q: want scope", q.Get("metadata"))
+		assert.NotEmpty(t, q.Get("page"), "list query %q lacks page", r.RawQuery)
+		assert.NotEmpty(t, q.Get("pageSize"), "list query %q lacks pageSize", r.RawQuery)
 	}
 }
 
@@ -203,21 +157,14 @@ func TestListPages(t *testing.T) {
 	b := f.backend(t, nil)
 	const n = 230 // three pages of 100
 	for i := range n {
-		if _, err := b.Start(ctxT(t), spec(60_000+assignmentTask(i), opensandboxtest.ScriptRun)); err != nil {
-			t.Fatalf("Start %d: %v", i, err)
-		}
+		_, err := b.Start(ctxT(t), spec(60_000+assignmentTask(i), opensandboxtest.ScriptRun))
+		require.NoError(t, err, "Start %d", i)
 	}
 	hs, err := b.List(ctxT(t))
-	if err != nil {
-		t.Fatalf("List: %v", err)
-	}
-	if len(hs) != n {
-		t.Errorf("List = %d handles, want %d", len(hs), n)
-	}
+	require.NoError(t, err, "List")
+	assert.Len(t, hs, n, "List handles")
 	for _, h := range hs {
-		if err := b.Destroy(ctxT(t), h); err != nil {
-			t.Fatalf("Destroy: %v", err)
-		}
+		require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	}
 }
 
@@ -227,9 +174,7 @@ func TestSecretsStayOut(t *testing.T) {
 	f := newFixture(t, opensandboxtest.ServerConfig{})
 	b := f.backend(t, nil)
 	h, err := b.Start(ctxT(t), spec(71, opensandboxtest.ScriptRun))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	sb, _ := f.srv.Sandbox(h.ID)
 	nonce := sb.Env[opensandbox.EnvNonce]
 
@@ -238,22 +183,15 @@ func TestSecretsStayOut(t *testing.T) {
 		Code: "ECHO", Message: "your key " + key + " and again " + key[:len(key)-3]})
 	_, err = b.List(ctxT(t))
 	f.checkErr(t, err)
-	if !strings.Contains(err.Error(), "[redacted]") {
-		t.Errorf("error %q: want the echoed key redacted", err)
-	}
+	assert.ErrorContains(t, err, "[redacted]", "want the echoed key redacted")
 	f.srv.ClearFaults()
-	if err := b.Destroy(ctxT(t), h); err != nil {
-		t.Fatalf("Destroy: %v", err)
-	}
+	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	logs := f.logs.String()
 	for what, secret := range map[string]string{"API key": key, "nonce": nonce, "token": testToken} {
-		if strings.Contains(logs, secret) {
-			t.Errorf("the %s is in the log", what)
-		}
+		assert.False(t, strings.Contains(logs, secret), "the %s is in the log", what)
 	}
-	if !strings.Contains(logs, "sandbox created") || !bytes.Contains([]byte(logs), []byte(`"task_id":71`)) {
-		t.Errorf("the log lacks the creation with its task id:\n%s", logs)
-	}
+	assert.Contains(t, logs, "sandbox created", "the log lacks the creation")
+	assert.Contains(t, logs, `"task_id":71`, "the log lacks the creation's task id")
 }
 
 // TestEchoedBody checks that a server quoting the create request in its error (as validation
@@ -265,27 +203,18 @@ func TestEchoedBody(t *testing.T) {
 	f.srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusUnprocessableEntity, EchoBody: true})
 	_, err := b.Start(ctxT(t), spec(81, opensandboxtest.ScriptRun))
 	f.checkErr(t, err)
-	if !errors.Is(err, opensandbox.ErrRejected) {
-		t.Errorf("Start error = %v, want ErrRejected", err)
-	}
+	assert.ErrorIs(t, err, opensandbox.ErrRejected, "Start error")
 	var body struct{ Env map[string]string }
 	for _, r := range f.srv.Requests() {
 		if r.Method == http.MethodPost {
-			if err := json.Unmarshal(r.Body, &body); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, json.Unmarshal(r.Body, &body))
 		}
 	}
 	nonce := body.Env[opensandbox.EnvNonce]
-	if nonce == "" || strings.Contains(err.Error(), nonce) {
-		t.Errorf("the error holds the nonce %q (or none was sent): %v", nonce, err)
-	}
-	if !strings.Contains(err.Error(), `"DYNRUNNER_NONCE":"[redacted]"`) {
-		t.Errorf("error %q: want the echoed nonce redacted", err)
-	}
-	if strings.Contains(f.logs.String(), nonce) {
-		t.Errorf("the log holds the nonce")
-	}
+	require.NotEmpty(t, nonce, "no nonce was sent")
+	assert.NotContains(t, err.Error(), nonce, "the error holds the nonce")
+	assert.ErrorContains(t, err, `"DYNRUNNER_NONCE":"[redacted]"`, "want the echoed nonce redacted")
+	assert.False(t, strings.Contains(f.logs.String(), nonce), "the log holds the nonce")
 }
 
 func TestWrongBaseURL(t *testing.T) {
@@ -293,10 +222,7 @@ func TestWrongBaseURL(t *testing.T) {
 	b := f.backend(t, func(c *opensandbox.Config) { c.BaseURL = f.srv.RootURL + "/api" })
 	_, err := b.List(ctxT(t))
 	f.checkErr(t, err)
-	if !errors.Is(err, opensandbox.ErrRejected) || errors.Is(err, podworker.ErrNotFound) {
-		t.Errorf("List error = %v, want ErrRejected, not ErrNotFound", err)
-	}
-	if !strings.Contains(err.Error(), "server URL") {
-		t.Errorf("error %q does not point at the server URL", err)
-	}
+	assert.ErrorIs(t, err, opensandbox.ErrRejected, "List error")
+	assert.NotErrorIs(t, err, podworker.ErrNotFound, "List error")
+	assert.ErrorContains(t, err, "server URL", "the error does not point at the server URL")
 }
