@@ -16,7 +16,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"sync"
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/bundle/x509bundle"
@@ -267,8 +266,7 @@ type devSource struct {
 	hosts  []string
 	bundle *x509bundle.Bundle
 
-	mu      sync.Mutex
-	closed  bool
+	closable
 	svid    *x509svid.SVID
 	renewAt time.Time
 }
@@ -286,11 +284,10 @@ func (s *devSource) refresh(now time.Time) error {
 
 // GetX509SVID implements x509svid.Source.
 func (s *devSource) GetX509SVID() (*x509svid.SVID, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("workload: %w", ErrClosed)
+	if err := s.lock(); err != nil {
+		return nil, err
 	}
+	defer s.mu.Unlock()
 	if now := time.Now(); !now.Before(s.renewAt) {
 		if err := s.refresh(now); err != nil && !now.Before(s.svid.Certificates[0].NotAfter) {
 			return nil, err
@@ -301,18 +298,9 @@ func (s *devSource) GetX509SVID() (*x509svid.SVID, error) {
 
 // GetX509BundleForTrustDomain implements x509bundle.Source.
 func (s *devSource) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("workload: %w", ErrClosed)
+	if err := s.lock(); err != nil {
+		return nil, err
 	}
-	return s.bundle.GetX509BundleForTrustDomain(td)
-}
-
-// Close implements io.Closer.
-func (s *devSource) Close() error {
-	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.closed = true
-	return nil
+	return s.bundle.GetX509BundleForTrustDomain(td)
 }

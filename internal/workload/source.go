@@ -115,8 +115,7 @@ func sameFile(a, b fs.FileInfo) bool {
 type fileSource struct {
 	dir string
 
-	mu     sync.Mutex
-	closed bool
+	closable
 	svid   *x509svid.SVID
 	bundle *x509bundle.Bundle
 	stamps [3]fs.FileInfo // of the files last loaded
@@ -173,35 +172,25 @@ func (s *fileSource) load() error {
 
 // GetX509SVID implements x509svid.Source.
 func (s *fileSource) GetX509SVID() (*x509svid.SVID, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("workload: %w", ErrClosed)
+	if err := s.lock(); err != nil {
+		return nil, err
 	}
+	defer s.mu.Unlock()
 	_ = s.load() // keep the current SVID until a replacement parses
 	return s.svid, nil
 }
 
 // GetX509BundleForTrustDomain implements x509bundle.Source.
 func (s *fileSource) GetX509BundleForTrustDomain(td spiffeid.TrustDomain) (*x509bundle.Bundle, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, fmt.Errorf("workload: %w", ErrClosed)
+	if err := s.lock(); err != nil {
+		return nil, err
 	}
+	defer s.mu.Unlock()
 	_ = s.load()
 	if td != s.bundle.TrustDomain() {
 		return nil, fmt.Errorf("workload: no bundle for trust domain %q", td)
 	}
 	return s.bundle, nil
-}
-
-// Close implements io.Closer.
-func (s *fileSource) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	return nil
 }
 
 // WriteSVIDFiles writes svid and bundle to dir as BundleFile, SVIDKeyFile and SVIDFile (in
@@ -232,5 +221,30 @@ func WriteSVIDFiles(dir string, svid *x509svid.SVID, bundle *x509bundle.Bundle) 
 			return fmt.Errorf("workload: write svid files: %w", err)
 		}
 	}
+	return nil
+}
+
+// closable is the lock and the closed flag of a Source, shared by the file and the
+// development-CA sources.
+type closable struct {
+	mu     sync.Mutex
+	closed bool
+}
+
+// lock takes the lock, or returns ErrClosed without it once Close was called.
+func (c *closable) lock() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return fmt.Errorf("workload: %w", ErrClosed)
+	}
+	return nil
+}
+
+// Close implements io.Closer: every later read of the source returns ErrClosed.
+func (c *closable) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
 	return nil
 }
