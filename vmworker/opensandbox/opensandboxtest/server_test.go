@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox/opensandboxtest"
 )
 
@@ -18,33 +21,23 @@ func call(t *testing.T, srv *opensandboxtest.Server, method, path, key string, b
 	var rd io.Reader
 	if body != nil {
 		data, err := json.Marshal(body)
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		rd = bytes.NewReader(data)
 	}
 	req, err := http.NewRequestWithContext(t.Context(), method, srv.URL+path, rd)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	if key != "" {
 		req.Header.Set(opensandboxtest.APIKeyHeader, key)
 	}
 	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	defer resp.Body.Close()
 	data, _ := io.ReadAll(resp.Body)
 	var out map[string]any
 	if len(data) > 0 {
-		if err := json.Unmarshal(data, &out); err != nil {
-			t.Fatalf("%s %s: answer %q is not JSON: %v", method, path, data, err)
-		}
+		require.NoError(t, json.Unmarshal(data, &out), "%s %s: answer %q is not JSON", method, path, data)
 	}
-	if resp.Header.Get("X-Request-ID") == "" {
-		t.Errorf("%s %s: no X-Request-ID", method, path)
-	}
+	assert.NotEmpty(t, resp.Header.Get("X-Request-ID"), "%s %s: no X-Request-ID", method, path)
 	return resp.StatusCode, resp.Header, out
 }
 
@@ -61,65 +54,56 @@ func TestServerSpeaksTheAPI(t *testing.T) {
 	key := srv.APIKey()
 
 	status, _, body := call(t, srv, http.MethodGet, "/sandboxes", "", nil)
-	if status != http.StatusUnauthorized || body["code"] != "MISSING_API_KEY" {
-		t.Errorf("no key: %d %v, want 401 MISSING_API_KEY", status, body)
-	}
+	assert.Equal(t, http.StatusUnauthorized, status, "no key")
+	assert.Equal(t, "MISSING_API_KEY", body["code"], "no key")
 	status, _, body = call(t, srv, http.MethodGet, "/sandboxes", "wrong", nil)
-	if status != http.StatusUnauthorized || body["code"] != "INVALID_API_KEY" || body["message"] == nil {
-		t.Errorf("wrong key: %d %v, want 401 INVALID_API_KEY with a message", status, body)
-	}
+	assert.Equal(t, http.StatusUnauthorized, status, "wrong key")
+	assert.Equal(t, "INVALID_API_KEY", body["code"], "wrong key")
+	assert.NotNil(t, body["message"], "wrong key: the answer has a message")
 
 	status, hdr, body := call(t, srv, http.MethodPost, "/sandboxes", key, createBody(map[string]string{"project": "apollo"}))
-	if status != http.StatusAccepted {
-		t.Fatalf("create: %d %v", status, body)
-	}
+	require.Equal(t, http.StatusAccepted, status, "create: %v", body)
 	id, _ := body["id"].(string)
-	if hdr.Get("Location") == "" || id == "" || body["image"] != nil {
-		t.Errorf("create answer %v (Location %q): want id, no image, a Location", body, hdr.Get("Location"))
-	}
+	assert.NotEmpty(t, id, "create answer: an id")
+	assert.NotEmpty(t, hdr.Get("Location"), "create answer: a Location")
+	assert.Nil(t, body["image"], "create answer: no image")
 	for _, field := range []string{"status", "createdAt", "expiresAt", "entrypoint", "metadata"} {
-		if body[field] == nil {
-			t.Errorf("create answer lacks %s: %v", field, body)
-		}
+		assert.NotNil(t, body[field], "create answer lacks %s: %v", field, body)
 	}
-	if st, _ := body["status"].(map[string]any); st["state"] != "Pending" {
-		t.Errorf("create answer state %v, want Pending", st["state"])
-	}
+	st, _ := body["status"].(map[string]any)
+	assert.Equal(t, "Pending", st["state"], "create answer state")
 	status, _, body = call(t, srv, http.MethodGet, "/sandboxes/"+id, key, nil)
-	if st, _ := body["status"].(map[string]any); status != http.StatusOK || st["state"] != "Running" || body["image"] == nil {
-		t.Errorf("get: %d %v, want 200 Running with the image", status, body)
-	}
+	st, _ = body["status"].(map[string]any)
+	assert.Equal(t, http.StatusOK, status, "get")
+	assert.Equal(t, "Running", st["state"], "get: state")
+	assert.NotNil(t, body["image"], "get: with the image")
 
 	for i := range 2 {
-		if status, _, body := call(t, srv, http.MethodPost, "/sandboxes", key, createBody(map[string]string{"project": "other", "n": string(rune('a' + i))})); status != http.StatusAccepted {
-			t.Fatalf("create: %d %v", status, body)
-		}
+		status, _, body := call(t, srv, http.MethodPost, "/sandboxes", key, createBody(map[string]string{"project": "other", "n": string(rune('a' + i))}))
+		require.Equal(t, http.StatusAccepted, status, "create: %v", body)
 	}
 	filter := url.Values{"metadata": {url.Values{"project": {"other"}}.Encode()}, "pageSize": {"1"}}
 	status, _, body = call(t, srv, http.MethodGet, "/sandboxes?"+filter.Encode(), key, nil)
 	pg, _ := body["pagination"].(map[string]any)
 	items, _ := body["items"].([]any)
-	if status != http.StatusOK || len(items) != 1 || pg["totalItems"] != 2.0 || pg["hasNextPage"] != true || pg["totalPages"] != 2.0 {
-		t.Errorf("list page 1: %d %v", status, body)
-	}
+	assert.Equal(t, http.StatusOK, status, "list page 1")
+	assert.Len(t, items, 1, "list page 1: items")
+	assert.Equal(t, map[string]any{"totalItems": 2.0, "hasNextPage": true, "totalPages": 2.0},
+		map[string]any{"totalItems": pg["totalItems"], "hasNextPage": pg["hasNextPage"], "totalPages": pg["totalPages"]}, "list page 1: pagination")
 	filter.Set("page", "2")
 	_, _, body = call(t, srv, http.MethodGet, "/sandboxes?"+filter.Encode(), key, nil)
-	if pg, _ := body["pagination"].(map[string]any); pg["hasNextPage"] != false {
-		t.Errorf("list page 2: %v", body)
-	}
-	if status, _, _ := call(t, srv, http.MethodGet, "/sandboxes?metadata=broken", key, nil); status != http.StatusBadRequest {
-		t.Errorf("malformed metadata filter: %d, want 400", status)
-	}
+	pg, _ = body["pagination"].(map[string]any)
+	assert.Equal(t, false, pg["hasNextPage"], "list page 2: %v", body)
+	status, _, _ = call(t, srv, http.MethodGet, "/sandboxes?metadata=broken", key, nil)
+	assert.Equal(t, http.StatusBadRequest, status, "malformed metadata filter")
 
-	if status, _, _ := call(t, srv, http.MethodDelete, "/sandboxes/"+id, key, nil); status != http.StatusNoContent {
-		t.Errorf("delete: %d, want 204", status)
-	}
-	if status, _, body := call(t, srv, http.MethodDelete, "/sandboxes/"+id, key, nil); status != http.StatusNotFound || body["code"] == nil {
-		t.Errorf("second delete: %d %v, want 404 with an ErrorResponse", status, body)
-	}
-	if status, _, _ := call(t, srv, http.MethodGet, "/sandboxes/"+id, key, nil); status != http.StatusNotFound {
-		t.Errorf("get after delete: %d, want 404", status)
-	}
+	status, _, _ = call(t, srv, http.MethodDelete, "/sandboxes/"+id, key, nil)
+	assert.Equal(t, http.StatusNoContent, status, "delete")
+	status, _, body = call(t, srv, http.MethodDelete, "/sandboxes/"+id, key, nil)
+	assert.Equal(t, http.StatusNotFound, status, "second delete")
+	assert.NotNil(t, body["code"], "second delete: an ErrorResponse")
+	status, _, _ = call(t, srv, http.MethodGet, "/sandboxes/"+id, key, nil)
+	assert.Equal(t, http.StatusNotFound, status, "get after delete")
 }
 
 func TestServerValidatesCreate(t *testing.T) {
@@ -139,9 +123,9 @@ func TestServerValidatesCreate(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			b := createBody(nil)
 			tt.mod(b)
-			if status, _, body := call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), b); status != http.StatusBadRequest || body["code"] == nil {
-				t.Errorf("create: %d %v, want 400 with an ErrorResponse", status, body)
-			}
+			status, _, body := call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), b)
+			assert.Equal(t, http.StatusBadRequest, status, "create: %v", body)
+			assert.NotNil(t, body["code"], "create: an ErrorResponse")
 		})
 	}
 	// With a pool, image and resourceLimits come from the pool.
@@ -149,9 +133,8 @@ func TestServerValidatesCreate(t *testing.T) {
 	delete(b, "image")
 	delete(b, "resourceLimits")
 	b["extensions"] = map[string]string{"poolRef": "ci-vm"}
-	if status, _, body := call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), b); status != http.StatusAccepted {
-		t.Errorf("create from a pool: %d %v", status, body)
-	}
+	status, _, body := call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), b)
+	assert.Equal(t, http.StatusAccepted, status, "create from a pool: %v", body)
 }
 
 func TestServerFaults(t *testing.T) {
@@ -159,21 +142,16 @@ func TestServerFaults(t *testing.T) {
 	srv.Inject(opensandboxtest.Fault{Method: http.MethodGet, Status: http.StatusTooManyRequests, RetryAfter: "3", Count: 2})
 	for range 2 {
 		status, hdr, _ := call(t, srv, http.MethodGet, "/sandboxes", srv.APIKey(), nil)
-		if status != http.StatusTooManyRequests || hdr.Get("Retry-After") != "3" {
-			t.Errorf("faulted request: %d Retry-After %q", status, hdr.Get("Retry-After"))
-		}
+		assert.Equal(t, http.StatusTooManyRequests, status, "faulted request")
+		assert.Equal(t, "3", hdr.Get("Retry-After"), "faulted request")
 	}
-	if status, _, _ := call(t, srv, http.MethodGet, "/sandboxes", srv.APIKey(), nil); status != http.StatusOK {
-		t.Errorf("after the faults: %d", status)
-	}
+	status, _, _ := call(t, srv, http.MethodGet, "/sandboxes", srv.APIKey(), nil)
+	assert.Equal(t, http.StatusOK, status, "after the faults")
 	srv.Inject(opensandboxtest.Fault{Method: http.MethodPost, Status: http.StatusInternalServerError, AfterEffect: true})
-	if status, _, _ := call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), createBody(nil)); status != http.StatusInternalServerError {
-		t.Errorf("after-effect fault: %d", status)
-	}
-	if n := len(srv.Sandboxes()); n != 1 {
-		t.Errorf("after-effect fault left %d sandboxes, want 1", n)
-	}
-	if got := srv.Requests(); len(got) != 4 || !strings.HasSuffix(got[3].Path, "/sandboxes") {
-		t.Errorf("requests = %+v", got)
-	}
+	status, _, _ = call(t, srv, http.MethodPost, "/sandboxes", srv.APIKey(), createBody(nil))
+	assert.Equal(t, http.StatusInternalServerError, status, "after-effect fault")
+	assert.Len(t, srv.Sandboxes(), 1, "the after-effect fault created its sandbox")
+	got := srv.Requests()
+	require.Len(t, got, 4, "requests = %+v", got)
+	assert.True(t, strings.HasSuffix(got[3].Path, "/sandboxes"), "requests = %+v", got)
 }
