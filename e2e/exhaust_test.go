@@ -30,6 +30,10 @@ func TestDockerJobCannotExhaustTheFacade(t *testing.T) {
 	require.NoError(t, err)
 	// The job network is not what this test is about: the host's, so the loopback forge works.
 	c := newController(t, tools, f, "", leaseEnv, pickupEnv, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image, "POD_DOCKER_NETWORK=host")
+	// The memory bound is for the controller operators run: the race detector's shadow memory
+	// (5 to 10 times the program's) would measure the detector, so this controller is the
+	// plain static build.
+	c.bin = dynrunnerBin(t)
 	c.start()
 	before := procStatus(t, c.cmd.Process.Pid, "VmRSS")
 

@@ -115,6 +115,7 @@ func freePort(t testing.TB) int {
 // controller is a dynrunner controller process.
 type controller struct {
 	t       testing.TB
+	bin     string // the binary; empty: controllerBin, built with the race detector
 	env     []string
 	httpURL string
 	logPath string
@@ -179,7 +180,11 @@ func (c *controller) start() {
 		c.t.Fatal(err)
 	}
 	defer logf.Close()
-	c.cmd = exec.Command(controllerBin(c.t), "controller")
+	bin := c.bin
+	if bin == "" {
+		bin = controllerBin(c.t)
+	}
+	c.cmd = exec.Command(bin, "controller")
 	c.cmd.Env = c.env
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	if err := c.cmd.Start(); err != nil {
