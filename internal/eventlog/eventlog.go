@@ -169,27 +169,14 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketTasks, err)
 	}
-	workers, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
-		Bucket:      BucketWorkers,
-		Description: "dynrunner workers that are alive (base64url of the actor) and the environments they watch (env.<task>.<epoch>)",
-		History:     1,
-		TTL:         cfg.WorkersTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-	})
+	workers, err := ensureTTLBucket(ctx, js, cfg, BucketWorkers, cfg.WorkersTTL,
+		"dynrunner workers that are alive (base64url of the actor) and the environments they watch (env.<task>.<epoch>)")
 	if err != nil {
-		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketWorkers, err)
+		return nil, err
 	}
-	nonces, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
-		Bucket:      BucketNonces,
-		Description: "dynrunner single-use microVM nonces (sealed)",
-		History:     1,
-		TTL:         cfg.NoncesTTL,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-	})
+	nonces, err := ensureTTLBucket(ctx, js, cfg, BucketNonces, cfg.NoncesTTL, "dynrunner single-use microVM nonces (sealed)")
 	if err != nil {
-		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketNonces, err)
+		return nil, err
 	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
@@ -218,6 +205,22 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		}
 	}
 	return js.CreateOrUpdateStream(ctx, want)
+}
+
+// ensureTTLBucket ensures a one-value-per-key bucket whose keys expire ttl after their last put.
+func ensureTTLBucket(ctx context.Context, js jetstream.JetStream, cfg Config, bucket string, ttl time.Duration, description string) (jetstream.KeyValue, error) {
+	kv, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      bucket,
+		Description: description,
+		History:     1,
+		TTL:         ttl,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: bucket %s: %w", bucket, err)
+	}
+	return kv, nil
 }
 
 // ensureKeyValue is jetstream's CreateOrUpdateKeyValue that only looks the bucket up when it
