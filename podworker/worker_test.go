@@ -400,8 +400,12 @@ func TestWorkerAdoptsEnvironmentsOfCrashedWorker(t *testing.T) {
 	nc.Close() // a crashes: no more heartbeats, and its key is not deleted
 	stopA()
 	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
-	actors = liveActors(t, kv)
-	require.True(t, !actors[a] && actors[b], "live workers %v, want only %s", actors, b)
+	// b's key may lapse for a moment on a loaded machine (a heartbeat late past the TTL) and
+	// comes back with the next one; a's never does.
+	eventually(t, "only b's liveness key", func() bool {
+		actors = liveActors(t, kv)
+		return !actors[a] && actors[b]
+	})
 	require.Equal(t, b, watcherOf(t, kv, 6, st.Epoch()), "the environment's key names")
 }
 
