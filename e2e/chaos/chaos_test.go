@@ -1,0 +1,420 @@
+package chaos
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/testbed/fleetbed"
+)
+
+// The load: repos × pushes runs of chaosWorkflow, jobsPerRun jobs each.
+const (
+	repos      = 10
+	pushes     = 2
+	jobsPerRun = 5
+	logLines   = 20
+)
+
+// chaosWorkflow's jobs print numbered lines over about 10 s, so faults land mid-job; j5
+// fails on purpose. On a static runner j1..j4 succeed and j5 fails (the conclusions the
+// parity tests compare); every job's log holds every line once, in order.
+const chaosWorkflow = `name: chaos
+on: [push]
+jobs:
+  j1: &job
+    runs-on: [self-hosted, pod]
+    steps:
+      - name: lines
+        run: |
+          for i in $(seq 1 @N@); do echo "chaos line $i of @N@"; sleep 0.5; done
+  j2: *job
+  j3: *job
+  j4: *job
+  j5:
+    runs-on: [self-hosted, pod]
+    steps:
+      - name: lines
+        run: |
+          for i in $(seq 1 @N@); do echo "chaos line $i of @N@"; sleep 0.5; done
+          echo "failing on purpose"; exit 3
+`
+
+// wantConclusion is what a static runner concludes for each job of chaosWorkflow.
+var wantConclusion = map[string]string{
+	"j1": devforge.ConclusionSuccess, "j2": devforge.ConclusionSuccess, "j3": devforge.ConclusionSuccess,
+	"j4": devforge.ConclusionSuccess, "j5": devforge.ConclusionFailure,
+}
+
+type pending struct {
+	repo devforge.Repo
+	sha  string
+}
+
+// TestChaosUnderLoad runs 100 jobs over 10 repositories of a real Gitea through dynrunner
+// split over containers (3 NATS nodes, 2 schedulers, 2 facades, 2 pod workers) while it kills
+// a pod worker mid-job, kills a scheduler, kills a NATS node, partitions another for 30 s and
+// restarts every dynrunner container in turn. Every job must end as on a static runner with a
+// complete log, every assignment with exactly one completed or failed record at its current
+// epoch, and nothing may be left behind. It prints the time from each fault to recovery.
+func TestChaosUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a multi-host deployment")
+	}
+	tools := needTools(t)
+	needDocker(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
+	defer cancel()
+
+	began := time.Now()
+	image, err := fleetbed.ExecutorImage(ctx, filepath.Join("..", ".."))
+	require.NoError(t, err)
+	t.Logf("executor image built in %s", time.Since(began).Round(100*time.Millisecond))
+	bed, err := fleetbed.Start(ctx, fleetbed.Options{
+		Dir: t.TempDir(), Tools: tools, ExecutorImage: image, PodConcurrency: 4,
+		Env:    []string{"LEASE_SECS=90", "PICKUP_SECS=60", "KEEPALIVE_SECS=5"},
+		Output: logWriter{t},
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, c := range bed.Role(fleetbed.RoleScheduler) {
+				t.Logf("%s:\n%s", c.Name, tail(c.Logs(context.Background()), 60))
+			}
+			for _, c := range append(bed.Role(fleetbed.RoleFacade), bed.Role(fleetbed.RolePodWorker)...) {
+				t.Logf("%s:\n%s", c.Name, tail(c.Logs(context.Background()), 60))
+			}
+		}
+		assert.NoError(t, bed.Close(), "remove the bed")
+	})
+
+	rec := watchRecords(ctx, t, bed)
+
+	// The load: every push at once, so the schedulers' capacity holds the rest in Gitea's queue.
+	wf := strings.ReplaceAll(chaosWorkflow, "@N@", fmt.Sprint(logLines))
+	var runs []pending
+	for i := 1; i <= repos; i++ {
+		repo, err := bed.Forge.CreateRepo(ctx, fmt.Sprintf("chaos-%02d", i))
+		require.NoError(t, err)
+		for p := 1; p <= pushes; p++ {
+			sha, err := bed.Forge.PushFiles(ctx, repo, map[string]string{
+				".gitea/workflows/chaos.yml": wf,
+				"push.txt":                   fmt.Sprintf("push %d\n", p),
+			})
+			require.NoError(t, err)
+			runs = append(runs, pending{repo: repo, sha: sha})
+		}
+	}
+	total := repos * pushes * jobsPerRun
+	t.Logf("pushed %d runs, %d jobs", len(runs), total)
+
+	// The faults, one after the other, each once jobs are running.
+	var recoveries []recovery
+	fault := func(name string, do func() error) {
+		t.Helper()
+		waitMidJob(ctx, t, bed, rec, total)
+		before := rec.ended()
+		at := time.Now()
+		require.NoError(t, do(), name)
+		err := bed.WaitRecovered(ctx, 5*time.Minute, func() bool { return rec.ended() > before || rec.ended() == total })
+		require.NoError(t, err, "recover from: %s", name)
+		d := time.Since(at)
+		recoveries = append(recoveries, recovery{name, d})
+		t.Logf("fault %q: recovered (every container ready, a job ended since) after %s", name, d.Round(100*time.Millisecond))
+	}
+	podWorker := bed.Container("pod-worker-1")
+	fault("docker kill pod-worker-1 mid-job, then start it", func() error {
+		if err := podWorker.Kill(ctx); err != nil {
+			return err
+		}
+		return podWorker.Start(ctx)
+	})
+	scheduler := bed.Container("scheduler-1")
+	fault("docker kill scheduler-1, then start it", func() error {
+		if err := scheduler.Kill(ctx); err != nil {
+			return err
+		}
+		return scheduler.Start(ctx)
+	})
+	natsNode := bed.Container("nats-2")
+	fault("docker kill nats-2 for 10 s", func() error {
+		if err := natsNode.Kill(ctx); err != nil {
+			return err
+		}
+		time.Sleep(10 * time.Second) // the fault's length, not a wait for something
+		return natsNode.Start(ctx)
+	})
+	partitioned := bed.Container("nats-3")
+	fault("partition nats-3 for 30 s", func() error {
+		if err := partitioned.Disconnect(ctx); err != nil {
+			return err
+		}
+		time.Sleep(30 * time.Second) // the partition's length
+		return partitioned.Connect(ctx)
+	})
+	fault("rolling restart of every dynrunner container", func() error {
+		for _, c := range bed.Dynrunner {
+			if err := c.Restart(ctx); err != nil {
+				return err
+			}
+			if err := c.WaitReady(ctx, 2*time.Minute); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+
+	// Every job ends as on a static runner, with a complete log.
+	jobs := 0
+	for _, p := range runs {
+		wctx, wcancel := context.WithTimeout(ctx, 10*time.Minute)
+		run, err := bed.Forge.WaitRun(wctx, p.repo, p.sha)
+		wcancel()
+		require.NoError(t, err, "run of %s at %s", p.repo, p.sha)
+		for _, j := range run.Jobs {
+			jobs++
+			want, ok := wantConclusion[j.Name]
+			require.True(t, ok, "unexpected job %q", j.Name)
+			log, err := bed.Forge.JobLog(ctx, p.repo, j.ID)
+			require.NoError(t, err)
+			if !assert.Equal(t, want, j.Conclusion, "%s run %d job %s", p.repo, run.ID, j.Name) {
+				t.Logf("log of %s job %s:\n%s", p.repo, j.Name, tail(log, 40))
+			}
+			assert.NoError(t, completeLog(log), "%s run %d job %s", p.repo, run.ID, j.Name)
+		}
+	}
+	assert.Equal(t, total, jobs, "jobs run")
+
+	// Exactly one completed or failed per assignment, at the assignment's current epoch.
+	require.Eventually(t, func() bool { return rec.ended() >= total }, 2*time.Minute, 500*time.Millisecond,
+		"assignments ended in the event log: %d of %d", rec.ended(), total)
+	double, stale := rec.check()
+	assert.Empty(t, double, "assignments with more than one completed or failed record")
+	assert.Empty(t, stale, "completed or failed records at an epoch older than the assignment's last claim")
+
+	// After a reaper cycle (30 s) nothing is left: no job container, secrets directory or
+	// environment key.
+	assert.Eventually(t, func() bool { return len(leftovers(ctx, t, bed)) == 0 }, 2*time.Minute, time.Second,
+		"left behind after the jobs: %v", leftovers(ctx, t, bed))
+
+	t.Logf("chaos: %d jobs over %d repositories in %s; jobs lost: 0; double reports: %d; stale reports: %d",
+		jobs, repos, time.Since(began).Round(time.Second), len(double), len(stale))
+	for _, r := range recoveries {
+		t.Logf("recovery: %-50s %s", r.fault, r.took.Round(100*time.Millisecond))
+	}
+}
+
+type recovery struct {
+	fault string
+	took  time.Duration
+}
+
+// completeLog checks that a job's log holds every numbered line once, in order.
+func completeLog(log string) error {
+	next := 1
+	for _, l := range strings.Split(log, "\n") {
+		i := strings.Index(l, "chaos line ")
+		if i < 0 || strings.Contains(l, "echo") || strings.Contains(l, "seq") {
+			continue
+		}
+		var n, of int
+		if _, err := fmt.Sscanf(l[i:], "chaos line %d of %d", &n, &of); err != nil {
+			continue
+		}
+		if n != next {
+			return fmt.Errorf("line %d where line %d was due", n, next)
+		}
+		next++
+	}
+	if next != logLines+1 {
+		return fmt.Errorf("the log holds %d of %d lines", next-1, logLines)
+	}
+	return nil
+}
+
+// waitMidJob waits until job containers are running, or every job ended.
+func waitMidJob(ctx context.Context, t *testing.T, bed *fleetbed.Bed, rec *records, total int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return len(jobContainers(ctx, t, bed)) >= 2 || rec.ended() >= total
+	}, 5*time.Minute, 250*time.Millisecond, "no job running")
+}
+
+// records follows the assignment records from the host, as an operator's `nats sub` would.
+type records struct {
+	mu sync.Mutex
+	// terminal counts completed and failed records per task, with their epochs; claims the
+	// epochs of each task's claims and reclaims.
+	terminal map[string][]uint64
+	claims   map[string][]uint64
+}
+
+func watchRecords(ctx context.Context, t *testing.T, bed *fleetbed.Bed) *records {
+	url, err := bed.NATSHostURL(ctx)
+	require.NoError(t, err)
+	user, pass := bed.NATSCredentials()
+	nc, err := nats.Connect(url, nats.UserInfo(user, pass), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	r := &records{terminal: map[string][]uint64{}, claims: map[string][]uint64{}}
+	go func() {
+		for ctx.Err() == nil {
+			if err := r.follow(ctx, js); err != nil && ctx.Err() == nil {
+				t.Logf("follow the assignment records (retrying): %v", err)
+				time.Sleep(time.Second)
+			}
+		}
+	}()
+	return r
+}
+
+// follow reads every record from the start (an ordered consumer recreates itself across
+// node failures), so it may see a record twice: it keeps each (stream sequence) once.
+func (r *records) follow(ctx context.Context, js jetstream.JetStream) error {
+	s, err := js.Stream(ctx, eventlog.StreamAssignments)
+	if err != nil {
+		return err
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{eventlog.AllRecords}})
+	if err != nil {
+		return err
+	}
+	seen := map[uint64]bool{}
+	r.mu.Lock()
+	r.terminal, r.claims = map[string][]uint64{}, map[string][]uint64{}
+	r.mu.Unlock()
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		md, err := m.Metadata()
+		if err != nil || seen[md.Sequence.Stream] {
+			return
+		}
+		seen[md.Sequence.Stream] = true
+		rest := strings.TrimPrefix(m.Subject(), eventlog.SubjectAssignment)
+		task, transition, _ := strings.Cut(rest, ".")
+		var body struct {
+			Epoch uint64 `json:"epoch"`
+			Seq   uint64 `json:"seq"`
+		}
+		_ = json.Unmarshal(m.Data(), &body)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch transition {
+		case "completed", "failed":
+			r.terminal[task] = append(r.terminal[task], body.Epoch)
+		case "claimed": // its own stream sequence is the epoch
+			r.claims[task] = append(r.claims[task], md.Sequence.Stream)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}
+
+// ended counts the tasks with a completed or failed record.
+func (r *records) ended() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.terminal)
+}
+
+// check returns the tasks with more than one completed or failed record, and those whose
+// record names an epoch other than their last claim's.
+func (r *records) check() (double, stale []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for task, epochs := range r.terminal {
+		if len(epochs) > 1 {
+			double = append(double, fmt.Sprintf("%s: %v", task, epochs))
+		}
+		claims := r.claims[task]
+		if len(claims) == 0 || epochs[0] != claims[len(claims)-1] {
+			stale = append(stale, fmt.Sprintf("%s: ended at epoch %v, claims %v", task, epochs, claims))
+		}
+	}
+	slices.Sort(double)
+	slices.Sort(stale)
+	return double, stale
+}
+
+// leftovers lists job containers of the bed's scope, secrets directories in the pod workers'
+// state and environment keys in the workers' bucket.
+func leftovers(ctx context.Context, t *testing.T, bed *fleetbed.Bed) []string {
+	left := jobContainers(ctx, t, bed)
+	entries, _ := os.ReadDir(filepath.Join(bed.PodStateDir, "docker-envs"))
+	for _, e := range entries {
+		if e.IsDir() {
+			left = append(left, "secrets directory "+e.Name())
+		}
+	}
+	keys, err := bed.EnvironmentKeys(ctx)
+	if err != nil {
+		left = append(left, "workers bucket: "+err.Error())
+	}
+	return append(left, keys...)
+}
+
+// jobContainers lists the job containers of the bed's scope.
+func jobContainers(ctx context.Context, t *testing.T, bed *fleetbed.Bed) []string {
+	names, err := bed.JobContainers(ctx)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		t.Logf("list job containers: %v", err)
+	}
+	return names
+}
+
+type logWriter struct{ t *testing.T }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func needTools(t *testing.T) devforge.Tools {
+	t.Helper()
+	tools, err := devforge.FindTools()
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%v", err)
+		}
+		t.Skip(err)
+	}
+	return tools
+}
+
+func needDocker(t *testing.T) {
+	t.Helper()
+	if err := fleetbed.NeedDocker(t.Context()); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+}
