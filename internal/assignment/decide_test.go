@@ -91,7 +91,9 @@ func TestDecide(t *testing.T) {
 			Event{Transition: Reporting, Epoch: 4, Actor: "scheduler@b", At: t0.Add(30 * time.Second), Lease: time.Minute}, ErrReportClaimed},
 		{"report claim held by itself", func(t *testing.T) *State { return advance(t, claimed(4), evFailed, evReporting) },
 			Event{Transition: Reporting, Epoch: 4, Actor: "scheduler@a", At: t0.Add(30 * time.Second), Lease: time.Minute}, ErrReportClaimed},
-		{"report claim after close", func(t *testing.T) *State { return advance(t, claimed(4), evFailed, evReporting, Event{Transition: Closed}) },
+		{"report claim after close", func(t *testing.T) *State {
+			return advance(t, claimed(4), evFailed, evReporting, Event{Transition: Closed})
+		},
 			Event{Transition: Reporting, Epoch: 4, Actor: "scheduler@b", At: t0.Add(2 * time.Minute), Lease: time.Minute}, ErrTerminal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
