@@ -170,6 +170,7 @@ func Decide(cur *State, ev Event) (Record, error) {
 		}
 		next.Reason = ev.Reason
 		next.Result = "failure"
+		next.FailedAt = ev.At
 	case Reporting:
 		// Whoever appends this first reports the failure upstream; the compare-and-swap of the
 		// append decides between schedulers racing for it. A claim that ran out (its holder

@@ -88,6 +88,8 @@ type Record struct {
 
 	Result string `json:"result,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// FailedAt is when the assignment failed (from `failed` on).
+	FailedAt time.Time `json:"failed_at,omitzero"`
 
 	// Reporter is the actor that claimed the failure report (Reporting); no other may report
 	// before ReportUntil, and Reporter itself reports only before it.

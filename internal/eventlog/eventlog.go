@@ -1,6 +1,7 @@
 package eventlog
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -541,13 +542,27 @@ func (l *Log) DeadLetter(ctx context.Context, backend assignment.Backend, data [
 
 func taskKey(task assignment.TaskID) string { return "task." + task.String() }
 
-// PutTask stores a sealed task.
+// PutTask stores a sealed task, only if the task has none (a KV create): two schedulers handed
+// the same task never overwrite each other's. Storing the same bytes again (a retry) succeeds;
+// other bytes fail with assignment.ErrExists.
 func (l *Log) PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error {
 	if max := l.MaxPayload(); int64(len(sealed)) > max-msgOverhead {
 		return fmt.Errorf("eventlog: task %d is %d bytes sealed, more than the %d bytes a message to the NATS server may hold (its max_payload, less %d for the message's headers): %w",
 			task, len(sealed), max, msgOverhead, ErrTooLarge)
 	}
-	if _, err := l.tasks.Put(ctx, taskKey(task), sealed); err != nil {
+	_, err := l.tasks.Create(ctx, taskKey(task), sealed)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		e, gerr := l.tasks.Get(ctx, taskKey(task))
+		switch {
+		case gerr != nil:
+			err = fmt.Errorf("%w (reading it back: %w)", err, gerr)
+		case bytes.Equal(e.Value(), sealed):
+			return nil
+		default:
+			return fmt.Errorf("eventlog: task %d is stored by another claim: %w", task, assignment.ErrExists)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			err = fmt.Errorf("%w: %w", ErrTooLarge, err)
 		}

@@ -197,6 +197,23 @@ func TestDropTaskRemovesSecretMaterial(t *testing.T) {
 	require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "the sealed task's message is still in the stream")
 }
 
+// TestPutTaskNeverOverwrites: a sealed task is stored only if the task has none; the same
+// bytes again (a retried claim) are fine, another claim's bytes are refused and not stored.
+// After the drop the task may be stored again.
+func TestPutTaskNeverOverwrites(t *testing.T) {
+	l, done := openLog(t, t.TempDir())
+	defer done()
+	ctx := t.Context()
+	require.NoError(t, l.PutTask(ctx, 5, []byte("first")))
+	require.NoError(t, l.PutTask(ctx, 5, []byte("first")), "storing the same bytes again")
+	require.ErrorIs(t, l.PutTask(ctx, 5, []byte("second")), assignment.ErrExists, "another claim's bytes")
+	got, err := l.GetTask(ctx, 5)
+	require.NoError(t, err)
+	require.Equal(t, "first", string(got), "the stored task was overwritten")
+	require.NoError(t, l.DropTask(ctx, 5))
+	require.NoError(t, l.PutTask(ctx, 5, []byte("second")), "after the drop")
+}
+
 func TestParseDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
