@@ -67,9 +67,9 @@ type Controller struct {
 	// (SCHEDULER_LEASE_SECS): its holder renews it every third, another takes over within it
 	// after the holder died.
 	SchedulerLease time.Duration
-	Tiers                    []string
-	VM                       VM
-	FetchInterval            time.Duration
+	Tiers          []string
+	VM             VM
+	FetchInterval  time.Duration
 }
 
 // HasTier reports whether the scheduler routes jobs to tier.
