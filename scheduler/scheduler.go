@@ -442,6 +442,9 @@ func (s *Scheduler) keepalive(ctx context.Context, st assignment.State, now time
 // replicas within reportFor/2 of each other, as the assignments' leases already assume).
 const reportFor = time.Minute
 
+// closeFor bounds the append of `closed` after a report.
+const closeFor = 10 * time.Second
+
 // closeFailed reports a failed assignment upstream, then records that it was reported. The
 // report is claimed in the event log first (`reporting`, by compare-and-swap): of two schedulers
 // that both believe they should report it (a holder of the reconcile lease that paused past it,
@@ -476,7 +479,12 @@ func (s *Scheduler) closeFailed(ctx context.Context, st assignment.State) error 
 		}
 		s.cfg.Log.Error().Err(err).Int64(logkey.TaskID, int64(st.Task)).Msg("the forge did not take the failure report; closing the assignment anyway")
 	}
-	next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
+	// Record the report even if the lease's context ended meanwhile: `closed` is a
+	// compare-and-swap append, and without it the report would be claimed and sent again once
+	// this claim ran out.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), closeFor)
+	defer ccancel()
+	next, err := s.log.Apply(cctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
 		Actor: s.cfg.Actor, At: s.cfg.Now()}, &claim)
 	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
 		return err
