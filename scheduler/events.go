@@ -4,13 +4,18 @@ import (
 	"context"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 )
 
 // EventLog is what the Scheduler uses of the event log: the assignments it claims and ends,
-// their sealed tasks and the dispatch queue. *eventlog.Log is one.
+// their sealed tasks, the dispatch queue and the replicas' leases (eventlog.BucketLeases, whose
+// TTL is Config().LeasesTTL). *eventlog.Log is one.
 type EventLog interface {
+	Config() eventlog.Config
+	Leases() jetstream.KeyValue
 	Get(ctx context.Context, task assignment.TaskID) (assignment.State, error)
 	Apply(ctx context.Context, ev assignment.Event, hint *assignment.State) (assignment.State, error)
 	Dispatch(ctx context.Context, backend assignment.Backend, task assignment.TaskID, epoch assignment.Epoch) error

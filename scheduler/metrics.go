@@ -8,6 +8,8 @@ type Metrics struct {
 	Rejected    prometheus.Counter
 	FetchErrors prometheus.Counter
 	Live        prometheus.Gauge
+	// LeaseHeld is 1 while this replica holds the reconcile lease (LeaseReconcile), else 0.
+	LeaseHeld prometheus.Gauge
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not registered).
@@ -25,9 +27,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Live: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "dynrunner_assignments_live", Help: "Assignments not yet ended.",
 		}),
+		LeaseHeld: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dynrunner_scheduler_reconcile_lease_held",
+			Help: "1 while this scheduler replica holds the reconcile lease (it reconciles, reports failures and keeps tasks alive), else 0.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Claimed, m.Rejected, m.FetchErrors, m.Live)
+		reg.MustRegister(m.Claimed, m.Rejected, m.FetchErrors, m.Live, m.LeaseHeld)
 	}
 	return m
 }

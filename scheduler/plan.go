@@ -33,7 +33,8 @@ type reconcileKind int
 const (
 	// reconcileFail: a deadline passed; append ev, the failure.
 	reconcileFail reconcileKind = iota + 1
-	// reconcileClose: report the failure upstream, then record `closed`.
+	// reconcileClose: claim the failure report (`reporting`), report it upstream, then record
+	// `closed`.
 	reconcileClose
 	// reconcileRedispatch: publish the dispatch again.
 	reconcileRedispatch
@@ -63,7 +64,11 @@ func planReconcile(s reconcileSnapshot) []reconcileAction {
 	var plan []reconcileAction
 	switch s.st.Phase {
 	case assignment.Failed:
-		plan = append(plan, reconcileAction{kind: reconcileClose})
+		// A report claimed by anyone, this scheduler too, is not claimed again until the claim
+		// runs out: its holder reports, or failed to and retries after it.
+		if s.st.Reporter == "" || !s.now.Before(s.st.ReportUntil) {
+			plan = append(plan, reconcileAction{kind: reconcileClose})
+		}
 	case assignment.Claimed:
 		// The dispatch may have been lost in a crash between the claim and its publish; the
 		// publish is deduplicated by task and epoch.

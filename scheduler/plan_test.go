@@ -40,6 +40,12 @@ func TestPlanReconcile(t *testing.T) {
 	afterLease := claimedAt.Add(lease + time.Second)
 	soon := claimedAt.Add(2 * time.Second)
 	later := claimedAt.Add(time.Minute)
+	reporting := func(until time.Time) assignment.State {
+		st := asg(assignment.Failed, later)
+		st.Transition, st.Reporter, st.ReportUntil = assignment.Reporting, "scheduler@other", until
+		return st
+	}
+
 	tests := []struct {
 		name      string
 		st        assignment.State
@@ -67,6 +73,10 @@ func TestPlanReconcile(t *testing.T) {
 		{name: "running: the runner reports itself", st: asg(assignment.Running, soon), now: later,
 			want: nil},
 		{name: "failed: close", st: asg(assignment.Failed, later), now: later.Add(time.Second),
+			want: []reconcileAction{closeIt}},
+		{name: "failed, report claimed and the claim holds: nothing", st: reporting(later.Add(time.Minute)), now: later.Add(59 * time.Second),
+			want: nil},
+		{name: "failed, the report claim ran out: close (claim it again)", st: reporting(later.Add(time.Minute)), now: later.Add(time.Minute),
 			want: []reconcileAction{closeIt}},
 		{name: "failed after the lease: close, no second failure", st: asg(assignment.Failed, later), now: afterLease,
 			want: []reconcileAction{closeIt}},

@@ -56,6 +56,8 @@ type Scheduler struct {
 	forge forge.Forge
 	log   EventLog
 	view  View
+	// lease is the reconcile lease: only its holder among the scheduler replicas reconciles.
+	lease *Lease
 
 	started time.Time // when Run began; deadlines wait a grace period after it
 
@@ -74,8 +76,17 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 	if cfg.Metrics == nil {
 		cfg.Metrics = NewMetrics(nil)
 	}
+	held := cfg.Metrics.LeaseHeld
+	lease := NewLease(log.Leases(), LeaseReconcile, cfg.Actor, log.Config().LeasesTTL,
+		cfg.Log.With().Str("lease", LeaseReconcile).Logger(), func(h bool) {
+			if h {
+				held.Set(1)
+			} else {
+				held.Set(0)
+			}
+		})
 	return &Scheduler{
-		cfg: cfg, forge: forge, log: log, view: view,
+		cfg: cfg, forge: forge, log: log, view: view, lease: lease,
 		keptAlive: make(map[assignment.TaskID]time.Time),
 		dropped:   make(map[assignment.TaskID]bool),
 		ready:     make(chan struct{}),
@@ -86,6 +97,7 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 func (s *Scheduler) Ready() <-chan struct{} { return s.ready }
 
 // Run fetches tasks and reconciles assignments until ctx ends. It returns nil on cancellation.
+// Every replica fetches and claims; only the holder of the reconcile lease reconciles.
 func (s *Scheduler) Run(ctx context.Context) error {
 	select {
 	case <-s.view.Ready():
@@ -94,6 +106,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	s.started = s.cfg.Now()
 	var wg sync.WaitGroup
+	wg.Go(func() { _ = s.lease.Run(ctx) })
 	wg.Go(func() { s.reconcileLoop(ctx) })
 	s.fetchLoop(ctx)
 	wg.Wait()
@@ -214,11 +227,26 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 			TaskDigest: digest, Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
 		}, nil)
 		if errors.Is(err, assignment.ErrExists) {
-			// A retried claim whose first append landed: the forge hands a task out once.
-			st, err = s.log.Get(ctx, id)
+			// A retried claim whose first append landed, or another scheduler's claim: the
+			// sealed task's digest (its seal is random) tells which.
+			if st, err = s.log.Get(ctx, id); err == nil && st.TaskDigest != digest {
+				err = fmt.Errorf("scheduler: task %d is claimed by %s: %w", id, st.Actor, errClaimedElsewhere)
+			}
 		}
 		return err
 	})
+	if errors.Is(err, errClaimedElsewhere) || errors.Is(err, assignment.ErrExists) {
+		// Another scheduler claimed the task (PutTask refuses to overwrite its sealed task;
+		// the claim's compare-and-swap refuses a second claim). It is that one's to run, and
+		// nothing here may touch it: no drop, no report.
+		logger.Warn().Err(err).Msg("task claimed by another scheduler; leaving it to that one")
+		if errors.Is(err, errClaimedElsewhere) && !st.Live() {
+			// The other claim ended and its sealed task was dropped before this one stored
+			// its own: drop that.
+			_ = s.log.DropTask(ctx, id)
+		}
+		return nil
+	}
 	if err != nil {
 		// The forge handed the task to us; rather than leave it to Gitea's zombie timeout,
 		// say why it cannot run.
@@ -261,9 +289,13 @@ func (s *Scheduler) persist(ctx context.Context, fn func() error) error {
 	}
 }
 
+// errClaimedElsewhere: the task's assignment is another scheduler's claim.
+var errClaimedElsewhere = errors.New("claimed by another scheduler")
+
 // terminal reports whether err cannot go away on retry.
 func terminal(err error) bool {
-	return errors.Is(err, eventlog.ErrTooLarge) || errors.Is(err, assignment.ErrInvalidTransition)
+	return errors.Is(err, eventlog.ErrTooLarge) || errors.Is(err, assignment.ErrInvalidTransition) ||
+		errors.Is(err, assignment.ErrExists) || errors.Is(err, errClaimedElsewhere)
 }
 
 func repoOf(t *runnerv1.Task) string {
@@ -302,21 +334,13 @@ func (s *Scheduler) reconcileLoop(ctx context.Context) {
 }
 
 // reconcile drives every live assignment that needs the scheduler: redispatch, keepalive,
-// deadlines, failure reports, and dropping the secret material of ended ones.
+// deadlines, failure reports, and dropping the secret material of ended ones. Only the holder
+// of the reconcile lease does; each assignment is reconciled under a context that ends with
+// the holder's belief in the lease, so a holder that paused past it sends nothing more.
 func (s *Scheduler) reconcile(ctx context.Context) {
 	now := s.cfg.Now()
-	live := 0
-	for _, st := range s.view.Live() {
-		if ctx.Err() != nil {
-			return
-		}
-		live++
-		if err := s.reconcileOne(ctx, st, now); err != nil && ctx.Err() == nil {
-			s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).
-				Str("phase", string(st.Phase)).Msg("reconcile")
-		}
-	}
-	s.cfg.Metrics.Live.Set(float64(live))
+	live := s.view.Live()
+	s.cfg.Metrics.Live.Set(float64(len(live)))
 	// Ended assignments stay in the view for an hour so late reports get a clear answer; older
 	// ones were dropped before (or expire with the bucket's max age), so forget them first.
 	for _, id := range s.view.Forget(now.Add(-forgetAfter)) {
@@ -324,7 +348,25 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 		delete(s.dropped, id)
 		s.mu.Unlock()
 	}
-	s.dropEnded(ctx)
+	for _, st := range live {
+		if ctx.Err() != nil {
+			return
+		}
+		lctx, cancel, held := s.lease.Context(ctx)
+		if !held {
+			return // another replica reconciles
+		}
+		err := s.reconcileOne(lctx, st, now)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).
+				Str("phase", string(st.Phase)).Msg("reconcile")
+		}
+	}
+	if lctx, cancel, held := s.lease.Context(ctx); held {
+		s.dropEnded(lctx)
+		cancel()
+	}
 }
 
 // giveUpReporting is how long a failure report is retried before the assignment is closed
@@ -394,19 +436,56 @@ func (s *Scheduler) keepalive(ctx context.Context, st assignment.State, now time
 	return nil
 }
 
-// closeFailed reports a failed assignment upstream, then records that it was reported.
+// reportFor is how long a claim on a failure report (`reporting`) holds. The reporter's calls to
+// the forge end before half of it has passed by its own clock; only after all of it may
+// another scheduler take the report over, so the two never both report (clocks of the
+// replicas within reportFor/2 of each other, as the assignments' leases already assume).
+const reportFor = time.Minute
+
+// closeFor bounds the append of `closed` after a report.
+const closeFor = 10 * time.Second
+
+// closeFailed reports a failed assignment upstream, then records that it was reported. The
+// report is claimed in the event log first (`reporting`, by compare-and-swap): of two schedulers
+// that both believe they should report it (a holder of the reconcile lease that paused past it,
+// and its successor), one claims it and the other finds it claimed.
 func (s *Scheduler) closeFailed(ctx context.Context, st assignment.State) error {
-	if err := s.failUpstream(ctx, st.Task, []string{"dynrunner: the job failed: " + st.Reason}); err != nil {
+	began := time.Now() // the monotonic clock bounds the reporter's calls
+	claim, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Reporting, Task: st.Task, Epoch: st.Epoch(),
+		Actor: s.cfg.Actor, At: s.cfg.Now(), Lease: reportFor}, &st)
+	if errors.Is(err, assignment.ErrReportClaimed) || errors.Is(err, assignment.ErrTerminal) {
+		if claim.Seq != 0 {
+			s.view.Observe(claim)
+		}
+		return nil // another scheduler reports it, or did
+	}
+	if err != nil {
+		return err
+	}
+	s.view.Observe(claim)
+	rctx, cancel := context.WithDeadline(ctx, began.Add(reportFor/2))
+	defer cancel()
+	if err := s.failUpstream(rctx, st.Task, []string{"dynrunner: the job failed: " + st.Reason}); err != nil {
 		// The forge may never accept the report (the task was deleted, the runner
 		// re-registered). Give up after a while rather than keep the assignment and its
-		// secret material forever.
-		if s.cfg.Now().Sub(st.At) < giveUpReporting {
+		// secret material forever. Until then the claim runs out and the report is claimed
+		// again.
+		failedAt := st.FailedAt
+		if failedAt.IsZero() { // recorded by an older release
+			failedAt = st.At
+		}
+		if s.cfg.Now().Sub(failedAt) < giveUpReporting {
 			return err
 		}
 		s.cfg.Log.Error().Err(err).Int64(logkey.TaskID, int64(st.Task)).Msg("the forge did not take the failure report; closing the assignment anyway")
 	}
-	next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
-		Actor: s.cfg.Actor, At: s.cfg.Now()}, &st)
+	// Record the report even if the lease's context ended meanwhile: `closed` is a
+	// compare-and-swap append, and without it the report would be claimed and sent again once
+	// this claim ran out.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), closeFor)
+	defer ccancel()
+	next, err := s.log.Apply(cctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
+		Actor: s.cfg.Actor, At: s.cfg.Now()}, &claim)
 	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
 		return err
 	}
@@ -437,7 +516,13 @@ func (s *Scheduler) dropEnded(ctx context.Context) {
 
 // failUpstream appends lines to the task's log in the forge and marks it failed. It tolerates
 // a task that already has log rows (the runner ran part of it) by appending after them.
+//
+// It sends nothing once ctx ended: a report's context ends when its claim may pass to another
+// scheduler.
 func (s *Scheduler) failUpstream(ctx context.Context, id assignment.TaskID, lines []string) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("scheduler: report task %d: %w", id, err)
+	}
 	ack, err := s.forge.UpdateLog(ctx, &runnerv1.UpdateLogRequest{TaskId: int64(id)})
 	if err != nil {
 		return err
@@ -450,6 +535,9 @@ func (s *Scheduler) failUpstream(ctx context.Context, id assignment.TaskID, line
 	if _, err := s.forge.UpdateLog(ctx, &runnerv1.UpdateLogRequest{TaskId: int64(id), Index: ack.GetAckIndex(), Rows: rows, NoMore: true}); err != nil {
 		// The log may already be sealed by a runner that finished its part; the result still counts.
 		s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(id)).Msg("append failure explanation to the task log")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("scheduler: report task %d: %w", id, err)
 	}
 	if _, err := s.forge.UpdateTask(ctx, &runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{
 		Id: int64(id), Result: runnerv1.Result_RESULT_FAILURE, StartedAt: now, StoppedAt: now,

@@ -109,6 +109,7 @@ func (p *plane) open(ctx context.Context) error {
 	elCfg.Key = recordKey
 	elCfg.OnReject = rejectionReporter(p.log, rejectedRecords)
 	elCfg.NoncesTTL = nonceTTL
+	elCfg.LeasesTTL = cfg.SchedulerLease
 	if p.evlog, err = eventlog.Open(ctx, p.js, elCfg); err != nil {
 		return err
 	}

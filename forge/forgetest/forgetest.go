@@ -112,6 +112,20 @@ func (f *Forge) Result(id int64) runnerv1.Result {
 	return runnerv1.Result_RESULT_UNSPECIFIED
 }
 
+// Results is how many state reports with a final result the forge got for task id: once
+// per report of the job's end.
+func (f *Forge) Results(id int64) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, s := range f.states[id] {
+		if s.GetResult() != runnerv1.Result_RESULT_UNSPECIFIED {
+			n++
+		}
+	}
+	return n
+}
+
 // Log is the log rows the forge holds for task id.
 func (f *Forge) Log(id int64) []string {
 	f.mu.Lock()

@@ -27,6 +27,8 @@ var (
 	ErrAlreadyFetched = errors.New("task already handed over")
 	// ErrNoChange: the event is already in effect (an idempotent retry); nothing to append.
 	ErrNoChange = errors.New("no change")
+	// ErrReportClaimed: another scheduler claimed the failure report, and its claim holds.
+	ErrReportClaimed = errors.New("failure report claimed by another scheduler")
 )
 
 // Event asks for one transition. Epoch is the epoch the sender holds (zero for a claim).
@@ -45,7 +47,7 @@ type Event struct {
 	ForgeURL   ForgeURL
 	TaskDigest string
 	Pickup     time.Duration
-	// Claim and Renewed: the lease length from At.
+	// Claim and Renewed: the lease length from At. Reporting: how long the report claim holds.
 	Lease time.Duration
 
 	// Started: the environment's handle and the id of the token issued to it.
@@ -86,6 +88,7 @@ func Decide(cur *State, ev Event) (Record, error) {
 	next.Actor = ev.Actor
 	next.At = ev.At
 	next.Reason = ""
+	next.Reporter, next.ReportUntil = "", time.Time{}
 
 	bad := func() (Record, error) {
 		return Record{}, fmt.Errorf("assignment: task %d: %s in phase %s: %w", cur.Task, ev.Transition, cur.Phase, ErrInvalidTransition)
@@ -167,11 +170,30 @@ func Decide(cur *State, ev Event) (Record, error) {
 		}
 		next.Reason = ev.Reason
 		next.Result = "failure"
+		next.FailedAt = ev.At
+	case Reporting:
+		// Whoever appends this first reports the failure upstream; the compare-and-swap of the
+		// append decides between schedulers racing for it. A claim that ran out (its holder
+		// died before closing) may be taken over.
+		if cur.Phase != Failed {
+			return bad()
+		}
+		if ev.Lease <= 0 {
+			return Record{}, fmt.Errorf("assignment: task %d: report claim without a duration: %w", cur.Task, ErrInvalidTransition)
+		}
+		if cur.Reporter != "" && ev.At.Before(cur.ReportUntil) {
+			return Record{}, fmt.Errorf("assignment: task %d: %s reports until %s: %w", cur.Task, cur.Reporter,
+				cur.ReportUntil.UTC().Format(time.RFC3339), ErrReportClaimed)
+		}
+		next.Phase = Failed
+		next.Reason = cur.Reason
+		next.Reporter, next.ReportUntil = ev.Actor, ev.At.Add(ev.Lease)
 	case Closed:
 		if cur.Phase != Failed {
 			return bad()
 		}
 		next.Reason = cur.Reason
+		next.Reporter, next.ReportUntil = cur.Reporter, cur.ReportUntil
 	default:
 		return Record{}, fmt.Errorf("assignment: unknown transition %q: %w", ev.Transition, ErrInvalidTransition)
 	}

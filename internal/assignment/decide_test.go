@@ -35,7 +35,31 @@ var (
 	evStarted    = Event{Transition: Started, Handle: []byte(`{}`), TokenID: "tok"}
 	evRegistered = Event{Transition: Registered, TokenID: "tok", RunnerUUID: "r"}
 	evRunning    = Event{Transition: Running, RunnerUUID: "r"}
+	evFailed     = Event{Transition: Failed, Reason: "lost", At: t0}
+	evReporting  = Event{Transition: Reporting, Actor: "scheduler@a", At: t0, Lease: time.Minute}
 )
+
+// TestReportingClaimsTheReportOnce: the first report claim names its reporter and keeps the
+// phase failed; another is refused while it holds and accepted once it ran out; closed keeps
+// who reported.
+func TestReportingClaimsTheReportOnce(t *testing.T) {
+	s := advance(t, claimed(4), evFailed, evReporting)
+	require.Equal(t, Failed, s.Phase)
+	require.Equal(t, Reporting, s.Transition)
+	require.Equal(t, "scheduler@a", s.Reporter)
+	require.Equal(t, t0.Add(time.Minute), s.ReportUntil)
+	require.Equal(t, "lost", s.Reason, "the report claim lost the failure's reason")
+	require.True(t, s.Live() && !s.Active(), "a failed assignment being reported is live and not active")
+
+	_, err := Decide(s, Event{Transition: Reporting, Task: 1, Epoch: 4, Actor: "scheduler@b", At: t0.Add(59 * time.Second), Lease: time.Minute})
+	require.ErrorIs(t, err, ErrReportClaimed)
+	taken := advance(t, s, Event{Transition: Reporting, Actor: "scheduler@b", At: t0.Add(time.Minute), Lease: time.Minute})
+	require.Equal(t, "scheduler@b", taken.Reporter, "a report claim that ran out was not taken over")
+
+	closed := advance(t, taken, Event{Transition: Closed, Actor: "scheduler@b", At: t0.Add(61 * time.Second)})
+	require.Equal(t, "scheduler@b", closed.Reporter)
+	require.Equal(t, "lost", closed.Reason)
+}
 
 func TestDecide(t *testing.T) {
 	for _, tc := range []struct {
@@ -61,6 +85,16 @@ func TestDecide(t *testing.T) {
 		}, Event{Transition: Renewed, Epoch: 4, Lease: time.Minute}, ErrTerminal},
 		{"close without failure", func(t *testing.T) *State { return claimed(4) }, Event{Transition: Closed, Epoch: 4}, ErrInvalidTransition},
 		{"fail needs a reason", func(t *testing.T) *State { return claimed(4) }, Event{Transition: Failed, Epoch: 4}, ErrInvalidTransition},
+		{"report claim before failure", func(t *testing.T) *State { return claimed(4) }, Event{Transition: Reporting, Epoch: 4, At: t0, Lease: time.Minute}, ErrInvalidTransition},
+		{"report claim without a duration", func(t *testing.T) *State { return advance(t, claimed(4), evFailed) }, Event{Transition: Reporting, Epoch: 4, At: t0}, ErrInvalidTransition},
+		{"report claim held by another", func(t *testing.T) *State { return advance(t, claimed(4), evFailed, evReporting) },
+			Event{Transition: Reporting, Epoch: 4, Actor: "scheduler@b", At: t0.Add(30 * time.Second), Lease: time.Minute}, ErrReportClaimed},
+		{"report claim held by itself", func(t *testing.T) *State { return advance(t, claimed(4), evFailed, evReporting) },
+			Event{Transition: Reporting, Epoch: 4, Actor: "scheduler@a", At: t0.Add(30 * time.Second), Lease: time.Minute}, ErrReportClaimed},
+		{"report claim after close", func(t *testing.T) *State {
+			return advance(t, claimed(4), evFailed, evReporting, Event{Transition: Closed})
+		},
+			Event{Transition: Reporting, Epoch: 4, Actor: "scheduler@b", At: t0.Add(2 * time.Minute), Lease: time.Minute}, ErrTerminal},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cur := tc.cur(t)
@@ -117,7 +151,7 @@ func TestOverdue(t *testing.T) {
 // invariants: the epoch never changes, terminal phases absorb everything, a token is redeemed
 // at most once and the task handed over at most once.
 func TestDecideProperties(t *testing.T) {
-	kinds := []Transition{Dispatched, Started, Registered, Running, Renewed, Completed, Failed, Closed}
+	kinds := []Transition{Dispatched, Started, Registered, Running, Renewed, Completed, Failed, Reporting, Closed}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		s := claimed(7)

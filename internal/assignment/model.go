@@ -29,7 +29,7 @@ type Transition string
 
 // The transitions, in the order a successful job goes through them. Renewed may repeat at any
 // point before the end; failed can follow any non-terminal one and is followed by closed once
-// the forge has been told.
+// the forge has been told; reporting, between them, names the one scheduler that tells it.
 const (
 	Claimed    Transition = "claimed"    // the scheduler persisted the task; its sequence is the epoch
 	Dispatched Transition = "dispatched" // a worker took the dispatch message
@@ -39,10 +39,11 @@ const (
 	Renewed    Transition = "renewed"    // the lease was extended; the epoch stays
 	Completed  Transition = "completed"  // the runner reported the final result upstream (terminal)
 	Failed     Transition = "failed"     // the assignment cannot finish; the forge must be told
+	Reporting  Transition = "reporting"  // one scheduler claimed the failure report (phase stays failed)
 	Closed     Transition = "closed"     // the failure was reported upstream (terminal)
 )
 
-// Phase is where an assignment stands: the last transition other than Renewed.
+// Phase is where an assignment stands: the last transition other than Renewed and Reporting.
 type Phase = Transition
 
 // Terminal reports whether no transition can follow p.
@@ -87,6 +88,13 @@ type Record struct {
 
 	Result string `json:"result,omitempty"`
 	Reason string `json:"reason,omitempty"`
+	// FailedAt is when the assignment failed (from `failed` on).
+	FailedAt time.Time `json:"failed_at,omitzero"`
+
+	// Reporter is the actor that claimed the failure report (Reporting); no other may report
+	// before ReportUntil, and Reporter itself reports only before it.
+	Reporter    string    `json:"reporter,omitempty"`
+	ReportUntil time.Time `json:"report_until,omitzero"`
 }
 
 // State is the current state of an assignment: its last record and that record's stream

@@ -63,9 +63,13 @@ type Controller struct {
 	PodConcurrency           int
 	VMConcurrency            int
 	Lease, Pickup, Keepalive time.Duration
-	Tiers                    []string
-	VM                       VM
-	FetchInterval            time.Duration
+	// SchedulerLease is the TTL of the reconcile lease the scheduler replicas share
+	// (SCHEDULER_LEASE_SECS): its holder renews it every third, another takes over within it
+	// after the holder died.
+	SchedulerLease time.Duration
+	Tiers          []string
+	VM             VM
+	FetchInterval  time.Duration
 }
 
 // HasTier reports whether the scheduler routes jobs to tier.
@@ -291,6 +295,11 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	c.Keepalive = e.seconds("KEEPALIVE_SECS", 60, 5)
 	if c.Keepalive >= 10*time.Minute {
 		e.fail("KEEPALIVE_SECS must be below 600: Gitea fails tasks silent for 10 minutes")
+	}
+	c.SchedulerLease = e.seconds("SCHEDULER_LEASE_SECS", 15, 3)
+	if c.SchedulerLease+c.Keepalive >= 10*time.Minute {
+		e.fail("SCHEDULER_LEASE_SECS=%d with KEEPALIVE_SECS=%d: their sum must be below 600: a task gets no keepalive while the lease passes to another scheduler, and Gitea fails tasks silent for 10 minutes",
+			int(c.SchedulerLease.Seconds()), int(c.Keepalive.Seconds()))
 	}
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}

@@ -30,6 +30,7 @@ func TestLoadControllerDefaults(t *testing.T) {
 	assert.Equal(t, 1, c.VMConcurrency)
 	assert.Equal(t, 120*time.Second, c.Pickup)
 	assert.Equal(t, 300*time.Second, c.Lease)
+	assert.Equal(t, 15*time.Second, c.SchedulerLease)
 	assert.True(t, c.Embedded())
 	assert.True(t, c.GenerateKeys)
 	assert.True(t, c.DevCA)
@@ -58,6 +59,9 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"development CA outside the local backend", map[string]string{"POD_BACKEND": "kubernetes"}, "POD_BACKEND"},
 		{"pickup above lease", map[string]string{"PICKUP_SECS": "200", "LEASE_SECS": "150"}, "PICKUP_SECS"},
 		{"pickup below floor", map[string]string{"PICKUP_SECS": "30"}, "PICKUP_SECS"},
+		{"scheduler lease below floor", map[string]string{"SCHEDULER_LEASE_SECS": "2"}, "SCHEDULER_LEASE_SECS"},
+		{"scheduler lease not a number", map[string]string{"SCHEDULER_LEASE_SECS": "15s"}, "SCHEDULER_LEASE_SECS"},
+		{"scheduler lease and keepalive past gitea's timeout", map[string]string{"SCHEDULER_LEASE_SECS": "550", "KEEPALIVE_SECS": "60"}, "SCHEDULER_LEASE_SECS"},
 		{"no gitea url", map[string]string{"GITEA_URL": ""}, "GITEA_URL"},
 		{"gitea url with a query", map[string]string{"GITEA_URL": "https://gitea.example/?x=1"}, "GITEA_URL"},
 		{"runner binary without its hash", map[string]string{"GITEA_RUNNER_SHA256": ""}, "GITEA_RUNNER_SHA256"},

@@ -14,6 +14,7 @@
 //	KV dynrunner_tasks      task.<task_id>                   the sealed forge task (AES-GCM), purged at the end
 //	KV dynrunner_workers    env.<task>.<epoch>, workers      which worker watches each environment (package podworker), TTL Config.WorkersTTL
 //	KV dynrunner_nonces     SHA-256 of a nonce               single-use microVM nonces (package vmworker), TTL Config.NoncesTTL
+//	KV dynrunner_leases     reconcile                        which scheduler replica reconciles (package scheduler), TTL Config.LeasesTTL
 //
 // Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence over
 // the task's subjects; the claim's stream sequence is the assignment's fencing epoch. Every

@@ -1,6 +1,7 @@
 package eventlog
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -31,6 +32,9 @@ const (
 	// BucketNonces holds one sealed record per microVM nonce the vm worker issued, keyed by
 	// the nonce's SHA-256 (package vmworker).
 	BucketNonces = "dynrunner_nonces"
+	// BucketLeases holds the leases of work that one scheduler replica at a time does (package
+	// scheduler, LeaseReconcile); a key expires Config.LeasesTTL after its holder last renewed it.
+	BucketLeases = "dynrunner_leases"
 
 	SubjectAssignment = "dynrunner.assignment."
 	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
@@ -62,18 +66,22 @@ type Config struct {
 	// NoncesTTL is how long a nonce's record lives in BucketNonces, redeemed or not
 	// (DefaultNoncesTTL, when zero).
 	NoncesTTL time.Duration
+	// LeasesTTL is how long a lease in BucketLeases outlives its holder's last renewal
+	// (DefaultLeasesTTL, when zero): SCHEDULER_LEASE_SECS. Every component must use the same.
+	LeasesTTL time.Duration
 }
 
 // Defaults of Config's TTLs.
 const (
 	DefaultWorkersTTL = 30 * time.Second
 	DefaultNoncesTTL  = time.Hour
+	DefaultLeasesTTL  = 15 * time.Second
 )
 
 // DefaultConfig is the single-node topology.
 func DefaultConfig() Config {
 	return Config{Replicas: 1, Retention: 7 * 24 * time.Hour, DispatchMaxDeliver: 5, DispatchAckWait: 30 * time.Second,
-		WorkersTTL: DefaultWorkersTTL, NoncesTTL: DefaultNoncesTTL}
+		WorkersTTL: DefaultWorkersTTL, NoncesTTL: DefaultNoncesTTL, LeasesTTL: DefaultLeasesTTL}
 }
 
 // Log appends and reads assignment transitions.
@@ -85,6 +93,7 @@ type Log struct {
 	tasks    jetstream.KeyValue
 	workers  jetstream.KeyValue
 	nonces   jetstream.KeyValue
+	leases   jetstream.KeyValue
 	sign     signer
 	rejected seen
 }
@@ -101,6 +110,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	}
 	if cfg.NoncesTTL <= 0 {
 		cfg.NoncesTTL = DefaultNoncesTTL
+	}
+	if cfg.LeasesTTL <= 0 {
+		cfg.LeasesTTL = DefaultLeasesTTL
 	}
 	if len(cfg.Key) < MinKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, at least %d are required", ErrShortKey, len(cfg.Key), MinKeySize)
@@ -178,9 +190,15 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, err
 	}
+	leases, err := ensureTTLBucket(ctx, js, cfg, BucketLeases, cfg.LeasesTTL,
+		"dynrunner leases of work one scheduler replica does at a time (reconcile), value: the holder's actor")
+	if err != nil {
+		return nil, err
+	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, sign: signer{key: key.Sum(nil)}}, nil
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases,
+		sign: signer{key: key.Sum(nil)}}, nil
 }
 
 // Workers returns BucketWorkers, the workers' liveness bucket. Its keys expire
@@ -190,6 +208,11 @@ func (l *Log) Workers() jetstream.KeyValue { return l.workers }
 // Nonces returns BucketNonces, the vm worker's nonce bucket. Its records expire
 // Config.NoncesTTL after they were written.
 func (l *Log) Nonces() jetstream.KeyValue { return l.nonces }
+
+// Leases returns BucketLeases, the scheduler replicas' lease bucket. A key expires
+// Config.LeasesTTL after its last put; a lease is taken with Create and renewed with Update on
+// the revision its holder last wrote (package scheduler).
+func (l *Log) Leases() jetstream.KeyValue { return l.leases }
 
 // ensureStream returns the stream as configured, creating or updating it only when it is
 // missing or differs: a component whose NATS user may only look streams up (docs/security.md)
@@ -245,7 +268,7 @@ func ensureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.
 // every job fail; /readyz shows it with Check's error, which names what is missing.
 func (l *Log) Check(ctx context.Context) error {
 	var errs []error
-	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces} {
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases} {
 		if _, err := l.js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)
@@ -519,13 +542,27 @@ func (l *Log) DeadLetter(ctx context.Context, backend assignment.Backend, data [
 
 func taskKey(task assignment.TaskID) string { return "task." + task.String() }
 
-// PutTask stores a sealed task.
+// PutTask stores a sealed task, only if the task has none (a KV create): two schedulers handed
+// the same task never overwrite each other's. Storing the same bytes again (a retry) succeeds;
+// other bytes fail with assignment.ErrExists.
 func (l *Log) PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error {
 	if max := l.MaxPayload(); int64(len(sealed)) > max-msgOverhead {
 		return fmt.Errorf("eventlog: task %d is %d bytes sealed, more than the %d bytes a message to the NATS server may hold (its max_payload, less %d for the message's headers): %w",
 			task, len(sealed), max, msgOverhead, ErrTooLarge)
 	}
-	if _, err := l.tasks.Put(ctx, taskKey(task), sealed); err != nil {
+	_, err := l.tasks.Create(ctx, taskKey(task), sealed)
+	if errors.Is(err, jetstream.ErrKeyExists) {
+		e, gerr := l.tasks.Get(ctx, taskKey(task))
+		switch {
+		case gerr != nil:
+			err = fmt.Errorf("%w (reading it back: %w)", err, gerr)
+		case bytes.Equal(e.Value(), sealed):
+			return nil
+		default:
+			return fmt.Errorf("eventlog: task %d is stored by another claim: %w", task, assignment.ErrExists)
+		}
+	}
+	if err != nil {
 		if errors.Is(err, nats.ErrMaxPayload) {
 			err = fmt.Errorf("%w: %w", ErrTooLarge, err)
 		}

@@ -197,6 +197,23 @@ func TestDropTaskRemovesSecretMaterial(t *testing.T) {
 	require.ErrorIs(t, err, jetstream.ErrMsgNotFound, "the sealed task's message is still in the stream")
 }
 
+// TestPutTaskNeverOverwrites: a sealed task is stored only if the task has none; the same
+// bytes again (a retried claim) are fine, another claim's bytes are refused and not stored.
+// After the drop the task may be stored again.
+func TestPutTaskNeverOverwrites(t *testing.T) {
+	l, done := openLog(t, t.TempDir())
+	defer done()
+	ctx := t.Context()
+	require.NoError(t, l.PutTask(ctx, 5, []byte("first")))
+	require.NoError(t, l.PutTask(ctx, 5, []byte("first")), "storing the same bytes again")
+	require.ErrorIs(t, l.PutTask(ctx, 5, []byte("second")), assignment.ErrExists, "another claim's bytes")
+	got, err := l.GetTask(ctx, 5)
+	require.NoError(t, err)
+	require.Equal(t, "first", string(got), "the stored task was overwritten")
+	require.NoError(t, l.DropTask(ctx, 5))
+	require.NoError(t, l.PutTask(ctx, 5, []byte("second")), "after the drop")
+}
+
 func TestParseDispatch(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -259,6 +276,7 @@ func TestOpenCreatesTheTopology(t *testing.T) {
 		{eventlog.BucketTasks, nil, cfg.Retention},
 		{eventlog.BucketWorkers, l.Workers(), cfg.WorkersTTL},
 		{eventlog.BucketNonces, l.Nonces(), cfg.NoncesTTL},
+		{eventlog.BucketLeases, l.Leases(), cfg.LeasesTTL},
 	} {
 		kv, err := l.js.KeyValue(ctx, tc.bucket)
 		require.NoError(t, err, tc.bucket)
@@ -272,17 +290,22 @@ func TestOpenCreatesTheTopology(t *testing.T) {
 	}
 	assert.Equal(t, "dynrunner_workers", eventlog.BucketWorkers, "the bucket's name is part of deploy/nats/permissions.conf")
 	assert.Equal(t, "dynrunner_nonces", eventlog.BucketNonces, "the bucket's name is part of deploy/nats/permissions.conf")
+	assert.Equal(t, "dynrunner_leases", eventlog.BucketLeases, "the bucket's name is part of deploy/nats/permissions.conf")
 
 	// The defaults stand in for TTLs left zero.
 	zero := eventlog.DefaultConfig()
-	zero.WorkersTTL, zero.NoncesTTL = 0, 0
+	zero.WorkersTTL, zero.NoncesTTL, zero.LeasesTTL = 0, 0, 0
 	d, doneD := openLogWith(t, t.TempDir(), zero)
 	defer doneD()
 	assert.Equal(t, eventlog.DefaultWorkersTTL, d.Config().WorkersTTL)
 	assert.Equal(t, eventlog.DefaultNoncesTTL, d.Config().NoncesTTL)
+	assert.Equal(t, eventlog.DefaultLeasesTTL, d.Config().LeasesTTL)
 	st, err := d.Workers().Status(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, eventlog.DefaultWorkersTTL, st.TTL())
+	st, err = d.Leases().Status(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, eventlog.DefaultLeasesTTL, st.TTL())
 }
 
 // TestCheckSeesMissingStreams: an operator (or an attacker with the NATS password) deletes the
@@ -295,9 +318,10 @@ func TestCheckSeesMissingStreams(t *testing.T) {
 	require.NoError(t, l.js.DeleteStream(ctx, eventlog.StreamAssignments))
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketTasks))
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketWorkers))
+	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketLeases))
 	err := l.Check(ctx)
-	require.Error(t, err, "Check passes with the assignments stream and two buckets deleted")
-	for _, want := range []string{eventlog.StreamAssignments, "KV_" + eventlog.BucketTasks, "KV_" + eventlog.BucketWorkers} {
+	require.Error(t, err, "Check passes with the assignments stream and three buckets deleted")
+	for _, want := range []string{eventlog.StreamAssignments, "KV_" + eventlog.BucketTasks, "KV_" + eventlog.BucketWorkers, "KV_" + eventlog.BucketLeases} {
 		assert.ErrorContains(t, err, want+" is missing")
 	}
 	assert.NotContains(t, err.Error(), eventlog.BucketNonces, "the nonces bucket is there")

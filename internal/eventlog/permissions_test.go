@@ -203,6 +203,32 @@ func TestPerComponentUsers(t *testing.T) {
 		return err
 	})
 
+	// The scheduler takes, renews and releases a lease, and claims a failure report.
+	leases := sched.log.Leases()
+	rev, err := leases.Create(ctx, "reconcile", []byte("scheduler@a"))
+	require.NoError(t, err, sched.violations())
+	rev, err = leases.Update(ctx, "reconcile", []byte("scheduler@a"), rev)
+	require.NoError(t, err, sched.violations())
+	_, err = leases.Get(ctx, "reconcile")
+	require.NoError(t, err, sched.violations())
+	require.NoError(t, leases.Delete(ctx, "reconcile", jetstream.LastRevision(rev)), sched.violations())
+	f, err := sched.log.Apply(ctx, claim(9), nil)
+	require.NoError(t, err)
+	f, err = sched.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: 9, Epoch: f.Epoch(), At: t0, Actor: "test", Reason: "x"}, &f)
+	require.NoError(t, err, sched.violations())
+	f, err = sched.log.Apply(ctx, assignment.Event{Transition: assignment.Reporting, Task: 9, Epoch: f.Epoch(), At: t0, Actor: "test", Lease: time.Minute}, &f)
+	require.NoError(t, err, sched.violations())
+	_, err = sched.log.Apply(ctx, assignment.Event{Transition: assignment.Closed, Task: 9, Epoch: f.Epoch(), At: t0, Actor: "test"}, &f)
+	require.NoError(t, err, sched.violations())
+	denied(t, pod, "a pod worker takes the reconcile lease", func(ctx context.Context) error {
+		_, err := pod.log.Leases().Create(ctx, "reconcile", []byte("pod-worker"))
+		return err
+	})
+	denied(t, facade, "the facade takes the reconcile lease", func(ctx context.Context) error {
+		_, err := facade.log.Leases().Create(ctx, "reconcile", []byte("facade"))
+		return err
+	})
+
 	// The facade records the end; the scheduler drops the sealed task.
 	st, err = facade.log.Apply(ctx, ev(assignment.Completed), &st)
 	require.NoError(t, err, facade.violations())
