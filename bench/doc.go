@@ -5,5 +5,7 @@
 // BenchmarkPushToSuccess compares push-to-success latency with a static Gitea runner on a real
 // Gitea; BenchmarkLifecycles and BenchmarkMemory10k drive the real scheduler, facade (over
 // mTLS) and pod worker on an embedded JetStream with an in-memory forge and no-op
-// environments. docs/benchmarks.md explains what each measures and records the results.
+// environments; BenchmarkRestartWithHistory restarts a controller (a child process) over up to
+// a million generated ended assignments. docs/benchmarks.md explains what each measures and
+// records the results.
 package bench

@@ -33,13 +33,16 @@ func loadAvg() string {
 }
 
 // rssBytes is VmRSS from /proc/<pid>/status ("self" for this process).
-func rssBytes(pid string) (uint64, error) {
+func rssBytes(pid string) (uint64, error) { return statusKB(pid, "VmRSS:") }
+
+// statusKB is the field (a size in kB, such as "VmHWM:") of /proc/<pid>/status, in bytes.
+func statusKB(pid, field string) (uint64, error) {
 	b, err := os.ReadFile("/proc/" + pid + "/status")
 	if err != nil {
 		return 0, err
 	}
 	for line := range bytes.Lines(b) {
-		if rest, ok := bytes.CutPrefix(line, []byte("VmRSS:")); ok {
+		if rest, ok := bytes.CutPrefix(line, []byte(field)); ok {
 			kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(string(rest)), " kB"), 10, 64)
 			return kb << 10, err
 		}

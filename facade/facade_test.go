@@ -21,6 +21,7 @@ import (
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -212,4 +213,44 @@ func TestFacadeRegisterBeforeStartedIsRetryable(t *testing.T) {
 	hc := e.client(workload.AssignmentID(e.td, 70, st.Epoch()))
 	_, err = runnerClient(hc, srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret()}))
 	require.Equal(t, connect.CodeUnavailable, codeOf(err), "register before started (retry): %v", err)
+}
+
+// TestFacadeAnswersLateReportsFromJetStream: an environment reports long after its assignment
+// ended, when the controller's view (live assignments and the last eventlog.MaxEnded ended
+// ones) no longer holds it. The facade reads the assignment from JetStream and refuses the
+// report as it refuses any report after the end; nothing reaches the forge.
+func TestFacadeAnswersLateReportsFromJetStream(t *testing.T) {
+	e := newEnv(t)
+	srv := e.facadeServer()
+	ctx := t.Context()
+	st := e.claim(forgetest.Task(42))
+	_, tok := e.start(st)
+	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
+	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
+	require.NoError(t, err)
+	r := reg.Msg.GetRunner()
+	rc := runnerClient(hc, srv.URL, r.GetUuid(), r.GetToken())
+	_, err = rc.FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.NoError(t, err)
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS}}))
+	require.NoError(t, err)
+	require.Equal(t, 1, e.forge.Reports(42))
+
+	// More assignments end than the view keeps: 42 falls out of it.
+	require.NoError(t, e.log.GenerateEnded(ctx, 1000, eventlog.MaxEnded+1, time.Now()))
+	require.Eventually(t, func() bool { _, ok := e.view.Get(42); return !ok }, 20*time.Second, 10*time.Millisecond,
+		"the view still holds task 42")
+
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{
+		State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS}, Outputs: map[string]string{"late": "x"}}))
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a late final report: %v", err)
+	require.ErrorContains(t, err, "nothing more is forwarded")
+	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Index: 1, Rows: []*runnerv1.LogRow{{Content: "late"}}}))
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a late log: %v", err)
+	ren, err := dynrunnerv1connect.NewLeaseServiceClient(hc, srv.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))
+	require.NoError(t, err)
+	assert.True(t, ren.Msg.GetEnded(), "a late renewal hears that the assignment ended")
+	assert.Equal(t, 1, e.forge.Reports(42), "state reports the forge got")
+	_, ok := e.view.Get(42)
+	assert.False(t, ok, "the answers came from JetStream, not the view")
 }

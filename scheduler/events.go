@@ -21,6 +21,8 @@ type EventLog interface {
 	Dispatch(ctx context.Context, backend assignment.Backend, task assignment.TaskID, epoch assignment.Epoch) error
 	PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error
 	DropTask(ctx context.Context, task assignment.TaskID) error
+	// Sweep removes what ended assignments left behind (eventlog.Log.Sweep).
+	Sweep(ctx context.Context) (int, error)
 }
 
 // View is what the Scheduler uses of the read model of the assignments. *eventlog.View is

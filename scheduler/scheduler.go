@@ -41,6 +41,9 @@ type Config struct {
 	Keepalive time.Duration
 	// Reconcile is how often live assignments are checked for overdue deadlines.
 	Reconcile time.Duration
+	// Sweep is how often what ended assignments left in JetStream (their keys in the live
+	// index, their sealed tasks) is looked for and removed (DefaultSweep, when zero).
+	Sweep time.Duration
 	// ForgeURL is the forge's URL for tasks that do not name their own (Gitea's task context
 	// carries its ROOT_URL as server_url): GITEA_URL.
 	ForgeURL assignment.ForgeURL
@@ -60,6 +63,8 @@ type Scheduler struct {
 	lease *Lease
 
 	started time.Time // when Run began; deadlines wait a grace period after it
+
+	swept time.Time // when reconcile last ran the sweep
 
 	mu        sync.Mutex
 	keptAlive map[assignment.TaskID]time.Time
@@ -85,6 +90,9 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 				held.Set(0)
 			}
 		})
+	if cfg.Sweep <= 0 {
+		cfg.Sweep = DefaultSweep
+	}
 	return &Scheduler{
 		cfg: cfg, forge: forge, log: log, view: view, lease: lease,
 		keptAlive: make(map[assignment.TaskID]time.Time),
@@ -341,8 +349,9 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	now := s.cfg.Now()
 	live := s.view.Live()
 	s.cfg.Metrics.Live.Set(float64(len(live)))
-	// Ended assignments stay in the view for an hour so late reports get a clear answer; older
-	// ones were dropped before (or expire with the bucket's max age), so forget them first.
+	// Ended assignments stay in the view for an hour (and at most eventlog.MaxEnded of them)
+	// so late reports get a clear answer without a read; older ones were dropped before (or
+	// expire with the bucket's max age, or the sweep removes them), so forget them first.
 	for _, id := range s.view.Forget(now.Add(-forgetAfter)) {
 		s.mu.Lock()
 		delete(s.dropped, id)
@@ -363,11 +372,25 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 				Str("phase", string(st.Phase)).Msg("reconcile")
 		}
 	}
-	if lctx, cancel, held := s.lease.Context(ctx); held {
-		s.dropEnded(lctx)
-		cancel()
+	lctx, cancel, held := s.lease.Context(ctx)
+	if !held {
+		return
+	}
+	defer cancel()
+	s.dropEnded(lctx)
+	if now.Sub(s.swept) >= s.cfg.Sweep {
+		s.swept = now
+		n, err := s.log.Sweep(lctx)
+		if err != nil && lctx.Err() == nil {
+			s.cfg.Log.Warn().Err(err).Int("removed", n).Msg("sweep what ended assignments left")
+		} else if n > 0 {
+			s.cfg.Log.Info().Int("removed", n).Msg("swept what ended assignments left")
+		}
 	}
 }
+
+// DefaultSweep is how often the scheduler sweeps by default (Config.Sweep).
+const DefaultSweep = 10 * time.Minute
 
 // giveUpReporting is how long a failure report is retried before the assignment is closed
 // without it.

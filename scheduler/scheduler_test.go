@@ -10,6 +10,7 @@ import (
 	"time"
 
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -239,5 +240,33 @@ func TestSchedulerIsNotWedgedByForgedRecords(t *testing.T) {
 	eventually(t, "the sealed task dropped", func() bool {
 		_, err := e.log.GetTask(t.Context(), 31)
 		return errors.Is(err, assignment.ErrNotFound)
+	})
+}
+
+// TestSchedulerSweepsWhatEndedAssignmentsLeft: an assignment ended but its key in the live
+// index was put again by an append that raced the end (or its removal was lost), and its
+// sealed task outlived the view's memory of it. The scheduler's sweep removes both.
+func TestSchedulerSweepsWhatEndedAssignmentsLeft(t *testing.T) {
+	e := newEnv(t)
+	ctx := t.Context()
+	<-e.view.Ready()
+	st, err := e.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: 21, Actor: "test", At: time.Now(),
+		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+	require.NoError(t, err)
+	for _, tr := range []assignment.Transition{assignment.Failed, assignment.Closed} {
+		st, err = e.log.Apply(ctx, assignment.Event{Transition: tr, Task: 21, Epoch: st.Epoch(), Actor: "test", At: time.Now(), Reason: "x"}, &st)
+		require.NoError(t, err)
+	}
+	eventually(t, "the view sees the end", func() bool { s, ok := e.view.Get(21); return ok && s.Phase == assignment.Closed })
+	e.view.Forget(time.Now().Add(time.Hour)) // the view no longer knows it
+	_, err = e.log.Live().Put(ctx, "task.21", []byte("1"))
+	require.NoError(t, err)
+	require.NoError(t, e.log.PutTask(ctx, 21, []byte("sealed")))
+
+	e.runScheduler(&clock{now: time.Now()})
+	eventually(t, "the sweep", func() bool {
+		_, kerr := e.log.Live().Get(ctx, "task.21")
+		_, terr := e.log.GetTask(ctx, 21)
+		return errors.Is(kerr, jetstream.ErrKeyNotFound) && errors.Is(terr, assignment.ErrNotFound)
 	})
 }

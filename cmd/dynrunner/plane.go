@@ -108,6 +108,9 @@ func (p *plane) open(ctx context.Context) error {
 	elCfg.Replicas = cfg.NATSReplicas
 	elCfg.Key = recordKey
 	elCfg.OnReject = rejectionReporter(p.log, rejectedRecords)
+	elCfg.OnIndexError = func(err error) {
+		p.log.Warn().Err(err).Msg("could not keep the index of live assignments; the views repair it from the stream")
+	}
 	elCfg.NoncesTTL = nonceTTL
 	elCfg.LeasesTTL = cfg.SchedulerLease
 	if p.evlog, err = eventlog.Open(ctx, p.js, elCfg); err != nil {

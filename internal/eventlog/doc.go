@@ -15,6 +15,7 @@
 //	KV dynrunner_workers    env.<task>.<epoch>, workers      which worker watches each environment (package podworker), TTL Config.WorkersTTL
 //	KV dynrunner_nonces     SHA-256 of a nonce               single-use microVM nonces (package vmworker), TTL Config.NoncesTTL
 //	KV dynrunner_leases     reconcile                        which scheduler replica reconciles (package scheduler), TTL Config.LeasesTTL
+//	KV dynrunner_live       task.<task_id>, tail             the index of live assignments a start loads (Watch)
 //
 // Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence over
 // the task's subjects; the claim's stream sequence is the assignment's fencing epoch. Every
@@ -23,6 +24,11 @@
 // reported (Config.OnReject).
 // Environment records are plain appends (RecordEnvironment), deduplicated by message id: they
 // are an audit trail beside the assignment's, never an input to its state machine.
+//
+// A start costs the live assignments, not the history: Watch loads the tasks BucketLive names
+// and the records after its tail, and a View keeps the live assignments and the last MaxEnded
+// that ended; older ones are read on demand (Get). Apply keeps the index, and the views repair
+// it from the stream (live.go says how).
 //
 // A View is subscribed before it is fed: every View.OnChange comes before the Log.Watch that
 // feeds it, and OnChange afterwards panics with ErrSubscribedLate.

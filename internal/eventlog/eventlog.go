@@ -35,6 +35,10 @@ const (
 	// BucketLeases holds the leases of work that one scheduler replica at a time does (package
 	// scheduler, LeaseReconcile); a key expires Config.LeasesTTL after its holder last renewed it.
 	BucketLeases = "dynrunner_leases"
+	// BucketLive indexes the live assignments, so a start loads them without the history:
+	// task.<task_id> per live assignment (its value the claim's sequence, the epoch), and
+	// tail, the stream sequence through which the index is complete (Watch).
+	BucketLive = "dynrunner_live"
 
 	SubjectAssignment = "dynrunner.assignment."
 	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
@@ -69,6 +73,10 @@ type Config struct {
 	// LeasesTTL is how long a lease in BucketLeases outlives its holder's last renewal
 	// (DefaultLeasesTTL, when zero): SCHEDULER_LEASE_SECS. Every component must use the same.
 	LeasesTTL time.Duration
+	// OnIndexError, when set, hears of every failure to keep BucketLive: an append whose key
+	// could not be updated, a view's repair that failed. Nothing is lost by one (the views
+	// repair the index from the stream), but a start reads more records until it is repaired.
+	OnIndexError func(error)
 }
 
 // Defaults of Config's TTLs.
@@ -94,6 +102,9 @@ type Log struct {
 	workers  jetstream.KeyValue
 	nonces   jetstream.KeyValue
 	leases   jetstream.KeyValue
+	live     jetstream.KeyValue
+	liveTTL  bool // purge markers in live expire
+	keyed    keyedSet
 	sign     signer
 	rejected seen
 }
@@ -195,9 +206,13 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, err
 	}
+	live, liveTTL, err := ensureLiveBucket(ctx, js, cfg)
+	if err != nil {
+		return nil, err
+	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases,
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, liveTTL: liveTTL,
 		sign: signer{key: key.Sum(nil)}}, nil
 }
 
@@ -268,7 +283,7 @@ func ensureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.
 // every job fail; /readyz shows it with Check's error, which names what is missing.
 func (l *Log) Check(ctx context.Context) error {
 	var errs []error
-	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases} {
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive} {
 		if _, err := l.js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)
@@ -386,7 +401,9 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		rec, err := assignment.Decide(cur, ev)
 		if err != nil {
 			if !fresh {
-				cur = nil // the hint may be stale: decide again on what JetStream holds
+				// The hint may be stale (or a claim's guess that the task has none was
+				// wrong): decide again on what JetStream holds.
+				cur, skipRead = nil, false
 				continue
 			}
 			if cur != nil {
@@ -419,7 +436,11 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		if err != nil {
 			return assignment.State{}, fmt.Errorf("eventlog: append %s for task %d: %w", ev.Transition, ev.Task, err)
 		}
-		return assignment.State{Record: rec, Seq: ack.Sequence}, nil
+		st := assignment.State{Record: rec, Seq: ack.Sequence}
+		if err := l.index(ctx, st); err != nil {
+			l.reportIndex(fmt.Errorf("eventlog: after the %s of task %d (the views repair it): %w", ev.Transition, ev.Task, err))
+		}
+		return st, nil
 	}
 	return assignment.State{}, fmt.Errorf("eventlog: append %s for task %d: %w", ev.Transition, ev.Task, ErrContention)
 }

@@ -277,6 +277,7 @@ func TestOpenCreatesTheTopology(t *testing.T) {
 		{eventlog.BucketWorkers, l.Workers(), cfg.WorkersTTL},
 		{eventlog.BucketNonces, l.Nonces(), cfg.NoncesTTL},
 		{eventlog.BucketLeases, l.Leases(), cfg.LeasesTTL},
+		{eventlog.BucketLive, l.Live(), 0},
 	} {
 		kv, err := l.js.KeyValue(ctx, tc.bucket)
 		require.NoError(t, err, tc.bucket)
@@ -291,6 +292,7 @@ func TestOpenCreatesTheTopology(t *testing.T) {
 	assert.Equal(t, "dynrunner_workers", eventlog.BucketWorkers, "the bucket's name is part of deploy/nats/permissions.conf")
 	assert.Equal(t, "dynrunner_nonces", eventlog.BucketNonces, "the bucket's name is part of deploy/nats/permissions.conf")
 	assert.Equal(t, "dynrunner_leases", eventlog.BucketLeases, "the bucket's name is part of deploy/nats/permissions.conf")
+	assert.Equal(t, "dynrunner_live", eventlog.BucketLive, "the bucket's name is part of deploy/nats/permissions.conf")
 
 	// The defaults stand in for TTLs left zero.
 	zero := eventlog.DefaultConfig()
@@ -319,9 +321,10 @@ func TestCheckSeesMissingStreams(t *testing.T) {
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketTasks))
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketWorkers))
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketLeases))
+	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketLive))
 	err := l.Check(ctx)
-	require.Error(t, err, "Check passes with the assignments stream and three buckets deleted")
-	for _, want := range []string{eventlog.StreamAssignments, "KV_" + eventlog.BucketTasks, "KV_" + eventlog.BucketWorkers, "KV_" + eventlog.BucketLeases} {
+	require.Error(t, err, "Check passes with the assignments stream and four buckets deleted")
+	for _, want := range []string{eventlog.StreamAssignments, "KV_" + eventlog.BucketTasks, "KV_" + eventlog.BucketWorkers, "KV_" + eventlog.BucketLeases, "KV_" + eventlog.BucketLive} {
 		assert.ErrorContains(t, err, want+" is missing")
 	}
 	assert.NotContains(t, err.Error(), eventlog.BucketNonces, "the nonces bucket is there")
@@ -400,4 +403,17 @@ func TestViewConcurrentObserveAndRead(t *testing.T) {
 	for i := range subs {
 		assert.Equal(t, 2*writers*tasks, heard[i], "states subscriber %d heard", i)
 	}
+}
+
+// TestApplyRefusesAnInvalidClaimAtOnce: a claim the state machine refuses (here a pickup
+// deadline beyond the lease) fails with the state machine's error, which the scheduler does not
+// retry, not with ErrContention after sixteen rounds.
+func TestApplyRefusesAnInvalidClaimAtOnce(t *testing.T) {
+	l, done := openLog(t, t.TempDir())
+	defer done()
+	ev := claim(1)
+	ev.Pickup = ev.Lease
+	_, err := l.Apply(t.Context(), ev, nil)
+	require.ErrorIs(t, err, assignment.ErrInvalidTransition)
+	require.NotErrorIs(t, err, eventlog.ErrContention)
 }

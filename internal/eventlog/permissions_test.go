@@ -27,8 +27,15 @@ type component struct {
 	log *eventlog.Log
 	js  jetstream.JetStream
 
-	mu     sync.Mutex
-	denied []string // permission violations the server reported
+	mu      sync.Mutex
+	denied  []string // permission violations the server reported
+	indexed []string // failures to keep the live index
+}
+
+func (c *component) indexErrors() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.indexed, "\n")
 }
 
 func (c *component) violations() string {
@@ -70,6 +77,11 @@ func connectAs(t *testing.T, s *server.Server, user, password string) *component
 	require.NoError(t, err)
 	cfg := eventlog.DefaultConfig()
 	cfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	cfg.OnIndexError = func(err error) {
+		comp.mu.Lock()
+		defer comp.mu.Unlock()
+		comp.indexed = append(comp.indexed, err.Error())
+	}
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	comp.log, err = eventlog.Open(ctx, comp.js, cfg)
@@ -234,4 +246,14 @@ func TestPerComponentUsers(t *testing.T) {
 	require.NoError(t, err, facade.violations())
 	assert.Equal(t, assignment.Completed, st.Phase)
 	require.NoError(t, sched.log.DropTask(ctx, 5), sched.violations())
+
+	// Every component kept the live index for its own appends and its view; the scheduler
+	// sweeps it and the sealed tasks.
+	_, err = sched.log.Sweep(ctx)
+	require.NoError(t, err, sched.violations())
+	for name, c := range map[string]*component{"scheduler": sched, "facade": facade, "pod": pod, "vm": vm} {
+		assert.Empty(t, c.indexErrors(), "%s: the live index", name)
+	}
+	_, err = sched.log.Live().Get(ctx, "task.5")
+	require.ErrorIs(t, err, jetstream.ErrKeyNotFound, "the ended assignment's key")
 }

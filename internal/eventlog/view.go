@@ -1,32 +1,38 @@
 package eventlog
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
-// View is a component's read model of all assignments, rebuilt from JetStream by Watch. It is
-// a cache: every decision is still checked by a compare-and-swap append.
+// View is a component's read model of the assignments, fed by Watch. It is a cache: every
+// decision is still checked by a compare-and-swap append.
+//
+// It holds every live assignment and the last MaxEnded that ended (in the order the view saw
+// them end); older ended assignments are read from JetStream by whoever needs them
+// (Log.Get), so its memory depends on the live work, not on the history.
 //
 // A view is subscribed before it is fed: every OnChange comes before the Watch that feeds the
-// view starts, so each subscriber hears the initial replay and the subscriber list never
+// view starts, so each subscriber hears the initial load and the subscriber list never
 // changes while the view is fed. OnChange after Watch started panics.
 type View struct {
 	mu     sync.RWMutex
 	states map[assignment.TaskID]assignment.State
-	ready  chan struct{}
-	once   sync.Once
+	// ended is a ring of the tasks that ended, oldest at next once it is full.
+	ended []assignment.TaskID
+	next  int
+	ready chan struct{}
+	once  sync.Once
 	// subs is fixed once fed is set, by Watch.
 	subs []func(assignment.State)
 	fed  bool
 }
+
+// MaxEnded is how many ended assignments a View keeps.
+const MaxEnded = 1024
 
 // NewView returns an empty view.
 func NewView() *View {
@@ -34,8 +40,8 @@ func NewView() *View {
 }
 
 // OnChange registers fn to be called (from the watch goroutine, or the goroutine of an
-// Observe) with every state the view learns, the initial replay included. It must be called
-// before Watch starts feeding the view: a subscriber registered later would miss the replay,
+// Observe) with every state the view learns, the initial load included. It must be called
+// before Watch starts feeding the view: a subscriber registered later would miss the load,
 // so OnChange then panics (a wiring mistake, like net/http's duplicate pattern).
 func (v *View) OnChange(fn func(assignment.State)) {
 	v.mu.Lock()
@@ -56,10 +62,13 @@ func (v *View) feed() {
 	v.fed = true
 }
 
-// Ready is closed once the view has caught up with the stream.
+// Ready is closed once the view holds every live assignment and follows the stream.
 func (v *View) Ready() <-chan struct{} { return v.ready }
 
-// Get returns the last known state of a task.
+func (v *View) markReady() { v.once.Do(func() { close(v.ready) }) }
+
+// Get returns the last known state of a task: of every live assignment, and of the last
+// MaxEnded that ended. Not knowing a task is no proof it has no assignment: ask Log.Get.
 func (v *View) Get(task assignment.TaskID) (assignment.State, bool) {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
@@ -80,7 +89,7 @@ func (v *View) Live() []assignment.State {
 	return out
 }
 
-// Ended returns the states of all assignments that ended.
+// Ended returns the states of the ended assignments the view holds (at most MaxEnded).
 func (v *View) Ended() []assignment.State {
 	v.mu.RLock()
 	defer v.mu.RUnlock()
@@ -93,8 +102,7 @@ func (v *View) Ended() []assignment.State {
 	return out
 }
 
-// Forget removes ended assignments last changed before cutoff, bounding the view's memory in
-// a long-running controller, and returns their task ids.
+// Forget removes ended assignments last changed before cutoff and returns their task ids.
 func (v *View) Forget(cutoff time.Time) []assignment.TaskID {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -119,13 +127,7 @@ func (v *View) Len() int {
 // it with the result of their own appends so they need not wait for the watch.
 func (v *View) Observe(s assignment.State) {
 	v.mu.Lock()
-	old, ok := v.states[s.Task]
-	newer := !ok || s.Seq > old.Seq
-	if newer {
-		// Ended assignments stay as their last state so late reports get a clear answer; the
-		// stream's retention bounds how many a restart reloads.
-		v.states[s.Task] = s
-	}
+	newer := v.fold(s)
 	subs := v.subs
 	v.mu.Unlock()
 	if newer {
@@ -135,57 +137,28 @@ func (v *View) Observe(s assignment.State) {
 	}
 }
 
-// Watch replays the last state of every assignment into v and then follows new transitions
-// until ctx ends. It returns nil on cancellation. Every v.OnChange must come before it.
-func (l *Log) Watch(ctx context.Context, v *View) error {
-	v.feed()
-	info, err := l.asg.Info(ctx)
-	if err != nil {
-		return fmt.Errorf("eventlog: watch: %w", err)
+// fold is Observe's change to the view, under v.mu; it reports whether s was newer.
+func (v *View) fold(s assignment.State) bool {
+	old, ok := v.states[s.Task]
+	if ok && s.Seq <= old.Seq {
+		return false
 	}
-	if info.State.Msgs == 0 {
-		v.once.Do(func() { close(v.ready) })
+	v.states[s.Task] = s
+	if s.Live() || (ok && !old.Live()) {
+		return true
 	}
-	c, err := l.asg.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{AllRecords},
-		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
-	})
-	if err != nil {
-		return fmt.Errorf("eventlog: watch: %w", err)
+	// s ends the assignment: it takes a place in the ring of ended ones, pushing the oldest
+	// out. Ended assignments stay so late reports get a clear answer without a read.
+	if len(v.ended) < MaxEnded {
+		v.ended = append(v.ended, s.Task)
+		return true
 	}
-	it, err := c.Messages()
-	if err != nil {
-		return fmt.Errorf("eventlog: watch: %w", err)
-	}
-	stop := context.AfterFunc(ctx, it.Stop)
-	defer stop()
-	defer it.Stop()
-	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				return nil
-			}
-			return fmt.Errorf("eventlog: watch: %w", err)
-		}
-		md, err := msg.Metadata()
-		if err != nil {
-			continue
-		}
-		s, err := l.decodeRecord(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
-		if err == nil {
-			v.Observe(s)
-		} else {
-			// Not believed: quarantined, and the task's state read again without it.
-			l.quarantine(ctx, l.asg, StreamAssignments, msg.Subject(), md.Sequence.Stream, msg.Data(), err)
-			if task, _, perr := parseRecordSubject(msg.Subject()); perr == nil {
-				if s, gerr := l.Get(ctx, task); gerr == nil {
-					v.Observe(s)
-				}
-			}
-		}
-		if md.NumPending == 0 {
-			v.once.Do(func() { close(v.ready) })
+	if gone := v.ended[v.next]; gone != s.Task {
+		if g, ok := v.states[gone]; ok && !g.Live() {
+			delete(v.states, gone)
 		}
 	}
+	v.ended[v.next] = s.Task
+	v.next = (v.next + 1) % MaxEnded
+	return true
 }

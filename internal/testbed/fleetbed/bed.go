@@ -132,7 +132,7 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 	}
 	b = &Bed{ID: randomHex(4), Images: im, opts: opts}
 	b.Network = "fleetbed-" + b.ID
-	b.Scope = "fleetbed-" + b.ID
+	b.Scope = "fleetbed" + b.ID
 	b.logf("images built in %s", time.Since(began).Round(100*time.Millisecond))
 	defer func() {
 		if err != nil {
@@ -524,7 +524,7 @@ func (c *Container) waitHTTP(ctx context.Context, port int, path string, limit t
 		last = err
 		time.Sleep(250 * time.Millisecond)
 	}
-	return fmt.Errorf("fleetbed: %s not ready at %s after %s: %v\n%s", c.Name, path, limit, last, tail(c.Logs(ctx), 40))
+	return fmt.Errorf("fleetbed: %s not ready at %s after %s: %w\n%s", c.Name, path, limit, last, tail(c.Logs(ctx), 40))
 }
 
 func tail(s string, n int) string {
