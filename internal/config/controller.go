@@ -70,6 +70,10 @@ type Controller struct {
 	Tiers          []string
 	VM             VM
 	FetchInterval  time.Duration
+	// LivenessTTL is how long a component's heartbeat in the components bucket outlives its
+	// last beat (LIVENESS_TTL): every process beats every third of it, and `dynrunner status`
+	// stops listing one that was killed within it. Every component must use the same.
+	LivenessTTL time.Duration
 }
 
 // HasTier reports whether the scheduler routes jobs to tier.
@@ -122,6 +126,13 @@ func (e *env) seconds(name string, def, floor int) time.Duration {
 const (
 	DefaultHTTPListen         = "127.0.0.1:9464"
 	DefaultNATSEmbeddedListen = "127.0.0.1:4222"
+)
+
+// Bounds and default of LIVENESS_TTL.
+const (
+	DefaultLivenessTTL = 30 * time.Second
+	MinLivenessTTL     = 3 * time.Second
+	MaxLivenessTTL     = 10 * time.Minute
 )
 
 // DefaultStateDir is STATE_DIR when unset: $HOME/.local/state/dynrunner.
@@ -321,6 +332,12 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	c.FetchInterval, err = time.ParseDuration(fi)
 	if err != nil || c.FetchInterval < 100*time.Millisecond {
 		e.fail("FETCH_INTERVAL=%q: want a Go duration of at least 100ms", fi)
+	}
+	lt := e.str("LIVENESS_TTL", DefaultLivenessTTL.String())
+	c.LivenessTTL, err = time.ParseDuration(lt)
+	if err != nil || c.LivenessTTL < MinLivenessTTL || c.LivenessTTL > MaxLivenessTTL {
+		e.fail("LIVENESS_TTL=%q: want a Go duration from %s to %s (every process beats every third of it)", lt, MinLivenessTTL, MaxLivenessTTL)
+		c.LivenessTTL = DefaultLivenessTTL
 	}
 	return c, errors.Join(e.errs...)
 }

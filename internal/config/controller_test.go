@@ -31,6 +31,7 @@ func TestLoadControllerDefaults(t *testing.T) {
 	assert.Equal(t, 120*time.Second, c.Pickup)
 	assert.Equal(t, 300*time.Second, c.Lease)
 	assert.Equal(t, 15*time.Second, c.SchedulerLease)
+	assert.Equal(t, 30*time.Second, c.LivenessTTL)
 	assert.True(t, c.Embedded())
 	assert.True(t, c.GenerateKeys)
 	assert.True(t, c.DevCA)
@@ -88,6 +89,9 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"split facade with a registration token", map[string]string{"COMPONENTS": "facade", "GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/r"}, "GITEA_RUNNER_UUID_FILE"},
 		{"replicas on the embedded server", map[string]string{"NATS_REPLICAS": "3"}, "NATS_REPLICAS"},
 		{"bad fetch interval", map[string]string{"FETCH_INTERVAL": "fast"}, "FETCH_INTERVAL"},
+		{"liveness ttl not a duration", map[string]string{"LIVENESS_TTL": "30"}, "LIVENESS_TTL"},
+		{"liveness ttl below the floor", map[string]string{"LIVENESS_TTL": "1s"}, "LIVENESS_TTL"},
+		{"liveness ttl above the ceiling", map[string]string{"LIVENESS_TTL": "1h"}, "LIVENESS_TTL"},
 		{"gitea url with credentials", map[string]string{"GITEA_URL": "https://admin:hunter2-secret@gitea.example"}, "must not hold credentials"},
 		{"gitea url with credentials, not even a URL", map[string]string{"GITEA_URL": "https://admin:hunter2-secret@gitea.example:port"}, "GITEA_URL is not a URL"},
 	} {

@@ -2,7 +2,7 @@
 // assignment transitions.
 //
 // Open creates every stream and bucket dynrunner uses; no other package creates one. The
-// buckets other components keep their state in are reached through the Log (Workers, Nonces).
+// buckets other components keep their state in are reached through the Log (Workers, Nonces, Leases, Live, Components).
 //
 // Streams, subjects and buckets (see docs/events.md):
 //
@@ -16,6 +16,7 @@
 //	KV dynrunner_nonces     SHA-256 of a nonce               single-use microVM nonces (package vmworker), TTL Config.NoncesTTL
 //	KV dynrunner_leases     reconcile                        which scheduler replica reconciles (package scheduler), TTL Config.LeasesTTL
 //	KV dynrunner_live       task.<task_id>, tail             the index of live assignments a start loads (Watch)
+//	KV dynrunner_components <kind>.<instance>                one heartbeat per component process (package liveness), TTL Config.ComponentsTTL
 //
 // Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence over
 // the task's subjects; the claim's stream sequence is the assignment's fencing epoch. Every

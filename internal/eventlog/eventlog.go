@@ -39,6 +39,10 @@ const (
 	// task.<task_id> per live assignment (its value the claim's sequence, the epoch), and
 	// tail, the stream sequence through which the index is complete (Watch).
 	BucketLive = "dynrunner_live"
+	// BucketComponents holds one heartbeat per running component process (package liveness),
+	// keyed <kind>.<instance>; a key expires Config.ComponentsTTL after its last beat, and a
+	// process that stops deletes its own.
+	BucketComponents = "dynrunner_components"
 
 	SubjectAssignment = "dynrunner.assignment."
 	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
@@ -73,6 +77,9 @@ type Config struct {
 	// LeasesTTL is how long a lease in BucketLeases outlives its holder's last renewal
 	// (DefaultLeasesTTL, when zero): SCHEDULER_LEASE_SECS. Every component must use the same.
 	LeasesTTL time.Duration
+	// ComponentsTTL is how long a heartbeat in BucketComponents outlives its last put
+	// (DefaultComponentsTTL, when zero): LIVENESS_TTL. Every component must use the same.
+	ComponentsTTL time.Duration
 	// OnIndexError, when set, hears of every failure to keep BucketLive: an append whose key
 	// could not be updated, a view's repair that failed. Nothing is lost by one (the views
 	// repair the index from the stream), but a start reads more records until it is repaired.
@@ -84,12 +91,14 @@ const (
 	DefaultWorkersTTL = 30 * time.Second
 	DefaultNoncesTTL  = time.Hour
 	DefaultLeasesTTL  = 15 * time.Second
+	// DefaultComponentsTTL is LIVENESS_TTL's default.
+	DefaultComponentsTTL = 30 * time.Second
 )
 
 // DefaultConfig is the single-node topology.
 func DefaultConfig() Config {
 	return Config{Replicas: 1, Retention: 7 * 24 * time.Hour, DispatchMaxDeliver: 5, DispatchAckWait: 30 * time.Second,
-		WorkersTTL: DefaultWorkersTTL, NoncesTTL: DefaultNoncesTTL, LeasesTTL: DefaultLeasesTTL}
+		WorkersTTL: DefaultWorkersTTL, NoncesTTL: DefaultNoncesTTL, LeasesTTL: DefaultLeasesTTL, ComponentsTTL: DefaultComponentsTTL}
 }
 
 // Log appends and reads assignment transitions.
@@ -103,6 +112,7 @@ type Log struct {
 	nonces   jetstream.KeyValue
 	leases   jetstream.KeyValue
 	live     jetstream.KeyValue
+	comps    jetstream.KeyValue
 	liveTTL  bool // purge markers in live expire
 	keyed    keyedSet
 	sign     signer
@@ -124,6 +134,9 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	}
 	if cfg.LeasesTTL <= 0 {
 		cfg.LeasesTTL = DefaultLeasesTTL
+	}
+	if cfg.ComponentsTTL <= 0 {
+		cfg.ComponentsTTL = DefaultComponentsTTL
 	}
 	if len(cfg.Key) < MinKeySize {
 		return nil, fmt.Errorf("%w: %d bytes, at least %d are required", ErrShortKey, len(cfg.Key), MinKeySize)
@@ -210,9 +223,14 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, err
 	}
+	comps, err := ensureTTLBucket(ctx, js, cfg, BucketComponents, cfg.ComponentsTTL,
+		"dynrunner component processes that are alive: <kind>.<instance>, value: the heartbeat (JSON)")
+	if err != nil {
+		return nil, err
+	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, liveTTL: liveTTL,
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, liveTTL: liveTTL,
 		sign: signer{key: key.Sum(nil)}}, nil
 }
 
@@ -228,6 +246,10 @@ func (l *Log) Nonces() jetstream.KeyValue { return l.nonces }
 // Config.LeasesTTL after its last put; a lease is taken with Create and renewed with Update on
 // the revision its holder last wrote (package scheduler).
 func (l *Log) Leases() jetstream.KeyValue { return l.leases }
+
+// Components returns BucketComponents, the component processes' heartbeats (package
+// liveness). Its keys expire Config.ComponentsTTL after their last put.
+func (l *Log) Components() jetstream.KeyValue { return l.comps }
 
 // ensureStream returns the stream as configured, creating or updating it only when it is
 // missing or differs: a component whose NATS user may only look streams up (docs/security.md)
@@ -283,7 +305,7 @@ func ensureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.
 // every job fail; /readyz shows it with Check's error, which names what is missing.
 func (l *Log) Check(ctx context.Context) error {
 	var errs []error
-	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive} {
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive, "KV_" + BucketComponents} {
 		if _, err := l.js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)

@@ -260,7 +260,7 @@ func FuzzParseDispatch(f *testing.F) {
 func TestOpenCreatesTheTopology(t *testing.T) {
 	dir := t.TempDir()
 	cfg := eventlog.DefaultConfig()
-	cfg.WorkersTTL, cfg.NoncesTTL = 6*time.Second, 10*time.Minute
+	cfg.WorkersTTL, cfg.NoncesTTL, cfg.ComponentsTTL = 6*time.Second, 10*time.Minute, 9*time.Second
 	l, done := openLogWith(t, dir, cfg)
 	defer done()
 	ctx := t.Context()
@@ -278,6 +278,7 @@ func TestOpenCreatesTheTopology(t *testing.T) {
 		{eventlog.BucketNonces, l.Nonces(), cfg.NoncesTTL},
 		{eventlog.BucketLeases, l.Leases(), cfg.LeasesTTL},
 		{eventlog.BucketLive, l.Live(), 0},
+		{eventlog.BucketComponents, l.Components(), cfg.ComponentsTTL},
 	} {
 		kv, err := l.js.KeyValue(ctx, tc.bucket)
 		require.NoError(t, err, tc.bucket)
@@ -293,15 +294,17 @@ func TestOpenCreatesTheTopology(t *testing.T) {
 	assert.Equal(t, "dynrunner_nonces", eventlog.BucketNonces, "the bucket's name is part of deploy/nats/permissions.conf")
 	assert.Equal(t, "dynrunner_leases", eventlog.BucketLeases, "the bucket's name is part of deploy/nats/permissions.conf")
 	assert.Equal(t, "dynrunner_live", eventlog.BucketLive, "the bucket's name is part of deploy/nats/permissions.conf")
+	assert.Equal(t, "dynrunner_components", eventlog.BucketComponents, "the bucket's name is part of deploy/nats/permissions.conf")
 
 	// The defaults stand in for TTLs left zero.
 	zero := eventlog.DefaultConfig()
-	zero.WorkersTTL, zero.NoncesTTL, zero.LeasesTTL = 0, 0, 0
+	zero.WorkersTTL, zero.NoncesTTL, zero.LeasesTTL, zero.ComponentsTTL = 0, 0, 0, 0
 	d, doneD := openLogWith(t, t.TempDir(), zero)
 	defer doneD()
 	assert.Equal(t, eventlog.DefaultWorkersTTL, d.Config().WorkersTTL)
 	assert.Equal(t, eventlog.DefaultNoncesTTL, d.Config().NoncesTTL)
 	assert.Equal(t, eventlog.DefaultLeasesTTL, d.Config().LeasesTTL)
+	assert.Equal(t, eventlog.DefaultComponentsTTL, d.Config().ComponentsTTL)
 	st, err := d.Workers().Status(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, eventlog.DefaultWorkersTTL, st.TTL())
@@ -322,9 +325,10 @@ func TestCheckSeesMissingStreams(t *testing.T) {
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketWorkers))
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketLeases))
 	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketLive))
+	require.NoError(t, l.js.DeleteKeyValue(ctx, eventlog.BucketComponents))
 	err := l.Check(ctx)
-	require.Error(t, err, "Check passes with the assignments stream and four buckets deleted")
-	for _, want := range []string{eventlog.StreamAssignments, "KV_" + eventlog.BucketTasks, "KV_" + eventlog.BucketWorkers, "KV_" + eventlog.BucketLeases, "KV_" + eventlog.BucketLive} {
+	require.Error(t, err, "Check passes with the assignments stream and five buckets deleted")
+	for _, want := range []string{eventlog.StreamAssignments, "KV_" + eventlog.BucketTasks, "KV_" + eventlog.BucketWorkers, "KV_" + eventlog.BucketLeases, "KV_" + eventlog.BucketLive, "KV_" + eventlog.BucketComponents} {
 		assert.ErrorContains(t, err, want+" is missing")
 	}
 	assert.NotContains(t, err.Error(), eventlog.BucketNonces, "the nonces bucket is there")
