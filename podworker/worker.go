@@ -106,6 +106,14 @@ func New(cfg Config, backend Backend, log EventLog, view View) *Worker {
 	return w
 }
 
+// InFlight counts the environments the worker watches or is starting now: what its heartbeat
+// reports beside its Concurrency.
+func (w *Worker) InFlight() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.envs)
+}
+
 // Ready is closed once the worker recovered its environments and consumes dispatches.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 

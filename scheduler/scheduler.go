@@ -73,6 +73,10 @@ type Scheduler struct {
 	readyOnce sync.Once
 }
 
+// LeaseHeld reports whether this replica holds the reconcile lease now (for its heartbeat and
+// `dynrunner status`).
+func (s *Scheduler) LeaseHeld() bool { return s.lease.Held() }
+
 // New returns a Scheduler. view must be fed by a running eventlog Watch.
 func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 	if cfg.Now == nil {

@@ -43,6 +43,10 @@ var livePassEvery = 30 * time.Second
 
 func liveKey(task assignment.TaskID) string { return liveTaskPrefix + task.String() }
 
+// ParseLiveKey returns the task a key of BucketLive indexes, and false for its other keys
+// (the tail): what a reader of the index that holds no Log (`dynrunner status`) needs.
+func ParseLiveKey(key string) (assignment.TaskID, bool) { return parseLiveKey(key) }
+
 func parseLiveKey(key string) (assignment.TaskID, bool) {
 	rest, ok := strings.CutPrefix(key, liveTaskPrefix)
 	if !ok {
