@@ -110,7 +110,9 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		return err
 	}
 	if cfg.Has(config.Scheduler) {
-		p.startScheduler()
+		if err := p.startScheduler(); err != nil {
+			return err
+		}
 	}
 	if cfg.Has(config.Facade) {
 		if err := p.startFacade(ctx, pods.jobNet); err != nil {
@@ -128,7 +130,9 @@ func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) 
 		}
 	}
 	if cfg.Has(config.PodWorker) {
-		p.startPodWorker(pods)
+		if err := p.startPodWorker(pods); err != nil {
+			return err
+		}
 	}
 	p.follow()
 	if err := p.serveHTTP(); err != nil {

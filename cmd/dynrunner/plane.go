@@ -24,6 +24,8 @@ import (
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/fleet"
+	"github.com/dynrunner/dynrunner/internal/liveness"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
@@ -64,6 +66,8 @@ type plane struct {
 
 	g    *errgroup.Group
 	gctx context.Context
+	// started is when the controller opened the plane, for the heartbeats.
+	started time.Time
 	// ready holds what each component closes once it is ready, in the order they started.
 	ready []<-chan struct{}
 	// cleanups run at exit, the last added first.
@@ -113,11 +117,27 @@ func (p *plane) open(ctx context.Context) error {
 	}
 	elCfg.NoncesTTL = nonceTTL
 	elCfg.LeasesTTL = cfg.SchedulerLease
+	elCfg.ComponentsTTL = cfg.LivenessTTL
 	if p.evlog, err = eventlog.Open(ctx, p.js, elCfg); err != nil {
 		return err
 	}
 	p.view = eventlog.NewView()
 	p.g, p.gctx = errgroup.WithContext(ctx)
+	p.started = time.Now().UTC()
+	return nil
+}
+
+// heartbeat announces one of this process's components in the components bucket until the
+// controller stops (package liveness); fill, when set, adds what its kind reports.
+func (p *plane) heartbeat(kind string, fill func(*liveness.Record)) error {
+	host, _ := os.Hostname()
+	h, err := liveness.New(p.evlog.Components(), p.cfg.LivenessTTL, liveness.Record{
+		Kind: kind, Instance: liveness.Instance(p.actor), Host: host, Version: version, StartedAt: p.started,
+	}, fill, p.log.With().Str("component", kind).Logger())
+	if err != nil {
+		return err
+	}
+	p.g.Go(func() error { return h.Run(p.gctx) })
 	return nil
 }
 
@@ -231,8 +251,8 @@ func (p *plane) podTier(ctx context.Context) (podTier, error) {
 	return newPodTier(ctx, p.cfg, exe, plog, p.warns, kube.RecordPhases(p.evlog, "pod-worker@"+p.actor, time.Now, plog))
 }
 
-// startScheduler starts the scheduler.
-func (p *plane) startScheduler() {
+// startScheduler starts the scheduler and its heartbeat.
+func (p *plane) startScheduler() error {
 	cfg := p.cfg
 	s := scheduler.New(scheduler.Config{
 		Actor: "scheduler@" + p.actor, Backends: tierBackends(cfg), Lease: cfg.Lease, Pickup: cfg.Pickup,
@@ -242,6 +262,7 @@ func (p *plane) startScheduler() {
 	}, p.upstream, p.evlog, p.view)
 	p.g.Go(func() error { return s.Run(p.gctx) })
 	p.ready = append(p.ready, s.Ready())
+	return p.heartbeat(liveness.KindScheduler, func(r *liveness.Record) { r.Scheduler.ReconcileLease = s.LeaseHeld() })
 }
 
 // tierBackends are the backends of the enabled tiers (TIERS).
@@ -283,6 +304,9 @@ func (p *plane) startFacade(ctx context.Context, jobNet jobNetwork) error {
 		jsrv := f.Server(f.Handler(), workload.ServerTLSConfig(p.facadeSrc))
 		p.g.Go(func() error { return serve(p.gctx, jsrv, jln, true) })
 		p.log.Info().Str("listen", jln.Addr().String()).Str("network", jobNet.Name).Msg("facade serving mTLS to job containers")
+	}
+	if err := p.heartbeat(liveness.KindFacade, func(r *liveness.Record) { r.Facade.URL = cfg.FacadeURL }); err != nil {
+		return err
 	}
 	if cfg.Has(config.VMWorker) {
 		return p.serveFacadeToGuests(ctx, f)
@@ -337,8 +361,8 @@ func (p *plane) serveFacadeToGuests(ctx context.Context, f *facade.Facade) error
 	return nil
 }
 
-// startPodWorker starts the pod worker on the pod tier's backend.
-func (p *plane) startPodWorker(pods podTier) {
+// startPodWorker starts the pod worker on the pod tier's backend, and its heartbeat.
+func (p *plane) startPodWorker(pods podTier) error {
 	cfg := p.cfg
 	var ident podworker.Identity
 	if p.devCA != nil {
@@ -351,6 +375,12 @@ func (p *plane) startPodWorker(pods podTier) {
 	}, pods.backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())
+	return p.heartbeat(liveness.KindPodWorker, workerLoad(w, cfg.PodConcurrency))
+}
+
+// workerLoad is the heartbeat's fill of a pod or vm worker: its capacity and what it has in flight.
+func workerLoad(w *podworker.Worker, capacity int) func(*liveness.Record) {
+	return func(r *liveness.Record) { r.Worker.Capacity, r.Worker.InFlight = capacity, w.InFlight() }
 }
 
 // serveHTTP serves health, readiness, status and metrics at HTTP_LISTEN, and marks the
@@ -361,7 +391,7 @@ func (p *plane) serveHTTP() error {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("/readyz", readyHandler(&isReady, p.evlog))
-	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns))
+	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns, p.fleet))
 	mux.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	hln, err := net.Listen("tcp", p.cfg.HTTPListen)
 	if err != nil {
@@ -372,6 +402,18 @@ func (p *plane) serveHTTP() error {
 	})
 	p.log.Info().Str("listen", hln.Addr().String()).Msg("health and metrics serving")
 	return nil
+}
+
+// fleet reads the deployment's fleet for /status: the components alive from the components
+// bucket, the live work from this controller's view.
+func (p *plane) fleet(ctx context.Context) (fleet.Report, error) {
+	components, rejected, err := fleet.ReadComponents(ctx, p.js)
+	if err != nil {
+		return fleet.Report{}, err
+	}
+	r := fleet.Build(components, p.view.Live(), time.Now().UTC())
+	r.Rejected = rejected
+	return r, nil
 }
 
 // awaitReady waits for every component to be ready, then sets isReady.

@@ -7,17 +7,24 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
 	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/fleet"
+	"github.com/dynrunner/dynrunner/internal/liveness"
+	"github.com/dynrunner/dynrunner/internal/natsconn"
 )
 
 // statusReport is what the controller serves at /status and `dynrunner status` prints.
@@ -28,6 +35,11 @@ type statusReport struct {
 	Ready      bool     `json:"ready"`
 	// Warnings are the boot's warnings about what jobs can reach, as logged.
 	Warnings []string `json:"warnings"`
+	// Fleet is the whole deployment as this controller reads it: every component process
+	// alive (over NATS) and the live work (its view); nil with FleetError when it could not
+	// be read.
+	Fleet      *fleet.Report `json:"fleet,omitempty"`
+	FleetError string        `json:"fleet_error,omitempty"`
 }
 
 // bootWarnings collects the warnings a controller logs at boot, for /status.
@@ -50,51 +62,119 @@ func (w *bootWarnings) list() []string {
 	return append([]string{}, w.msgs...)
 }
 
-// statusHandler serves the controller's status report as JSON.
-func statusHandler(base statusReport, ready *atomic.Bool, w *bootWarnings) http.Handler {
-	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+// statusHandler serves the controller's status report as JSON, with the fleet fleetOf reads
+// (when not nil).
+func statusHandler(base statusReport, ready *atomic.Bool, w *bootWarnings, fleetOf func(context.Context) (fleet.Report, error)) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		r := base
 		r.Components = slices.Clone(base.Components)
 		r.Ready = ready.Load()
 		r.Warnings = w.list()
+		if fleetOf != nil {
+			ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
+			f, err := fleetOf(ctx)
+			cancel()
+			if err != nil {
+				r.FleetError = err.Error()
+			} else {
+				r.Fleet = &f
+			}
+		}
 		rw.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(rw).Encode(r)
 	})
 }
 
-// runStatus prints the status of the controller whose HTTP_LISTEN getenv names.
+// runStatus prints the fleet's status: with NATS_URL read over NATS (as NATS_USER, the
+// read-only dynrunner-status on a cluster with deploy/nats/permissions.conf), otherwise from the
+// /status of the controller whose HTTP_LISTEN getenv names. It fails, after printing, when no
+// scheduler or no facade is alive (fleet.ErrIncomplete).
 func runStatus(ctx context.Context, args []string, getenv func(string) string, out io.Writer) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	url, err := statusURL(getenv)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if getenv("NATS_URL") != "" {
+		r, err := readFleet(ctx, getenv)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			if err := json.NewEncoder(out).Encode(r); err != nil {
+				return err
+			}
+		} else if err := printFleet(out, r); err != nil {
+			return err
+		}
+		return r.Err()
+	}
+	r, err := fetchStatus(ctx, getenv)
 	if err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if *asJSON {
+		err = json.NewEncoder(out).Encode(r)
+	} else {
+		err = printStatus(out, r)
+	}
 	if err != nil {
 		return err
+	}
+	if r.Fleet != nil {
+		return r.Fleet.Err()
+	}
+	return nil
+}
+
+// readFleet reads the fleet over NATS_URL.
+func readFleet(ctx context.Context, getenv func(string) string) (fleet.Report, error) {
+	cfg, err := eventsNATSConfig(getenv)
+	if err != nil {
+		return fleet.Report{}, err
+	}
+	cfg.Name = "dynrunner status"
+	nc, err := natsconn.Connect(cfg)
+	if err != nil {
+		return fleet.Report{}, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc.NC)
+	if err != nil {
+		return fleet.Report{}, fmt.Errorf("jetstream: %w", err)
+	}
+	r, err := fleet.Read(ctx, js, time.Now)
+	if err != nil {
+		return fleet.Report{}, fmt.Errorf("read the fleet at NATS_URL=%s: %w", cfg.URL, err)
+	}
+	return r, nil
+}
+
+// fetchStatus reads the /status of the controller whose HTTP_LISTEN getenv names.
+func fetchStatus(ctx context.Context, getenv func(string) string) (statusReport, error) {
+	url, err := statusURL(getenv)
+	if err != nil {
+		return statusReport{}, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return statusReport{}, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return fmt.Errorf("no controller answers at %s (is one running, with this HTTP_LISTEN?): %w", url, err)
+		return statusReport{}, fmt.Errorf("no controller answers at %s (is one running, with this HTTP_LISTEN? or set NATS_URL to read the fleet from NATS): %w", url, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s", url, resp.Status)
+		return statusReport{}, fmt.Errorf("%s: %s", url, resp.Status)
 	}
 	var r statusReport
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&r); err != nil {
-		return fmt.Errorf("%s: %w", url, err)
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(&r); err != nil {
+		return statusReport{}, fmt.Errorf("%s: %w", url, err)
 	}
-	if *asJSON {
-		return json.NewEncoder(out).Encode(r)
-	}
-	return printStatus(out, r)
+	return r, nil
 }
 
 // statusURL is the configuration of `dynrunner status`: the /status URL of the controller
@@ -125,6 +205,77 @@ func printStatus(out io.Writer, r statusReport) error {
 	for _, w := range r.Warnings {
 		fmt.Fprintf(&b, "WARNING: %s\n", w)
 	}
+	if r.FleetError != "" {
+		fmt.Fprintf(&b, "fleet: could not be read: %s\n", r.FleetError)
+	}
+	if _, err := io.WriteString(out, b.String()); err != nil {
+		return err
+	}
+	if r.Fleet == nil {
+		return nil
+	}
+	_, _ = io.WriteString(out, "\n")
+	return printFleet(out, *r.Fleet)
+}
+
+// printFleet prints a fleet report for humans: a table of the components alive, the live work
+// by tier and phase, the workers' capacity, and what is missing.
+func printFleet(out io.Writer, r fleet.Report) error {
+	var b strings.Builder
+	var counts []string
+	for _, k := range liveness.Kinds {
+		counts = append(counts, fmt.Sprintf("%d %s", r.Count[k], k))
+	}
+	fmt.Fprintf(&b, "fleet at %s: %s\n", r.At.Format(time.RFC3339), strings.Join(counts, ", "))
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KIND\tHOST\tINSTANCE\tVERSION\tUP\tLAST BEAT\tDETAILS")
+	for _, c := range r.Components {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s ago\t%s\n", c.Kind, c.Host, c.Instance, c.Version,
+			since(r.At, c.StartedAt), since(r.At, c.LastBeat), componentDetails(c))
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(&b, "live work: %d assignments\n", r.Live.Total)
+	for _, tier := range slices.Sorted(maps.Keys(r.Live.ByTierPhase)) {
+		phases := r.Live.ByTierPhase[tier]
+		var parts []string
+		for _, ph := range slices.Sorted(maps.Keys(phases)) {
+			parts = append(parts, fmt.Sprintf("%s %d", ph, phases[ph]))
+		}
+		fmt.Fprintf(&b, "  %s: %d (%s)\n", tier, r.Live.ByTier[tier], strings.Join(parts, ", "))
+	}
+	for _, tier := range slices.Sorted(maps.Keys(r.Capacity)) {
+		c := r.Capacity[tier]
+		fmt.Fprintf(&b, "%s workers: %d of %d environments in flight\n", tier, c.InFlight, c.Capacity)
+	}
+	if r.Rejected > 0 {
+		fmt.Fprintf(&b, "WARNING: %d records in %s are not heartbeats (written by whom?); ignored\n", r.Rejected, eventlog.BucketComponents)
+	}
+	if err := r.Err(); err != nil {
+		fmt.Fprintf(&b, "NOT WORKING: %s\n", strings.TrimPrefix(err.Error(), fleet.ErrIncomplete.Error()+": "))
+	}
 	_, err := io.WriteString(out, b.String())
 	return err
+}
+
+// componentDetails is the DETAILS column: what a component's kind reports.
+func componentDetails(c liveness.Record) string {
+	switch {
+	case c.Worker != nil:
+		return fmt.Sprintf("%d/%d in flight", c.Worker.InFlight, c.Worker.Capacity)
+	case c.Scheduler != nil && c.Scheduler.ReconcileLease:
+		return "holds the reconcile lease"
+	case c.Scheduler != nil:
+		return "standby for the reconcile lease"
+	case c.Facade != nil:
+		return c.Facade.URL
+	}
+	return ""
+}
+
+// since is how long before at t was, rounded to the second ("-" for the zero time).
+func since(at, t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return max(at.Sub(t), 0).Round(time.Second).String()
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/config"
+	"github.com/dynrunner/dynrunner/internal/liveness"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -64,7 +65,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 	}, backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())
-	return nil
+	return p.heartbeat(liveness.KindVMWorker, workerLoad(w, cfg.VMConcurrency))
 }
 
 // vmBackend builds the vm worker's backend from VM_BACKEND.
