@@ -10,11 +10,14 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/fleet"
+	"github.com/dynrunner/dynrunner/internal/liveness"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 )
 
@@ -46,7 +49,7 @@ func (c *component) violations() string {
 
 func permissionedServer(t *testing.T) *server.Server {
 	t.Helper()
-	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER"} {
+	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER", "STATUS"} {
 		t.Setenv("DYNRUNNER_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
 	}
 	opts, err := server.ProcessConfigFile(permissionsFile)
@@ -256,4 +259,104 @@ func TestPerComponentUsers(t *testing.T) {
 	}
 	_, err = sched.log.Live().Get(ctx, "task.5")
 	require.ErrorIs(t, err, jetstream.ErrKeyNotFound, "the ended assignment's key")
+}
+
+// connectReader connects as a user that opens no event log (dynrunner-status).
+func connectReader(t *testing.T, s *server.Server, user, password string) *component {
+	t.Helper()
+	c, err := natsconn.Connect(natsconn.Config{URL: s.ClientURL(), User: user, Password: password, Name: user})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+	comp := &component{}
+	c.NC.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		comp.mu.Lock()
+		defer comp.mu.Unlock()
+		comp.denied = append(comp.denied, err.Error())
+	})
+	comp.js, err = jetstream.New(c.NC)
+	require.NoError(t, err)
+	return comp
+}
+
+// TestStatusUser: every component keeps its heartbeat, under its own kind only, and the user
+// dynrunner-status reads the whole fleet and the live work without a single refusal, and may
+// write nothing: no heartbeat, no record, no stream, no sealed task, no dispatch.
+func TestStatusUser(t *testing.T) {
+	s := permissionedServer(t)
+	comps := map[string]*component{
+		liveness.KindScheduler: connectAs(t, s, "dynrunner-scheduler", "pw-scheduler"),
+		liveness.KindFacade:    connectAs(t, s, "dynrunner-facade", "pw-facade"),
+		liveness.KindPodWorker: connectAs(t, s, "dynrunner-pod-worker", "pw-pod_worker"),
+		liveness.KindVMWorker:  connectAs(t, s, "dynrunner-vm-worker", "pw-vm_worker"),
+	}
+	ctx := t.Context()
+	for kind, c := range comps {
+		h, err := liveness.New(c.log.Components(), time.Minute, liveness.Record{Kind: kind, Instance: liveness.Instance("host-" + kind + "/1/ab")}, nil, zerolog.Nop())
+		require.NoError(t, err)
+		hctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- h.Run(hctx) }()
+		t.Cleanup(func() { stop(); <-done })
+	}
+	sched := comps[liveness.KindScheduler]
+	st, err := sched.log.Apply(ctx, claim(5), nil)
+	require.NoError(t, err)
+	require.NoError(t, sched.log.PutTask(ctx, 5, []byte("sealed")))
+
+	status := connectReader(t, s, "dynrunner-status", "pw-status")
+	var r fleet.Report
+	require.Eventually(t, func() bool {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		r, err = fleet.Read(rctx, status.js, time.Now)
+		return err == nil && len(r.Components) == 4
+	}, 20*time.Second, 50*time.Millisecond, "the status user does not read every heartbeat")
+	assert.Empty(t, r.Missing)
+	assert.Equal(t, 1, r.Live.ByTierPhase[assignment.BackendPod][assignment.Claimed])
+	assert.Empty(t, status.violations(), "reading the fleet")
+	for kind, c := range comps {
+		assert.Empty(t, c.violations(), "%s keeps its heartbeat", kind)
+	}
+
+	denied(t, comps[liveness.KindPodWorker], "a pod worker writes a scheduler's heartbeat", func(ctx context.Context) error {
+		_, err := comps[liveness.KindPodWorker].log.Components().Put(ctx, "scheduler.forged", []byte("{}"))
+		return err
+	})
+	statusKV, err := status.js.KeyValue(ctx, eventlog.BucketComponents)
+	require.NoError(t, err, status.violations())
+	denied(t, status, "the status user writes a heartbeat", func(ctx context.Context) error {
+		_, err := statusKV.Put(ctx, "scheduler.forged", []byte("{}"))
+		return err
+	})
+	denied(t, status, "the status user deletes a heartbeat", func(ctx context.Context) error {
+		return statusKV.Delete(ctx, liveness.KindScheduler+"."+liveness.Instance("host-scheduler/1/ab"))
+	})
+	denied(t, status, "the status user appends a claim", func(ctx context.Context) error {
+		_, err := status.js.Publish(ctx, eventlog.RecordSubject(6, assignment.Claimed), []byte("{}"))
+		return err
+	})
+	denied(t, status, "the status user dispatches", func(ctx context.Context) error {
+		_, err := status.js.Publish(ctx, eventlog.SubjectDispatch+"pod", []byte("{}"))
+		return err
+	})
+	denied(t, status, "the status user reads a sealed task", func(ctx context.Context) error {
+		_, err := status.js.KeyValue(ctx, eventlog.BucketTasks)
+		return err
+	})
+	denied(t, status, "the status user consumes the pod tier's dispatches", func(ctx context.Context) error {
+		_, err := status.js.Consumer(ctx, eventlog.StreamDispatch, "worker-pod")
+		return err
+	})
+	denied(t, status, "the status user deletes the assignments stream", func(ctx context.Context) error {
+		return status.js.DeleteStream(ctx, eventlog.StreamAssignments)
+	})
+	denied(t, status, "the status user deletes the pod tier's dispatch consumer", func(ctx context.Context) error {
+		return status.js.DeleteConsumer(ctx, eventlog.StreamDispatch, "worker-pod")
+	})
+	denied(t, status, "the status user creates a stream", func(ctx context.Context) error {
+		_, err := status.js.CreateStream(ctx, jetstream.StreamConfig{Name: "X", Subjects: []string{"x.>"}})
+		return err
+	})
+	_, err = sched.log.Get(ctx, st.Task)
+	require.NoError(t, err, "the assignment survived the status user")
 }
