@@ -315,7 +315,11 @@ func TestStatusUser(t *testing.T) {
 	assert.Equal(t, 1, r.Live.ByTierPhase[assignment.BackendPod][assignment.Claimed])
 	assert.Empty(t, status.violations(), "reading the fleet")
 	for kind, c := range comps {
-		assert.Empty(t, c.violations(), "%s keeps its heartbeat", kind)
+		got, rejected, err := fleet.ReadComponents(ctx, c.js)
+		require.NoError(t, err, "%s reads the fleet for its /status: %s", kind, c.violations())
+		assert.Len(t, got, 4, kind)
+		assert.Zero(t, rejected, kind)
+		assert.Empty(t, c.violations(), "%s keeps its heartbeat and reads the others'", kind)
 	}
 
 	denied(t, comps[liveness.KindPodWorker], "a pod worker writes a scheduler's heartbeat", func(ctx context.Context) error {
