@@ -27,7 +27,8 @@ Usage:
   dynrunner guest           run one job inside a microVM (reads the NoCloud seed), then power off
   dynrunner identity        register job Pods (or docker job containers) with SPIRE, one entry each, deleted when they end
   dynrunner events [--json] follow the audit streams: assignment transitions and Pod phases
-  dynrunner status [--json] print a running controller's components, readiness and warnings (from HTTP_LISTEN)
+  dynrunner status [--json] print every component alive and the live work: from NATS with NATS_URL, else from
+                            the controller at HTTP_LISTEN; exits 1 when no scheduler or no facade is alive
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
   dynrunner version         print the version
 
