@@ -296,7 +296,7 @@ func TestStatusUser(t *testing.T) {
 		hctx, stop := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- h.Run(hctx) }()
-		t.Cleanup(func() { stop(); <-done })
+		t.Cleanup(func() { stop(); assert.NoError(t, <-done) })
 	}
 	sched := comps[liveness.KindScheduler]
 	st, err := sched.log.Apply(ctx, claim(5), nil)
