@@ -110,3 +110,27 @@ func TestNewRefusesAnInvalidRecord(t *testing.T) {
 	_, err := liveness.New(nil, time.Second, liveness.Record{Kind: "db", Instance: "a"}, nil, zerolog.Nop())
 	require.ErrorIs(t, err, liveness.ErrInvalid)
 }
+
+// FuzzParse: whatever the bucket holds, an accepted value is a valid heartbeat of its key and
+// survives a round trip; nothing larger than MaxRecordSize is accepted.
+func FuzzParse(f *testing.F) {
+	good, _ := json.Marshal(worker("h/1/abc"))
+	f.Add("pod-worker.h/1/abc", good)
+	f.Add("scheduler.s", []byte(`{"kind":"scheduler","instance":"s","scheduler":{"reconcile_lease":true}}`))
+	f.Add("facade.f", []byte(`{"kind":"facade","instance":"f","facade":{"url":"x"}}`))
+	f.Fuzz(func(t *testing.T, key string, data []byte) {
+		r, err := liveness.Parse(key, data)
+		if err != nil {
+			require.ErrorIs(t, err, liveness.ErrInvalid)
+			return
+		}
+		require.LessOrEqual(t, len(data), liveness.MaxRecordSize)
+		require.Equal(t, key, r.Key())
+		require.NoError(t, r.Validate())
+		again, err := json.Marshal(r)
+		require.NoError(t, err)
+		back, err := liveness.Parse(key, again)
+		require.NoError(t, err)
+		require.Equal(t, r, back)
+	})
+}
