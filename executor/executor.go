@@ -244,6 +244,10 @@ func prepare(cfg RunConfig, px *proxy) (runnerPlan, string, error) {
 // renewRetry bounds one renewal call and is the pause before retrying a failed one.
 const renewRetry = 5 * time.Second
 
+// registerKeyHeader is facade.RegisterKeyHeader: the header that carries the secret an
+// environment draws for its Register, by which the facade answers a Register sent again.
+const registerKeyHeader = "x-dynrunner-register-key"
+
 // registration is the Gitea runner's `.runner` file.
 type registration struct {
 	Warning   string   `json:"WARNING"`
@@ -266,6 +270,9 @@ func register(ctx context.Context, transport http.RoundTripper, cfg RunConfig, n
 	}
 	var resp *connect.Response[runnerv1.RegisterResponse]
 	var err error
+	// One key for every attempt: a Register sent again after its answer was lost (the facade
+	// died mid-request) is answered again by whichever facade gets it.
+	key := randomHex(32)
 	// The facade may be restarting; a refused token is final.
 	for attempt := range 30 {
 		if attempt > 0 {
@@ -277,9 +284,11 @@ func register(ctx context.Context, transport http.RoundTripper, cfg RunConfig, n
 			case <-t.C:
 			}
 		}
-		resp, err = client.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{
+		req := connect.NewRequest(&runnerv1.RegisterRequest{
 			Name: name, Token: cfg.Token, Version: "dynrunner-executor", Labels: names, Ephemeral: true,
-		}))
+		})
+		req.Header().Set(registerKeyHeader, key)
+		resp, err = client.Register(ctx, req)
 		// The failover has tried every facade already when it gives up.
 		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable || errors.Is(err, ErrNoFacade) {
 			break

@@ -20,6 +20,8 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/facade"
 )
 
 // facadeStub is one facade of a failover test: it answers with its name and counts requests,
@@ -343,4 +345,8 @@ func TestFailoverKeepsTheLogCompleteAndInOrder(t *testing.T) {
 	assert.Equal(t, want, forge.rows)
 	assert.True(t, stubs[0].dead.Load(), "the first facade died")
 	assert.Equal(t, stubs[1].srv.URL, f.Current())
+}
+
+func TestRegisterKeyHeaderIsTheFacades(t *testing.T) {
+	assert.Equal(t, facade.RegisterKeyHeader, registerKeyHeader)
 }
