@@ -116,6 +116,14 @@ jobs:
 	require.NotContains(t, runningLog(t, f, repo, sha), fmt.Sprintf("count %d\n", lines), "the job ended before the kill")
 	b.kill()
 	t.Log("the environment's facade SIGKILLed while the job runs")
+	// The executor says so while its environment exists.
+	deadline := time.Now().Add(time.Minute)
+	for !executorLogged(stateDir(a), "failing over to the next") {
+		if time.Now().After(deadline) {
+			t.Fatal("no executor logged a failover within a minute of the kill")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	require.Len(t, run.Jobs, 1, "run: %+v", run.Jobs)
@@ -133,4 +141,15 @@ jobs:
 	require.NoError(t, err)
 	assert.Contains(t, string(logA), "job completed", "the controller's facade did not record the end")
 	assertNoEnvironmentsLeft(t, a)
+}
+
+// executorLogged reports whether an executor log of the local backend under state holds text.
+func executorLogged(state, text string) bool {
+	logs, _ := filepath.Glob(filepath.Join(state, "envs", "*", "executor.log"))
+	for _, l := range logs {
+		if data, err := os.ReadFile(l); err == nil && strings.Contains(string(data), text) {
+			return true
+		}
+	}
+	return false
 }
