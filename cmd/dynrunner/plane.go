@@ -183,8 +183,29 @@ const nonceTTL = time.Hour
 // are built (eventlog.View.OnChange), so it runs once every component is: a view is
 // subscribed before it is fed.
 func (p *plane) follow() {
-	p.g.Go(func() error { return p.evlog.Watch(p.gctx, p.view) })
+	p.g.Go(func() error { return watchEventLog(p.gctx, p.evlog, p.view, p.log) })
 	p.ready = append(p.ready, p.view.Ready())
+}
+
+// watchEventLog runs Watch, and runs it again after an error JetStream may get over by itself
+// (a stream whose replicas have no leader yet, a node killed or cut off mid-read): the view
+// folds each record once by its sequence, so reading again from the index's tail loses and
+// repeats nothing. Any other error stops the process.
+func watchEventLog(ctx context.Context, l *eventlog.Log, v *eventlog.View, log zerolog.Logger) error {
+	wait := 250 * time.Millisecond
+	for {
+		err := l.Watch(ctx, v)
+		if err == nil || ctx.Err() != nil || !transientJetStream(err) {
+			return err
+		}
+		log.Warn().Err(err).Dur("retry_in", wait).Msg("following the event log failed; reading it again")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // newActor names the process in the records and, for the pod and vm workers, in the liveness
