@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -64,7 +63,8 @@ func Labels(tiers ...assignment.Backend) []string {
 // environment receives it as environment variables (Environ, ParseEnv), a microVM guest as
 // the grant its nonce redeems (Grant).
 type Config struct {
-	// FacadeURL is the facade's https URL.
+	// FacadeURL is the facades' https URLs, comma-separated (ParseFacadeURLs): the
+	// environment fails over between them (Failover).
 	FacadeURL string
 	// FacadeID is the SPIFFE ID the facade must present.
 	FacadeID spiffeid.ID
@@ -170,8 +170,10 @@ func ParseEnv(getenv func(string) string) (Config, error) {
 		Labels:               Labels(assignment.BackendPod),
 		Renew:                DefaultRenew,
 	}
-	if u, err := url.Parse(c.FacadeURL); c.FacadeURL != "" && (err != nil || u.Scheme != "https" || u.Host == "") {
-		refuse(EnvFacadeURL, fmt.Errorf("%q: want https://host:port", c.FacadeURL))
+	if c.FacadeURL != "" {
+		if _, err := ParseFacadeURLs(c.FacadeURL); err != nil {
+			refuse(EnvFacadeURL, err)
+		}
 	}
 	if v := need(EnvFacadeSpiffeID); v != "" {
 		id, err := spiffeid.FromString(v)

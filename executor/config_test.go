@@ -109,6 +109,7 @@ func TestParseEnvRefuses(t *testing.T) {
 		{"all missing at once", map[string]string{EnvFacadeURL: "", EnvTaskID: "", EnvRunnerBin: ""}, []string{EnvFacadeURL, EnvRunnerBin, EnvTaskID}, true},
 		{"plain http facade", map[string]string{EnvFacadeURL: "http://127.0.0.1:8443"}, []string{EnvFacadeURL}, false},
 		{"facade without host", map[string]string{EnvFacadeURL: "https://"}, []string{EnvFacadeURL}, false},
+		{"facade list with a plain http entry", map[string]string{EnvFacadeURL: "https://a:1,http://b:1"}, []string{EnvFacadeURL}, false},
 		{"facade id not spiffe", map[string]string{EnvFacadeSpiffeID: "https://dynrunner.test/facade"}, []string{EnvFacadeSpiffeID}, false},
 		{"task not a number", map[string]string{EnvTaskID: "7;rm"}, []string{EnvTaskID}, false},
 		{"task negative", map[string]string{EnvTaskID: "-7"}, []string{EnvTaskID}, false},

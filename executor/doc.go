@@ -10,5 +10,7 @@
 // environment's SVID, checks the pinned Gitea runner binary, starts a loopback forwarder that
 // carries the runner's plain RunnerService calls to the facade over SPIFFE mTLS, registers the
 // runner as ephemeral with the single-use capability token, runs it for exactly one job, and
-// renews the assignment's lease on a timer until the runner exits (Run).
+// renews the assignment's lease on a timer until the runner exits (Run). Every request to the
+// facade goes through Failover: the environment is given a list of facades (ParseFacadeURLs)
+// and moves to the next when the one it uses stops answering.
 package executor

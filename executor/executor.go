@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -90,17 +91,31 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	if err := VerifyRunner(ctx, cfg.RunnerBin, cfg.RunnerSHA256, cfg.RunnerVersion); err != nil {
 		return err
 	}
+	facades, err := ParseFacadeURLs(cfg.FacadeURL)
+	if err != nil {
+		return fmt.Errorf("executor: %w", err)
+	}
+	// A facade host that dies without closing its connections is noticed by the HTTP/2
+	// pings: a connection silent for SendPingTimeout is pinged and closed when the ping goes
+	// unanswered, and the failover moves on.
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 15 * time.Second}
 	transport := &http.Transport{
 		TLSClientConfig:     cfg.TLS,
+		DialContext:         dialer.DialContext,
+		TLSHandshakeTimeout: 10 * time.Second,
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
+		HTTP2:               &http.HTTP2Config{SendPingTimeout: 15 * time.Second, PingTimeout: 10 * time.Second},
 	}
 	defer transport.CloseIdleConnections()
-	facade, err := url.Parse(cfg.FacadeURL)
-	if err != nil || facade.Scheme != "https" || facade.Host == "" {
-		return fmt.Errorf("executor: facade URL %q: want https://host:port", cfg.FacadeURL)
+	failover, err := NewFailover(FailoverConfig{Facades: facades, Next: transport, Log: log})
+	if err != nil {
+		return err
 	}
+	// Requests name the first facade; the failover sends them to the current one.
+	cfg.FacadeURL = facades[0]
+	facade, _ := url.Parse(facades[0])
 	var forge *url.URL
 	if cfg.ForgeURL != "" {
 		forge = cfg.ForgeURL.URL()
@@ -108,7 +123,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	upstream := &http.Transport{Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true, MaxIdleConnsPerHost: 16,
 		IdleConnTimeout: 90 * time.Second, TLSHandshakeTimeout: 30 * time.Second}
 	defer upstream.CloseIdleConnections()
-	px, err := startProxy(proxyConfig{Facade: facade, FacadeTransport: transport, Forge: forge, Upstream: upstream, Log: log})
+	px, err := startProxy(proxyConfig{Facade: facade, FacadeTransport: failover, Forge: forge, Upstream: upstream, Log: log})
 	if err != nil {
 		return err
 	}
@@ -120,11 +135,11 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	// The executor redeems the token itself and writes the runner's registration file, so the
 	// token never appears on a command line where other processes could read it.
 	name := fmt.Sprintf("dynrunner-%d-%d", cfg.Task, cfg.Epoch)
-	creds, err := register(ctx, transport, cfg, name, plan.address)
+	creds, err := register(ctx, failover, cfg, name, plan.address)
 	if err != nil {
 		return err
 	}
-	log.Info().Str("runner", name).Str("server_url", plan.address).Msg("runner registered at the facade")
+	log.Info().Str("runner", name).Str("server_url", plan.address).Str("facade", failover.Current()).Msg("runner registered at the facade")
 	if cfg.Credential != nil {
 		if err := chownTree(cfg.WorkDir, int(cfg.Credential.Uid), int(cfg.Credential.Gid)); err != nil {
 			return fmt.Errorf("executor: hand the work directory to the runner's user: %w", err)
@@ -144,7 +159,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 
 	// Renewals carry the runner credentials Register returned: a guest without an SVID is
 	// known to the facade by them.
-	lease := dynrunnerv1connect.NewLeaseServiceClient(&http.Client{Transport: transport, Timeout: 30 * time.Second}, cfg.FacadeURL,
+	lease := dynrunnerv1connect.NewLeaseServiceClient(&http.Client{Transport: failover, Timeout: 30 * time.Second}, cfg.FacadeURL,
 		connect.WithInterceptors(connect.UnaryInterceptorFunc(func(next connect.UnaryFunc) connect.UnaryFunc {
 			return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 				req.Header().Set("x-runner-uuid", creds.UUID)
@@ -229,6 +244,10 @@ func prepare(cfg RunConfig, px *proxy) (runnerPlan, string, error) {
 // renewRetry bounds one renewal call and is the pause before retrying a failed one.
 const renewRetry = 5 * time.Second
 
+// registerKeyHeader is facade.RegisterKeyHeader: the header that carries the secret an
+// environment draws for its Register, by which the facade answers a Register sent again.
+const registerKeyHeader = "x-dynrunner-register-key"
+
 // registration is the Gitea runner's `.runner` file.
 type registration struct {
 	Warning   string   `json:"WARNING"`
@@ -244,13 +263,16 @@ type registration struct {
 // register redeems the capability token at the facade for an ephemeral runner and writes the
 // runner's registration file (mode 0600) with address, the server URL its jobs see.
 func register(ctx context.Context, transport http.RoundTripper, cfg RunConfig, name, address string) (registration, error) {
-	client := runnerv1connect.NewRunnerServiceClient(&http.Client{Transport: transport, Timeout: time.Minute}, strings.TrimRight(cfg.FacadeURL, "/")+"/api/actions")
+	client := runnerv1connect.NewRunnerServiceClient(&http.Client{Transport: transport, Timeout: 2 * time.Minute}, strings.TrimRight(cfg.FacadeURL, "/")+"/api/actions")
 	names := make([]string, len(cfg.Labels))
 	for i, l := range cfg.Labels {
 		names[i], _, _ = strings.Cut(l, ":")
 	}
 	var resp *connect.Response[runnerv1.RegisterResponse]
 	var err error
+	// One key for every attempt: a Register sent again after its answer was lost (the facade
+	// died mid-request) is answered again by whichever facade gets it.
+	key := randomHex(32)
 	// The facade may be restarting; a refused token is final.
 	for attempt := range 30 {
 		if attempt > 0 {
@@ -262,10 +284,13 @@ func register(ctx context.Context, transport http.RoundTripper, cfg RunConfig, n
 			case <-t.C:
 			}
 		}
-		resp, err = client.Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{
+		req := connect.NewRequest(&runnerv1.RegisterRequest{
 			Name: name, Token: cfg.Token, Version: "dynrunner-executor", Labels: names, Ephemeral: true,
-		}))
-		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable {
+		})
+		req.Header().Set(registerKeyHeader, key)
+		resp, err = client.Register(ctx, req)
+		// The failover has tried every facade already when it gives up.
+		if err == nil || connect.CodeOf(err) != connect.CodeUnavailable || errors.Is(err, ErrNoFacade) {
 			break
 		}
 	}

@@ -66,6 +66,9 @@ func (g Grant) Config() (Config, error) {
 	if err != nil {
 		return Config{}, err
 	}
+	if _, err := ParseFacadeURLs(g.FacadeURL); err != nil {
+		return Config{}, fmt.Errorf("grant: %w", err)
+	}
 	facadeID, err := spiffeid.FromString(g.FacadeSpiffeID)
 	if err != nil {
 		return Config{}, fmt.Errorf("facade SPIFFE ID: %w", err)

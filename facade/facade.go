@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -335,12 +336,32 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 	if v := checkRegister(c, st); v != nil {
 		return nil, f.answer(v)
 	}
-	uuid, err := newUUID()
+	key := req.Header().Get(RegisterKeyHeader)
+	registered := func(uuid string) *connect.Response[runnerv1.RegisterResponse] {
+		return connect.NewResponse(&runnerv1.RegisterResponse{Runner: &runnerv1.Runner{
+			Id: int64(c.task), Uuid: uuid, Token: f.runnerToken(c, uuid), Name: req.Msg.GetName(),
+			Labels: req.Msg.GetLabels(), Ephemeral: req.Msg.GetEphemeral(),
+		}})
+	}
+	if uuid, ok := f.registeredAgain(c, st, tok, key); ok {
+		f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
+			Str("identity", c.id).Str("token_id", tok.ID()).Msg("environment's registration answered again (its first answer was lost)")
+		return registered(uuid), nil
+	}
+	uuid, err := f.runnerUUID(c, key)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
 	}
 	if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Registered, Task: c.task, Epoch: c.epoch,
 		TokenID: tok.ID(), RunnerUUID: uuid}, &st); err != nil {
+		if errors.Is(err, assignment.ErrTokenRedeemed) {
+			// Redeemed between our read and the append: by this very request's first attempt?
+			if again, ferr := f.fresh(ctx, c); ferr == nil {
+				if uuid, ok := f.registeredAgain(c, again, tok, key); ok {
+					return registered(uuid), nil
+				}
+			}
+		}
 		if errors.Is(err, assignment.ErrNoChange) {
 			err = connect.NewError(connect.CodeFailedPrecondition, err)
 		}
@@ -348,10 +369,60 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 	}
 	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
 		Str("identity", c.id).Str("token_id", tok.ID()).Msg("environment registered")
-	return connect.NewResponse(&runnerv1.RegisterResponse{Runner: &runnerv1.Runner{
-		Id: int64(c.task), Uuid: uuid, Token: f.runnerToken(c, uuid), Name: req.Msg.GetName(),
-		Labels: req.Msg.GetLabels(), Ephemeral: req.Msg.GetEphemeral(),
-	}}), nil
+	return registered(uuid), nil
+}
+
+// RegisterKeyHeader carries the register key: a secret the environment draws for its Register
+// and keeps in memory (at least 32 hex digits). The facade derives the runner UUID from it
+// (runnerUUID), so when the environment sends its Register again, to this facade or another,
+// because the first answer was lost (the facade died mid-request), the facade can tell the
+// same environment from anyone else holding the token (registeredAgain).
+const RegisterKeyHeader = "x-dynrunner-register-key"
+
+// runnerUUID is the UUID of the runner an environment registers: derived from the runner key,
+// the assignment and the register key when the environment sent one, random otherwise.
+func (f *Facade) runnerUUID(c caller, key string) (string, error) {
+	if !validRegisterKey(key) {
+		return newUUID()
+	}
+	m := hmac.New(sha256.New, f.cfg.RunnerKey)
+	fmt.Fprintf(m, "dynrunner-runner-uuid-v1|%d|%d|%s", c.task, c.epoch, key)
+	b := m.Sum(nil)[:16]
+	b[6] = b[6]&0x0f | 0x80 // version 8: custom
+	b[8] = b[8]&0x3f | 0x80 // RFC 9562 variant
+	u, err := uuid.FromBytes(b)
+	if err != nil {
+		return "", fmt.Errorf("dynrunner facade: uuid: %w", err)
+	}
+	return u.String(), nil
+}
+
+// registeredAgain decides a Register whose token st shows redeemed already: it is answered
+// again, with the runner UUID returned, only when the redemption is this environment's own:
+// the same token, and a runner UUID derived from the register key this request presents.
+// Anyone else holding the token (without the register key, which never leaves the
+// environment's memory but to the facade over TLS) is refused as a replay.
+func (f *Facade) registeredAgain(c caller, st assignment.State, tok captoken.Token, key string) (string, bool) {
+	if st.Phase != assignment.Registered && st.Phase != assignment.Running {
+		return "", false
+	}
+	if !validRegisterKey(key) || st.TokenID != tok.ID() || st.RunnerUUID == "" {
+		return "", false
+	}
+	want, err := f.runnerUUID(c, key)
+	if err != nil || !hmac.Equal([]byte(want), []byte(st.RunnerUUID)) {
+		return "", false
+	}
+	return want, true
+}
+
+// validRegisterKey reports whether key is a register key: 32 to 128 hex digits.
+func validRegisterKey(key string) bool {
+	if len(key) < 32 || len(key) > 128 {
+		return false
+	}
+	_, err := hex.DecodeString(key)
+	return err == nil
 }
 
 // Declare accepts the runner's labels; routing was decided when the task was claimed.
@@ -435,7 +506,11 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: report for task %d from the environment of task %d", id, c.task))
 	}
 	final := req.Msg.GetState().GetResult() != runnerv1.Result_RESULT_UNSPECIFIED
+	result := strings.ToLower(strings.TrimPrefix(req.Msg.GetState().GetResult().String(), "RESULT_"))
 	if err := f.reporting(ctx, c, &st); err != nil {
+		if final && completedAs(st, result) {
+			return f.finalAgain(c, req.Msg), nil
+		}
 		return nil, err
 	}
 	resp, err := f.forge.UpdateTask(ctx, req.Msg)
@@ -443,13 +518,38 @@ func (f *Facade) UpdateTask(ctx context.Context, req *connect.Request[runnerv1.U
 		return nil, connect.NewError(connect.CodeUnavailable, err)
 	}
 	if final {
-		result := strings.ToLower(strings.TrimPrefix(req.Msg.GetState().GetResult().String(), "RESULT_"))
 		if _, err := f.apply(ctx, assignment.Event{Transition: assignment.Completed, Task: c.task, Epoch: c.epoch, Result: result}, &st); err != nil && !errors.Is(err, assignment.ErrNoChange) {
-			return nil, err
+			// Completed between our read and the append, by this report's first attempt?
+			if again, ferr := f.fresh(ctx, c); ferr != nil || !completedAs(again, result) {
+				return nil, err
+			}
 		}
 		f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).Str("result", result).Msg("job completed")
 	}
 	return connect.NewResponse(resp), nil
+}
+
+// completedAs reports whether st is the assignment completed with result: a final report of
+// that result is one sent again after its first answer was lost.
+func completedAs(st assignment.State, result string) bool {
+	return st.Phase == assignment.Completed && st.Result == result
+}
+
+// finalAgain answers a final report sent again (completedAs) as the forge answered the first:
+// the state, and every output sent (the runner sends the same state again). Nothing reaches
+// the forge: it has the first.
+func (f *Facade) finalAgain(c caller, msg *runnerv1.UpdateTaskRequest) *connect.Response[runnerv1.UpdateTaskResponse] {
+	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
+		Msg("final report answered again, not forwarded (its first answer was lost)")
+	sent := make([]string, 0, len(msg.GetOutputs()))
+	for k := range msg.GetOutputs() {
+		sent = append(sent, k)
+	}
+	slices.Sort(sent)
+	return connect.NewResponse(&runnerv1.UpdateTaskResponse{
+		State:       &runnerv1.TaskState{Id: int64(c.task), Result: msg.GetState().GetResult()},
+		SentOutputs: sent,
+	})
 }
 
 // reporting lets a report through only while the assignment runs (checkReporting). *st is read
@@ -480,6 +580,11 @@ func (f *Facade) UpdateLog(ctx context.Context, req *connect.Request[runnerv1.Up
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied, fmt.Errorf("dynrunner facade: log for task %d from the environment of task %d", req.Msg.GetTaskId(), c.task))
 	}
 	if err := f.reporting(ctx, c, &st); err != nil {
+		if st.Phase == assignment.Completed && len(req.Msg.GetRows()) == 0 {
+			// The runner closing its log again (its final report's first answer was lost): it
+			// adds nothing, and nothing is forwarded.
+			return connect.NewResponse(&runnerv1.UpdateLogResponse{AckIndex: req.Msg.GetIndex()}), nil
+		}
 		return nil, err
 	}
 	resp, err := f.forge.UpdateLog(ctx, req.Msg)

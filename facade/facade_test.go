@@ -134,14 +134,21 @@ func TestFacadeLifecycle(t *testing.T) {
 	require.True(t, ren.Msg.GetEnded(), "renew after the end")
 
 	// The attack: after the end, the environment (or the job inside it, which can read the
-	// runner's credentials) reports again — a second final state with injected outputs, a late
-	// log. Nothing is forwarded with the resident runner's credentials.
+	// runner's credentials) reports again — a second final state with another result or with
+	// injected outputs, a late log. Nothing is forwarded with the resident runner's
+	// credentials. The final report of the recorded result is answered (it is what a runner
+	// sends again when the first answer was lost) but not forwarded either.
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{
+		State:   &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_FAILURE},
+		Outputs: map[string]string{"injected": "by the job after its end"},
+	}))
+	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a final report of another result after the end: %v", err)
+	require.ErrorContains(t, err, "nothing more is forwarded")
 	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{
 		State:   &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS},
 		Outputs: map[string]string{"injected": "by the job after its end"},
 	}))
-	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a final report after the end: %v", err)
-	require.ErrorContains(t, err, "nothing more is forwarded")
+	require.NoError(t, err, "the final report again")
 	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Index: 1, Rows: []*runnerv1.LogRow{{Content: "late"}}}))
 	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a log after the end: %v", err)
 	assert.Equal(t, 1, e.forge.Reports(42), "state reports for task 42: the one final report")
@@ -242,9 +249,13 @@ func TestFacadeAnswersLateReportsFromJetStream(t *testing.T) {
 		"the view still holds task 42")
 
 	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{
-		State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS}, Outputs: map[string]string{"late": "x"}}))
+		State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_FAILURE}, Outputs: map[string]string{"late": "x"}}))
 	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a late final report: %v", err)
 	require.ErrorContains(t, err, "nothing more is forwarded")
+	// The final report of the recorded result is answered from JetStream, not forwarded.
+	_, err = rc.UpdateTask(ctx, connect.NewRequest(&runnerv1.UpdateTaskRequest{
+		State: &runnerv1.TaskState{Id: 42, Result: runnerv1.Result_RESULT_SUCCESS}, Outputs: map[string]string{"late": "x"}}))
+	require.NoError(t, err, "the final report again")
 	_, err = rc.UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Index: 1, Rows: []*runnerv1.LogRow{{Content: "late"}}}))
 	require.Equal(t, connect.CodeFailedPrecondition, codeOf(err), "a late log: %v", err)
 	ren, err := dynrunnerv1connect.NewLeaseServiceClient(hc, srv.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -38,12 +39,14 @@ func (d devIdentity) Files(task assignment.TaskID, epoch assignment.Epoch, notAf
 }
 
 // facadeHosts are the DNS names and addresses the development facade certificate names, so a
-// client dialling RUNNER_FACADE_URL can verify it.
+// client dialling any facade of RUNNER_FACADE_URL (a comma-separated list) can verify it.
 func facadeHosts(facadeURL string) []string {
 	hosts := workload.LocalHosts()
-	if u, err := url.Parse(facadeURL); err == nil {
-		if h := u.Hostname(); h != "" {
-			hosts = append(hosts, h)
+	for raw := range strings.SplitSeq(facadeURL, ",") {
+		if u, err := url.Parse(strings.TrimSpace(raw)); err == nil {
+			if h := u.Hostname(); h != "" {
+				hosts = append(hosts, h)
+			}
 		}
 	}
 	return hosts

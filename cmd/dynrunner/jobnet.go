@@ -7,10 +7,12 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 )
@@ -45,24 +47,42 @@ func prepareJobNetwork(ctx context.Context, cfg config.Controller, b *docker.Bac
 // facade listens on n's gateway, and what to warn the operator of.
 func planJobNetwork(cfg config.Controller, n docker.Network) (jobNetwork, []string, error) {
 	jn := jobNetwork{Network: n, FacadeURL: cfg.FacadeURL}
-	loopbackFacade := config.LoopbackURL(cfg.FacadeURL)
+	loopback := config.LoopbackURLs(cfg.FacadeURL)
 	switch {
 	case n.Name == docker.HostNetwork:
 		return jn, []string{"POD_DOCKER_NETWORK=host: job containers share this host's network and reach every service listening on its loopback, the event bus (NATS) and the controller's /metrics included; leave POD_DOCKER_NETWORK unset for an isolated network"}, nil
 	case !n.Managed:
-		if loopbackFacade {
-			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_URL=%s: containers on network %s cannot reach a loopback facade, and the network was not created by dynrunner, so the facade is not served on its gateway: give an address they reach (and RUNNER_FACADE_LISTEN on it), or let dynrunner create its own network", cfg.FacadeURL, n.Name)
+		if len(loopback) > 0 {
+			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_URL=%s: containers on network %s cannot reach a loopback facade (%s), and the network was not created by dynrunner, so the facade is not served on its gateway: give an address they reach (and RUNNER_FACADE_LISTEN on it), or let dynrunner create its own network", cfg.FacadeURL, n.Name, strings.Join(loopback, ", "))
 		}
 		return jn, []string{fmt.Sprintf("POD_DOCKER_NETWORK=%s is not a network dynrunner created: job containers reach whatever it lets them reach; dynrunner neither isolates nor firewalls it", n.Name)}, nil
 	}
-	if loopbackFacade {
-		// The controller serves the facade here (config refuses a loopback facade URL otherwise).
+	if len(loopback) > 0 {
+		// The controller serves its own facade here (config refuses a loopback facade URL
+		// otherwise); the containers get the gateway's address in place of each loopback URL
+		// of it. Another loopback facade (another port) is nothing they can reach.
 		_, port, err := net.SplitHostPort(cfg.FacadeListen)
 		if err != nil {
 			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_LISTEN: %w", err)
 		}
 		addr := net.JoinHostPort(n.Gateway.String(), port)
-		jn.FacadeURL = "https://" + addr
+		urls, err := executor.ParseFacadeURLs(cfg.FacadeURL)
+		if err != nil {
+			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_URL: %w", err)
+		}
+		for i, u := range urls {
+			if !config.LoopbackURL(u) {
+				continue
+			}
+			if _, p, _ := urlHostPort(u); p != port {
+				return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_URL=%s: containers on network %s cannot reach the loopback facade %s: only this controller's own facade (RUNNER_FACADE_LISTEN=%s) is served on the network's gateway; give an address they reach", cfg.FacadeURL, n.Name, u, cfg.FacadeListen)
+			}
+			urls[i] = "https://" + addr
+		}
+		if urls, err = executor.ParseFacadeURLs(strings.Join(urls, ",")); err != nil {
+			return jobNetwork{}, nil, fmt.Errorf("RUNNER_FACADE_URL: %w", err)
+		}
+		jn.FacadeURL = strings.Join(urls, ",")
 		if !listensEverywhere(cfg.FacadeListen) {
 			jn.GatewayListen = addr
 		}
@@ -78,7 +98,12 @@ func planJobNetwork(cfg config.Controller, n docker.Network) (jobNetwork, []stri
 // are given and the forge, host names resolved now. Other hosts are not the firewall's business.
 func (jn jobNetwork) firewall(ctx context.Context, cfg config.Controller) (docker.Firewall, error) {
 	fw := docker.Firewall{Bridge: jn.Bridge}
-	for _, u := range []struct{ name, url string }{{"the facade URL of job containers", jn.FacadeURL}, {"GITEA_URL", cfg.GiteaURL}} {
+	type target struct{ name, url string }
+	var allow []target
+	for u := range strings.SplitSeq(jn.FacadeURL, ",") {
+		allow = append(allow, target{"the facade URL of job containers", u})
+	}
+	for _, u := range append(allow, target{"GITEA_URL", cfg.GiteaURL}) {
 		addrs, err := resolveURL(ctx, u.url)
 		if err != nil {
 			return fw, fmt.Errorf("job network firewall: %s %s: %w", u.name, u.url, err)

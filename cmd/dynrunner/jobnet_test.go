@@ -37,6 +37,12 @@ func TestPlanJobNetwork(t *testing.T) {
 			n: mine, wantURL: "https://172.30.0.1:8443", wantWarnings: true},
 		{name: "an operator's network with a loopback facade: refused", listen: "127.0.0.1:8443", url: "https://127.0.0.1:8443", gitea: "https://gitea.example",
 			n: mine, wantErr: true},
+		{name: "managed, a list with this loopback facade: the gateway in its place", listen: "127.0.0.1:8443", url: "https://facade-b.example:8443,https://localhost:8443", gitea: "https://gitea.example",
+			n: managed, wantURL: "https://facade-b.example:8443,https://172.30.0.1:8443", wantListen: "172.30.0.1:8443"},
+		{name: "managed, a list with another loopback facade: refused", listen: "127.0.0.1:8443", url: "https://127.0.0.1:8443,https://127.0.0.1:9443", gitea: "https://gitea.example",
+			n: managed, wantErr: true},
+		{name: "an operator's network with a loopback facade in the list: refused", listen: "172.30.0.1:8443", url: "https://172.30.0.1:8443,https://127.0.0.1:8443", gitea: "https://gitea.example",
+			n: mine, wantErr: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := config.Controller{FacadeListen: tt.listen, FacadeURL: tt.url, GiteaURL: tt.gitea}
@@ -59,6 +65,13 @@ func TestJobNetworkFirewall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "br-0123456789ab", fw.Bridge)
 	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("172.30.0.1:8443"), netip.MustParseAddrPort("10.215.0.2:3000")}, fw.Allow)
+
+	// Every facade of a list is allowed.
+	two := jn
+	two.FacadeURL = "https://172.30.0.1:8443,https://10.215.0.3:8443"
+	fw, err = two.firewall(t.Context(), config.Controller{GiteaURL: "http://10.215.0.2:3000"})
+	require.NoError(t, err)
+	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("172.30.0.1:8443"), netip.MustParseAddrPort("10.215.0.3:8443"), netip.MustParseAddrPort("10.215.0.2:3000")}, fw.Allow)
 
 	// A loopback forge is nothing a bridge reaches: not allowed.
 	fw, err = jn.firewall(t.Context(), config.Controller{GiteaURL: "http://127.0.0.1:3000"})

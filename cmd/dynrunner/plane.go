@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -118,7 +120,7 @@ func (p *plane) open(ctx context.Context) error {
 	elCfg.NoncesTTL = nonceTTL
 	elCfg.LeasesTTL = cfg.SchedulerLease
 	elCfg.ComponentsTTL = cfg.LivenessTTL
-	if p.evlog, err = eventlog.Open(ctx, p.js, elCfg); err != nil {
+	if p.evlog, err = openEventLog(ctx, p.js, elCfg, p.log); err != nil {
 		return err
 	}
 	p.view = eventlog.NewView()
@@ -141,6 +143,59 @@ func (p *plane) heartbeat(kind string, fill func(*liveness.Record)) error {
 	return nil
 }
 
+// openTopologyWithin bounds how long a starting process waits for JetStream to create or
+// find its streams and buckets: a process started together with its NATS cluster (or during a
+// node's restart) waits for the cluster's meta leader and for the replicas' placement instead
+// of exiting at the first timeout.
+var openTopologyWithin = 2 * time.Minute
+
+// openEventLog is eventlog.Open, retried with backoff while JetStream's answers are
+// transient (timeouts, no responders, a cluster still placing replicas, a concurrent create by
+// another process), for at most openTopologyWithin. Any other error fails the boot at once.
+func openEventLog(ctx context.Context, js jetstream.JetStream, cfg eventlog.Config, log zerolog.Logger) (*eventlog.Log, error) {
+	deadline := time.Now().Add(openTopologyWithin)
+	wait := 250 * time.Millisecond
+	for {
+		l, err := eventlog.Open(ctx, js, cfg)
+		if err == nil || !transientJetStream(err) || ctx.Err() != nil {
+			return l, err
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return nil, fmt.Errorf("JetStream did not create or find dynrunner's streams and buckets within %s (is the cluster up, with a meta leader and enough nodes for NATS_REPLICAS?): %w", openTopologyWithin, err)
+		}
+		log.Warn().Err(err).Dur("retry_in", wait).Msg("JetStream not ready for dynrunner's streams and buckets yet; retrying")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
+}
+
+// transientJetStream reports whether a JetStream API error may go away by itself: a timeout,
+// no responders, a server error (503: no meta leader yet), no peers to place replicas on yet,
+// or a stream another process is creating at the same moment. A 500 is not: the server
+// answers "replicas > 1 not supported in non-clustered mode" with it.
+func transientJetStream(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		return true
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		return api.Code == 503 || api.ErrorCode == jetstream.JSErrCodeStreamNameInUse ||
+			api.ErrorCode == jsErrInsufficientResources || api.ErrorCode == jsErrNoSuitablePeers
+	}
+	return false
+}
+
+// JetStream error codes the jetstream package names no constant for.
+const (
+	jsErrInsufficientResources jetstream.ErrorCode = 10023
+	jsErrNoSuitablePeers       jetstream.ErrorCode = 10005
+)
+
 // nonceTTL bounds how long an unredeemed nonce lives in JetStream.
 const nonceTTL = time.Hour
 
@@ -148,8 +203,29 @@ const nonceTTL = time.Hour
 // are built (eventlog.View.OnChange), so it runs once every component is: a view is
 // subscribed before it is fed.
 func (p *plane) follow() {
-	p.g.Go(func() error { return p.evlog.Watch(p.gctx, p.view) })
+	p.g.Go(func() error { return watchEventLog(p.gctx, p.evlog, p.view, p.log) })
 	p.ready = append(p.ready, p.view.Ready())
+}
+
+// watchEventLog runs Watch, and runs it again after an error JetStream may get over by itself
+// (a stream whose replicas have no leader yet, a node killed or cut off mid-read): the view
+// folds each record once by its sequence, so reading again from the index's tail loses and
+// repeats nothing. Any other error stops the process.
+func watchEventLog(ctx context.Context, l *eventlog.Log, v *eventlog.View, log zerolog.Logger) error {
+	wait := 250 * time.Millisecond
+	for {
+		err := l.Watch(ctx, v)
+		if err == nil || ctx.Err() != nil || !transientJetStream(err) {
+			return err
+		}
+		log.Warn().Err(err).Dur("retry_in", wait).Msg("following the event log failed; reading it again")
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 // newActor names the process in the records and, for the pod and vm workers, in the liveness

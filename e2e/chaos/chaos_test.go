@@ -105,37 +105,46 @@ func TestChaosUnderLoad(t *testing.T) {
 
 	rec := watchRecords(ctx, t, bed)
 
-	// The load: every push at once, so the schedulers' capacity holds the rest in Gitea's queue.
+	// The load: two waves of one push per repository each, the second before the last fault,
+	// so every fault lands while jobs run; the schedulers' capacity holds the rest of a wave in
+	// Gitea's queue.
 	wf := strings.ReplaceAll(chaosWorkflow, "@N@", fmt.Sprint(logLines))
-	var runs []pending
-	for i := 1; i <= repos; i++ {
-		repo, err := bed.Forge.CreateRepo(ctx, fmt.Sprintf("chaos-%02d", i))
+	repoOf := make([]devforge.Repo, repos)
+	for i := range repoOf {
+		repoOf[i], err = bed.Forge.CreateRepo(ctx, fmt.Sprintf("chaos-%02d", i+1))
 		require.NoError(t, err)
-		for p := 1; p <= pushes; p++ {
+	}
+	var runs []pending
+	push := func(wave int) {
+		t.Helper()
+		for _, repo := range repoOf {
 			sha, err := bed.Forge.PushFiles(ctx, repo, map[string]string{
 				".gitea/workflows/chaos.yml": wf,
-				"push.txt":                   fmt.Sprintf("push %d\n", p),
+				"push.txt":                   fmt.Sprintf("push %d\n", wave),
 			})
 			require.NoError(t, err)
 			runs = append(runs, pending{repo: repo, sha: sha})
 		}
+		t.Logf("wave %d: pushed %d runs, %d jobs", wave, len(repoOf), len(repoOf)*jobsPerRun)
 	}
 	total := repos * pushes * jobsPerRun
-	t.Logf("pushed %d runs, %d jobs", len(runs), total)
+	push(1)
 
 	// The faults, one after the other, each once jobs are running.
 	var recoveries []recovery
 	fault := func(name string, do func() error) {
 		t.Helper()
 		waitMidJob(ctx, t, bed, rec, total)
-		before := rec.ended()
+		mark := rec.last()
 		at := time.Now()
 		require.NoError(t, do(), name)
-		err := bed.WaitRecovered(ctx, 5*time.Minute, func() bool { return rec.ended() > before || rec.ended() == total })
+		// Recovered: every container runs and is ready, and a job claimed after the fault
+		// began has ended (the whole path works again: fetch, claim, start, run, report).
+		err := bed.WaitRecovered(ctx, 5*time.Minute, func() bool { return rec.endedClaimedAfter(mark) || rec.ended() == total })
 		require.NoError(t, err, "recover from: %s", name)
 		d := time.Since(at)
 		recoveries = append(recoveries, recovery{name, d})
-		t.Logf("fault %q: recovered (every container ready, a job ended since) after %s", name, d.Round(100*time.Millisecond))
+		t.Logf("fault %q: recovered (every container ready, a job claimed since ended) after %s", name, d.Round(100*time.Millisecond))
 	}
 	podWorker := bed.Container("pod-worker-1")
 	fault("docker kill pod-worker-1 mid-job, then start it", func() error {
@@ -167,6 +176,7 @@ func TestChaosUnderLoad(t *testing.T) {
 		time.Sleep(30 * time.Second) // the partition's length
 		return partitioned.Connect(ctx)
 	})
+	push(2)
 	fault("rolling restart of every dynrunner container", func() error {
 		for _, c := range bed.Dynrunner {
 			if err := c.Restart(ctx); err != nil {
@@ -262,13 +272,16 @@ type records struct {
 	// epochs of each task's claims and reclaims.
 	terminal map[string][]uint64
 	claims   map[string][]uint64
+	// seq is the last stream sequence seen.
+	seq uint64
 }
 
 func watchRecords(ctx context.Context, t *testing.T, bed *fleetbed.Bed) *records {
 	url, err := bed.NATSHostURL(ctx)
 	require.NoError(t, err)
 	user, pass := bed.NATSCredentials()
-	nc, err := nats.Connect(url, nats.UserInfo(user, pass), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	nc, err := nats.Connect(url, nats.UserInfo(user, pass), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond),
+		nats.PingInterval(5*time.Second), nats.MaxPingsOutstanding(3)) // a partitioned node is left within 15 s
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
@@ -306,6 +319,9 @@ func (r *records) follow(ctx context.Context, js jetstream.JetStream) error {
 			return
 		}
 		seen[md.Sequence.Stream] = true
+		r.mu.Lock()
+		r.seq = max(r.seq, md.Sequence.Stream)
+		r.mu.Unlock()
 		rest := strings.TrimPrefix(m.Subject(), eventlog.SubjectAssignment)
 		task, transition, _ := strings.Cut(rest, ".")
 		var body struct {
@@ -335,6 +351,25 @@ func (r *records) ended() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return len(r.terminal)
+}
+
+// last is the last stream sequence seen.
+func (r *records) last() uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.seq
+}
+
+// endedClaimedAfter reports whether an assignment claimed after stream sequence seq has ended.
+func (r *records) endedClaimedAfter(seq uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for task := range r.terminal {
+		if c := r.claims[task]; len(c) > 0 && c[len(c)-1] > seq {
+			return true
+		}
+	}
+	return false
 }
 
 // check returns the tasks with more than one completed or failed record, and those whose

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -39,16 +40,19 @@ type Controller struct {
 	NATSReplicas     int
 	NATSEmbedListen  string
 
-	GiteaURL                 string
-	GiteaRunnerUUIDFile      string
-	GiteaRunnerTokenFile     string
-	GiteaRunnerRegTokenFile  string
-	GiteaRunnerName          string
-	GiteaRunnerBin           string
-	GiteaRunnerSHA256        string
-	GiteaRunnerVersion       string
-	FacadeListen             string
+	GiteaURL                string
+	GiteaRunnerUUIDFile     string
+	GiteaRunnerTokenFile    string
+	GiteaRunnerRegTokenFile string
+	GiteaRunnerName         string
+	GiteaRunnerBin          string
+	GiteaRunnerSHA256       string
+	GiteaRunnerVersion      string
+	FacadeListen            string
+	// FacadeURL is RUNNER_FACADE_URL, normalized: the facades environments reach,
+	// comma-separated (executor.ParseFacadeURLs); FacadeURLs the same as a list.
 	FacadeURL                string
+	FacadeURLs               []string
 	FacadeID                 spiffeid.ID
 	TrustDomain              spiffeid.TrustDomain
 	CapabilityKeyFile        string
@@ -244,8 +248,10 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		e.fail("RUNNER_FACADE_LISTEN=%q: want host:port", c.FacadeListen)
 	}
 	c.FacadeURL = strings.TrimRight(e.str("RUNNER_FACADE_URL", "https://"+c.FacadeListen), "/")
-	if u, err := url.Parse(c.FacadeURL); err != nil || u.Scheme != "https" || u.Host == "" {
-		e.fail("RUNNER_FACADE_URL=%q: the facade speaks mTLS only; want https://host:port", c.FacadeURL)
+	if urls, err := executor.ParseFacadeURLs(c.FacadeURL); err != nil {
+		e.fail("RUNNER_FACADE_URL=%q: %v (the facade speaks mTLS only; environments fail over between the facades of a comma-separated list)", c.FacadeURL, err)
+	} else {
+		c.FacadeURLs, c.FacadeURL = urls, strings.Join(urls, ",")
 	}
 	if v, ok := e.lookup("RUNNER_FACADE_SPIFFE_ID"); ok {
 		id, err := spiffeid.FromString(v)
@@ -376,4 +382,16 @@ func isLoopback(host string) bool {
 func LoopbackURL(u string) bool {
 	parsed, err := url.Parse(u)
 	return err == nil && isLoopback(parsed.Hostname())
+}
+
+// LoopbackURLs returns the URLs of list (comma-separated, as RUNNER_FACADE_URL) that name a
+// loopback host.
+func LoopbackURLs(list string) []string {
+	var out []string
+	for u := range strings.SplitSeq(list, ",") {
+		if u = strings.TrimSpace(u); LoopbackURL(u) {
+			out = append(out, u)
+		}
+	}
+	return out
 }

@@ -36,7 +36,18 @@ func TestLoadControllerDefaults(t *testing.T) {
 	assert.True(t, c.GenerateKeys)
 	assert.True(t, c.DevCA)
 	assert.Equal(t, "https://127.0.0.1:8443", c.FacadeURL)
+	assert.Equal(t, []string{"https://127.0.0.1:8443"}, c.FacadeURLs)
 	assert.Equal(t, "spiffe://dynrunner.local/dynrunner/facade", c.FacadeID.String())
+}
+
+// TestLoadControllerFacadeList: RUNNER_FACADE_URL names several facades, normalized.
+func TestLoadControllerFacadeList(t *testing.T) {
+	env := base()
+	env["RUNNER_FACADE_URL"] = " https://facade-a:8443/, https://facade-b:8443,https://facade-a:8443"
+	c, err := LoadController(envOf(env))
+	require.NoError(t, err)
+	assert.Equal(t, []string{"https://facade-a:8443", "https://facade-b:8443"}, c.FacadeURLs)
+	assert.Equal(t, "https://facade-a:8443,https://facade-b:8443", c.FacadeURL, "normalized, for the environments")
 }
 
 // TestLoadControllerFailsClosed: every half-configured or unsafe setting is a boot error
@@ -56,6 +67,10 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"external nats without a shared capability key", map[string]string{"NATS_URL": "nats://n:4222", "TASK_ENCRYPTION_KEY_FILE": "/t"}, "RUNNER_FACADE_CAPABILITY_KEY_FILE"},
 		{"external nats without a shared task key", map[string]string{"NATS_URL": "nats://n:4222", "RUNNER_FACADE_CAPABILITY_KEY_FILE": "/k"}, "TASK_ENCRYPTION_KEY_FILE"},
 		{"plain http facade", map[string]string{"RUNNER_FACADE_URL": "http://127.0.0.1:8443"}, "RUNNER_FACADE_URL"},
+		{"plain http facade in a list", map[string]string{"RUNNER_FACADE_URL": "https://a:8443,http://b:8443"}, "RUNNER_FACADE_URL"},
+		{"empty entry in the facade list", map[string]string{"RUNNER_FACADE_URL": "https://a:8443,,https://b:8443"}, "RUNNER_FACADE_URL"},
+		{"facade list with a path", map[string]string{"RUNNER_FACADE_URL": "https://a:8443/facade"}, "RUNNER_FACADE_URL"},
+		{"plain http guest facade in a list", map[string]string{"COMPONENTS": "all,vm-worker", "VM_IMAGE": "/b.qcow2", "RUNNER_FACADE_GUEST_URL": "https://10.213.0.1:8444,http://10.213.0.2:8444"}, "RUNNER_FACADE_GUEST_URL"},
 		{"facade id in another trust domain", map[string]string{"RUNNER_FACADE_SPIFFE_ID": "spiffe://other.org/facade"}, "RUNNER_FACADE_SPIFFE_ID"},
 		{"development CA outside the local backend", map[string]string{"POD_BACKEND": "kubernetes"}, "POD_BACKEND"},
 		{"pickup above lease", map[string]string{"PICKUP_SECS": "200", "LEASE_SECS": "150"}, "PICKUP_SECS"},
@@ -84,6 +99,8 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"kubernetes image by tag", map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_EXECUTOR_IMAGE": "dynrunner/executor:latest"}, "POD_EXECUTOR_IMAGE"},
 		{"kubernetes with the development CA", map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_EXECUTOR_IMAGE": "dynrunner/executor@sha256:" + strings.Repeat("a", 64)}, "development CA is refused"},
 		{"kubernetes with a loopback facade", map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_SPIFFE_CSI": "true", "SPIFFE_ENDPOINT_SOCKET": "unix:///run/spire/agent.sock", "POD_EXECUTOR_IMAGE": "dynrunner/executor@sha256:" + strings.Repeat("a", 64)}, "RUNNER_FACADE_URL"},
+		{"kubernetes with a loopback facade in the list", map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_SPIFFE_CSI": "true", "SPIFFE_ENDPOINT_SOCKET": "unix:///run/spire/agent.sock", "POD_EXECUTOR_IMAGE": "dynrunner/executor@sha256:" + strings.Repeat("a", 64),
+			"RUNNER_FACADE_URL": "https://facade-a.dynrunner:8443,https://127.0.0.1:8443"}, "cannot reach a loopback facade (https://127.0.0.1:8443)"},
 		{"kubernetes bad quantity", map[string]string{"POD_BACKEND": "kubernetes", "POD_KUBE_MEMORY_LIMIT": "lots"}, "POD_KUBE_MEMORY_LIMIT"},
 		{"embedded nats on a public address", map[string]string{"NATS_EMBEDDED_LISTEN": "0.0.0.0:4222"}, "NATS_EMBEDDED_LISTEN"},
 		{"split facade with a registration token", map[string]string{"COMPONENTS": "facade", "GITEA_RUNNER_REGISTRATION_TOKEN_FILE": "/r"}, "GITEA_RUNNER_UUID_FILE"},

@@ -87,8 +87,8 @@ func loadDocker(e *env, c Controller) DockerPod {
 	// Outside the host network, a container's loopback is its own. A controller that serves the
 	// facade too serves it on the gateway of a network it created (checked at boot, when the
 	// network is known); a pod worker alone needs a facade URL its containers reach.
-	if d.Network != "host" && LoopbackURL(c.FacadeURL) && !c.Has(Facade) {
-		e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade, and this process does not serve the facade (COMPONENTS); give the address of a facade they reach", c.FacadeURL, d.Network)
+	if lo := LoopbackURLs(c.FacadeURL); d.Network != "host" && len(lo) > 0 && !c.Has(Facade) {
+		e.fail("RUNNER_FACADE_URL=%q: containers on network %s cannot reach a loopback facade (%s), and this process does not serve the facade (COMPONENTS); give the address of a facade they reach", c.FacadeURL, d.Network, strings.Join(lo, ", "))
 	}
 	return d
 }

@@ -62,6 +62,8 @@ func TestLoadDockerPodBackend(t *testing.T) {
 		{"workload api over tcp", with("SPIFFE_ENDPOINT_SOCKET", "tcp://127.0.0.1:8081"), "SPIFFE_ENDPOINT_SOCKET"},
 		{"no runner sha", with("GITEA_RUNNER_SHA256", ""), "GITEA_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of the Gitea runner in the executor image"},
 		{"loopback facade without the facade", with("COMPONENTS", "pod-worker", "NATS_URL", "nats://127.0.0.1:4222"), "cannot reach a loopback facade"},
+		{"a loopback facade in the list without the facade", with("COMPONENTS", "pod-worker", "NATS_URL", "nats://127.0.0.1:4222",
+			"RUNNER_FACADE_URL", "https://10.0.0.5:8443,https://localhost:8443"), "cannot reach a loopback facade (https://localhost:8443)"},
 		{"subnet not a network", with("POD_DOCKER_SUBNET", "10.1.2.3/24"), "POD_DOCKER_SUBNET"},
 		{"subnet too small", with("POD_DOCKER_SUBNET", "10.1.2.0/30"), "POD_DOCKER_SUBNET"},
 		{"subnet v6", with("POD_DOCKER_SUBNET", "fd00::/64"), "POD_DOCKER_SUBNET"},

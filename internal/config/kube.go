@@ -78,8 +78,8 @@ func loadKube(e *env, c Controller) KubePod {
 	if !k.SpiffeCSI || c.SpiffeEndpointSocket == "" {
 		e.fail("POD_BACKEND=kubernetes takes SVIDs from SPIRE only: set POD_SPIFFE_CSI=true and SPIFFE_ENDPOINT_SOCKET (the development CA is refused in a cluster)")
 	}
-	if LoopbackURL(c.FacadeURL) {
-		e.fail("RUNNER_FACADE_URL=%q: Pods cannot reach a loopback facade; give the facade's Service URL", c.FacadeURL)
+	if lo := LoopbackURLs(c.FacadeURL); len(lo) > 0 {
+		e.fail("RUNNER_FACADE_URL=%q: Pods cannot reach a loopback facade (%s); give the facade's Service URL", c.FacadeURL, strings.Join(lo, ", "))
 	}
 	return k
 }

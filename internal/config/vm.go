@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/dynrunner/dynrunner/executor"
 )
 
 // VM configures the vm worker: its backend, the launchers' microVMs or OpenSandbox, and the
@@ -106,8 +108,10 @@ func loadVM(e *env, c Controller, image string) VM {
 			e.fail("%s=%q: must be an address on the microVM bridge (%s)", name, addr, v.GuestNet)
 		}
 	}
-	if u, err := url.Parse(v.FacadeGuestURL); err != nil || u.Scheme != "https" || u.Host == "" {
-		e.fail("RUNNER_FACADE_GUEST_URL=%q: want https://host:port", v.FacadeGuestURL)
+	if urls, err := executor.ParseFacadeURLs(v.FacadeGuestURL); err != nil {
+		e.fail("RUNNER_FACADE_GUEST_URL=%q: %v", v.FacadeGuestURL, err)
+	} else {
+		v.FacadeGuestURL = strings.Join(urls, ",")
 	}
 	return v
 }

@@ -39,6 +39,13 @@ type Conn struct {
 	Server *server.Server
 }
 
+// The keepalive of a connection to an external NATS: a ping every externalPingInterval, the
+// connection given up (and another server dialled) after externalMaxPingsOut unanswered.
+const (
+	externalPingInterval = 5 * time.Second
+	externalMaxPingsOut  = 3
+)
+
 // Connect embeds or dials NATS.
 func Connect(cfg Config) (*Conn, error) {
 	opts := []nats.Option{
@@ -47,6 +54,11 @@ func Connect(cfg Config) (*Conn, error) {
 		nats.ReconnectWait(250 * time.Millisecond),
 	}
 	if cfg.URL != "" {
+		// A server cut off without a reset (a partition, a host that died) leaves the
+		// connection open but dead; every request on it times out until the client notices.
+		// nats.go's default (a ping every 2 minutes, 2 unanswered) notices after 4 minutes;
+		// this after at most 15 s, and then reconnects to another server of the URL.
+		opts = append(opts, nats.PingInterval(externalPingInterval), nats.MaxPingsOutstanding(externalMaxPingsOut))
 		if cfg.Password != "" {
 			opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
 		}

@@ -330,7 +330,7 @@ func (b *Bed) startDynrunner(ctx context.Context) error {
 			b.Dynrunner = append(b.Dynrunner, &Container{Name: name, Role: r.role, docker: b.dockerName(name), bed: b})
 		}
 	}
-	facades := b.FacadeURLs()[0]
+	facades := strings.Join(b.FacadeURLs(), ",")
 	for _, c := range b.Dynrunner {
 		if err := b.runDynrunner(ctx, c, facades); err != nil {
 			return err
