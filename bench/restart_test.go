@@ -197,7 +197,7 @@ func restartMain() int {
 	select {
 	case <-v.Ready():
 	case err := <-errc:
-		return fail(fmt.Errorf("watch ended before the view was ready: %v", err))
+		return fail(fmt.Errorf("watch ended before the view was ready: %w", err))
 	case <-time.After(10 * time.Minute):
 		return fail(fmt.Errorf("the view was not ready within 10 minutes"))
 	}
@@ -213,7 +213,7 @@ func restartMain() int {
 	hwm, _ := statusKB("self", "VmHWM:")
 	_ = enc.Encode(restartResult{Live: len(v.Live()), Len: v.Len(), RSS: rss, HWM: hwm, HeapInuse: ms.HeapInuse})
 	cancel()
-	<-errc
+	_ = <-errc // the watch returns nil once cancelled
 	return 0
 }
 

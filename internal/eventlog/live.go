@@ -176,10 +176,9 @@ func (l *Log) liveTail(ctx context.Context) (seq, rev uint64, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("eventlog: read the live index's tail: %w", err)
 	}
-	seq, err = strconv.ParseUint(string(e.Value()), 10, 64)
-	if err != nil {
-		// Not ours: read the whole stream once, and replace it.
-		return 0, e.Revision(), nil
+	seq, perr := strconv.ParseUint(string(e.Value()), 10, 64)
+	if perr != nil {
+		seq = 0 // not ours: read the whole stream once, and replace it
 	}
 	return seq, e.Revision(), nil
 }
