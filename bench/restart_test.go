@@ -213,7 +213,9 @@ func restartMain() int {
 	hwm, _ := statusKB("self", "VmHWM:")
 	_ = enc.Encode(restartResult{Live: len(v.Live()), Len: v.Len(), RSS: rss, HWM: hwm, HeapInuse: ms.HeapInuse})
 	cancel()
-	_ = <-errc // the watch returns nil once cancelled
+	if err := <-errc; err != nil {
+		return fail(err)
+	}
 	return 0
 }
 
