@@ -121,8 +121,8 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 	if err := NeedDocker(ctx); err != nil {
 		return nil, err
 	}
-	// What a killed test process left behind.
-	if err := removeLabelled(ctx, ""); err != nil {
+	// What a killed test process left behind (never the bed of a test running beside this one).
+	if err := removeOrphans(ctx); err != nil {
 		return nil, err
 	}
 	began := time.Now()
@@ -132,7 +132,7 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 	}
 	b = &Bed{ID: randomHex(4), Images: im, opts: opts}
 	b.Network = "fleetbed-" + b.ID
-	b.Scope = "fleetbed" + b.ID
+	b.Scope = scopeOf(b.ID)
 	b.logf("images built in %s", time.Since(began).Round(100*time.Millisecond))
 	defer func() {
 		if err != nil {
@@ -140,7 +140,7 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 			b = nil
 		}
 	}()
-	if _, err := docker(ctx, "network", "create", "--label", Label+"="+b.ID, b.Network); err != nil {
+	if _, err := docker(ctx, append(append([]string{"network", "create"}, labels(b.ID)...), b.Network)...); err != nil {
 		return b, err
 	}
 	gw, err := docker(ctx, "network", "inspect", "-f", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", b.Network)
@@ -176,12 +176,6 @@ func (b *Bed) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 		var errs []error
-		if b.Scope != "" {
-			if ids, e := docker(ctx, "ps", "-aq", "--filter", "label=dynrunner.scope="+b.Scope); e == nil && ids != "" {
-				_, e = docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(ids)...)...)
-				errs = append(errs, e)
-			}
-		}
 		errs = append(errs, removeLabelled(ctx, b.ID))
 		if b.Forge != nil {
 			errs = append(errs, b.Forge.Close())
@@ -399,13 +393,15 @@ func (b *Bed) runDynrunner(ctx context.Context, c *Container, facades string) er
 	return err
 }
 
+// scopeOf is the POD_DOCKER_SCOPE of bed id's pod workers (1 to 32 lowercase letters and digits).
+func scopeOf(id string) string { return "fleetbed" + id }
+
 func (b *Bed) dockerName(name string) string { return "fleetbed-" + b.ID + "-" + name }
 
 // runArgs is `docker run` of c on the bed's network with its name as host name and alias.
 func (b *Bed) runArgs(c *Container, rest ...string) []string {
 	return append([]string{"run", "-d", "--name", c.docker, "--hostname", c.Name,
-		"--network", b.Network, "--network-alias", c.Name, "--label", Label + "=" + b.ID,
-		"--tmpfs", "/tmp:rw,mode=1777"}, rest...)
+		"--network", b.Network, "--network-alias", c.Name, "--tmpfs", "/tmp:rw,mode=1777"}, append(labels(b.ID), rest...)...)
 }
 
 // Container returns the bed's container called name, or nil.

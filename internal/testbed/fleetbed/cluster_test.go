@@ -29,7 +29,7 @@ func TestNATSClusterReplicates(t *testing.T) {
 	b := &Bed{ID: randomHex(4), Images: im, opts: Options{Dir: t.TempDir(), Output: testWriter{t}}}
 	b.Network = "fleetbed-" + b.ID
 	t.Cleanup(func() { require.NoError(t, b.Close()) })
-	_, err = docker(ctx, "network", "create", "--label", Label+"="+b.ID, b.Network)
+	_, err = docker(ctx, append(append([]string{"network", "create"}, labels(b.ID)...), b.Network)...)
 	require.NoError(t, err)
 	b.natsPass = randomHex(24)
 	require.NoError(t, b.startNATS(ctx))

@@ -5,8 +5,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -40,30 +44,73 @@ func NeedDocker(ctx context.Context) error {
 	return nil
 }
 
-// removeLabelled removes every container and network carrying Label=id ("" matches any
-// value: the leftovers of every earlier bed).
+// OwnerLabel names the process (its pid) that started a bed's containers and network, so a
+// starting bed removes what a killed test process left behind without touching the bed of a
+// test running at the same time in another package.
+const OwnerLabel = "dynrunner.testbed.owner"
+
+// labels are the docker run / network create flags that mark what bed id starts.
+func labels(id string) []string {
+	return []string{"--label", Label + "=" + id, "--label", fmt.Sprintf("%s=%d", OwnerLabel, os.Getpid())}
+}
+
+// removeLabelled removes every container and network carrying Label=id, and the job
+// containers of that bed's pod workers.
 func removeLabelled(ctx context.Context, id string) error {
-	filter := "label=" + Label
-	if id != "" {
-		filter += "=" + id
-	}
-	var errs []string
-	ids, err := docker(ctx, "ps", "-aq", "--filter", filter)
-	if err != nil {
-		return err
-	}
-	if ids != "" {
-		if _, err := docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(ids)...)...); err != nil {
-			errs = append(errs, err.Error())
+	return removeBeds(ctx, []string{id})
+}
+
+// removeOrphans removes the beds whose owner process is gone (a test killed before its
+// cleanup ran): their containers, job containers and networks.
+func removeOrphans(ctx context.Context) error {
+	var orphans []string
+	for _, kind := range [][]string{{"ps", "-a"}, {"network", "ls"}} {
+		out, err := docker(ctx, append(kind, "--filter", "label="+Label, "--format", `{{.Label "`+Label+`"}} {{.Label "`+OwnerLabel+`"}}`)...)
+		if err != nil {
+			return err
+		}
+		for _, line := range strings.Split(out, "\n") {
+			id, owner, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if id == "" || slices.Contains(orphans, id) || ownerAlive(owner) {
+				continue
+			}
+			orphans = append(orphans, id)
 		}
 	}
-	nets, err := docker(ctx, "network", "ls", "-q", "--filter", filter)
-	if err != nil {
-		return err
+	return removeBeds(ctx, orphans)
+}
+
+// ownerAlive reports whether the process named by an OwnerLabel value still runs.
+func ownerAlive(owner string) bool {
+	pid, err := strconv.Atoi(owner)
+	if err != nil || pid <= 0 {
+		return false // no owner: a bed of an older version of this package
 	}
-	if nets != "" {
-		if _, err := docker(ctx, append([]string{"network", "rm"}, strings.Fields(nets)...)...); err != nil {
-			errs = append(errs, err.Error())
+	return syscall.Kill(pid, 0) == nil
+}
+
+func removeBeds(ctx context.Context, ids []string) error {
+	var errs []string
+	for _, id := range ids {
+		for _, filter := range []string{"label=" + Label + "=" + id, "label=dynrunner.scope=" + scopeOf(id)} {
+			ids, err := docker(ctx, "ps", "-aq", "--filter", filter)
+			if err != nil {
+				return err
+			}
+			if ids != "" {
+				if _, err := docker(ctx, append([]string{"rm", "-f", "-v"}, strings.Fields(ids)...)...); err != nil {
+					errs = append(errs, err.Error())
+				}
+			}
+		}
+		nets, err := docker(ctx, "network", "ls", "-q", "--filter", "label="+Label+"="+id)
+		if err != nil {
+			return err
+		}
+		if nets != "" {
+			if _, err := docker(ctx, append([]string{"network", "rm"}, strings.Fields(nets)...)...); err != nil {
+				errs = append(errs, err.Error())
+			}
 		}
 	}
 	if len(errs) > 0 {
