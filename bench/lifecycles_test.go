@@ -70,6 +70,8 @@ func BenchmarkLifecycles(b *testing.B) {
 	d.api -= uint64(probes)
 	_, kinds := p.apiReqs.snapshot()
 	b.Logf("JetStream API requests by kind (whole run): %v", kinds)
+	b.Logf("JetStream writes (whole run): assignments %d, dispatch %d, tasks %d, live %d, workers %d, environments %d",
+		d.assignments, d.dispatch, d.tasks, d.live, d.workers, d.envs)
 	n := float64(done)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(n/elapsed.Seconds(), "lifecycles/s")

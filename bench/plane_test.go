@@ -258,13 +258,16 @@ func (d devIdentity) Files(task assignment.TaskID, epoch assignment.Epoch, notAf
 // jsCounts are JetStream counters: the last sequence of each of dynrunner's streams (one per
 // write) and the JetStream API requests made.
 type jsCounts struct {
-	assignments, dispatch, tasks, api uint64
+	assignments, dispatch, tasks, live, workers, envs, api uint64
 }
 
-func (c jsCounts) writes() uint64 { return c.assignments + c.dispatch + c.tasks }
+func (c jsCounts) writes() uint64 {
+	return c.assignments + c.dispatch + c.tasks + c.live + c.workers + c.envs
+}
 
 func (c jsCounts) sub(o jsCounts) jsCounts {
-	return jsCounts{c.assignments - o.assignments, c.dispatch - o.dispatch, c.tasks - o.tasks, c.api - o.api}
+	return jsCounts{c.assignments - o.assignments, c.dispatch - o.dispatch, c.tasks - o.tasks,
+		c.live - o.live, c.workers - o.workers, c.envs - o.envs, c.api - o.api}
 }
 
 func (p *plane) counts() jsCounts {
@@ -286,6 +289,9 @@ func (p *plane) counts() jsCounts {
 		assignments: last(eventlog.StreamAssignments),
 		dispatch:    last(eventlog.StreamDispatch),
 		tasks:       last("KV_" + eventlog.BucketTasks),
+		live:        last("KV_" + eventlog.BucketLive),
+		workers:     last("KV_" + eventlog.BucketWorkers),
+		envs:        last(eventlog.StreamEnvironments),
 		api:         uint64(api),
 	}
 }
@@ -312,7 +318,7 @@ func (p *plane) String() string {
 		seen, len(live), stuck, p.forge.successes.Load(), logs)
 }
 
-// apiCounter counts JetStream API requests by kind ("STREAM.MSG.GET", "DIRECT.GET", ...).
+// apiCounter counts JetStream API requests by kind and stream ("DIRECT.GET KV_dynrunner_tasks", ...).
 type apiCounter struct {
 	mu    sync.Mutex
 	total int
@@ -320,11 +326,15 @@ type apiCounter struct {
 }
 
 func (a *apiCounter) count(m *nats.Msg) {
-	// $JS.API.<KIND>[.<SUBKIND>].<stream>...: keep the upper-case kind tokens.
+	// $JS.API.<KIND>[.<SUBKIND>].<stream>...: keep the upper-case kind tokens and the stream.
 	tok := strings.Split(m.Subject, ".")[2:]
 	kind := tok[0]
 	for _, t := range tok[1:] {
-		if t != strings.ToUpper(t) || strings.HasPrefix(t, "DYNRUNNER_") || strings.HasPrefix(t, "KV_") {
+		if strings.HasPrefix(t, "DYNRUNNER_") || strings.HasPrefix(t, "KV_") {
+			kind += " " + t // the stream: which reads a lifecycle makes
+			break
+		}
+		if t != strings.ToUpper(t) {
 			break
 		}
 		kind += "." + t

@@ -69,18 +69,22 @@ func (w *Worker) watcher(ctx context.Context, key string) (holder, error) {
 // it creates the key when it is absent (the environment is new, its watcher stopped cleanly,
 // or crashed and the key expired; environments of releases before these keys have none) and
 // renews it when it already holds this worker's actor. Create is atomic, so of the workers
-// that find the key absent at once exactly one gets rev > 0.
+// that find the key absent at once exactly one gets rev > 0. The create comes first, without
+// a read: it is the common case (a new environment), and its own check refuses a key that
+// exists; only then is the key read, to tell whose it is.
 func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
+	rev, err := w.workers.Create(ctx, key, []byte(w.cfg.Actor))
+	if err == nil {
+		return holder{rev: rev, actor: w.cfg.Actor}, nil
+	}
+	if !keyTaken(err) {
+		return holder{}, fmt.Errorf("podworker: claim %s: %w", key, err)
+	}
 	e, err := w.workers.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		rev, err := w.workers.Create(ctx, key, []byte(w.cfg.Actor))
-		if keyTaken(err) {
-			return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
-		}
-		if err != nil {
-			return holder{}, fmt.Errorf("podworker: claim %s: %w", key, err)
-		}
-		return holder{rev: rev, actor: w.cfg.Actor}, nil
+		// Deleted between the create and the read: its watcher just let it go. Claim nothing
+		// now, as when another worker created it just now; the next sweep decides.
+		return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
 	}
 	if err != nil {
 		return holder{}, fmt.Errorf("podworker: watcher of %s: %w", key, err)
@@ -90,7 +94,7 @@ func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
 	}
 	// Written by this worker (a heartbeat that raced its answer, a restart with the same
 	// actor): renew it at the revision read, so a worker that created it meanwhile wins.
-	rev, err := w.workers.Update(ctx, key, []byte(w.cfg.Actor), e.Revision())
+	rev, err = w.workers.Update(ctx, key, []byte(w.cfg.Actor), e.Revision())
 	if keyTaken(err) {
 		return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
 	}

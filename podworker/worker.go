@@ -470,7 +470,7 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 		if err != nil && !errors.Is(err, context.Canceled) {
 			exit = Exit{Code: -1, Reason: err.Error()}
 		}
-		cur, gerr := w.log.Get(ctx, st.Task)
+		cur, gerr := w.ended(ctx, st)
 		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Active() {
 			reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
 			if errors.Is(err, ErrNotFound) {
@@ -494,6 +494,18 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 		}
 		w.unclaim(context.WithoutCancel(ctx), e.key, w.unwatch(st.Task, e))
 	})
+}
+
+// ended returns the assignment of an environment that ended: from the view when it already
+// shows the assignment no longer active at st's epoch, or at a later epoch (both final: an
+// epoch that stopped being active never is again, and epochs only grow), else read from
+// JetStream, since a job that has not completed is failed on what it says. Most environments
+// end after their job completed, which the view has seen: they cost no read.
+func (w *Worker) ended(ctx context.Context, st assignment.State) (assignment.State, error) {
+	if cur, ok := w.view.Get(st.Task); ok && cur.Seq > st.Seq && (cur.Epoch() != st.Epoch() || !cur.Active()) {
+		return cur, nil
+	}
+	return w.log.Get(ctx, st.Task)
 }
 
 // Refresher is implemented by backends that can replace an environment's secret files while

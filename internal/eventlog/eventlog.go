@@ -115,6 +115,7 @@ type Log struct {
 	comps    jetstream.KeyValue
 	liveTTL  bool // purge markers in live expire
 	keyed    keyedSet
+	appended appended // this Log's own appends, for its views
 	sign     signer
 	rejected seen
 }
@@ -459,6 +460,7 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 			return assignment.State{}, fmt.Errorf("eventlog: append %s for task %d: %w", ev.Transition, ev.Task, err)
 		}
 		st := assignment.State{Record: rec, Seq: ack.Sequence}
+		l.appended.add(msg.Subject, data, st)
 		if err := l.index(ctx, st); err != nil {
 			l.reportIndex(fmt.Errorf("eventlog: after the %s of task %d (the views repair it): %w", ev.Transition, ev.Task, err))
 		}

@@ -72,7 +72,10 @@ func (l *Log) Watch(ctx context.Context, v *View) error {
 		if err != nil {
 			continue
 		}
-		s, err := l.decodeRecord(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
+		s, ok := l.appended.get(md.Sequence.Stream, msg.Subject(), msg.Data())
+		if !ok {
+			s, err = l.decodeRecord(msg.Subject(), msg.Headers(), msg.Data(), md.Sequence.Stream)
+		}
 		if err == nil {
 			w.observe(s)
 		} else {
