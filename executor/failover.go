@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/clock"
 )
 
 // The failover's defaults: the pause after a failed attempt starts at DefaultFailoverBackoff
@@ -110,7 +112,7 @@ func NewFailover(cfg FailoverConfig) (*Failover, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Sleep == nil {
-		cfg.Sleep = sleep
+		cfg.Sleep = clock.Sleep
 	}
 	if cfg.Resolve == nil {
 		cfg.Resolve = net.DefaultResolver.LookupHost
@@ -302,15 +304,4 @@ func summarize(tried []string) string {
 		}
 	}
 	return strings.Join(out, "; ")
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	"github.com/dynrunner/dynrunner/podworker/docker"
 )
@@ -63,10 +64,8 @@ func (r *Registrar) watchContainers(ctx context.Context) {
 		}
 		r.cfg.Log.Warn().Err(err).Dur("retry_in", pause).Msg("docker events")
 		r.trigger() // events may have been missed
-		select {
-		case <-ctx.Done():
+		if clock.Sleep(ctx, pause) != nil {
 			return
-		case <-time.After(pause):
 		}
 		pause = min(2*pause, r.cfg.Resync)
 	}

@@ -2,11 +2,9 @@ package podworker
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"io"
 	"strings"
-	"time"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -68,16 +66,4 @@ func LastErrorLine(r io.Reader, limit int, prefixes ...string) (string, error) {
 		return last, err
 	}
 	return last, nil
-}
-
-// Sleep pauses for d or until ctx is done, and then returns ctx's error.
-func Sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

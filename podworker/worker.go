@@ -16,6 +16,7 @@ import (
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 )
@@ -169,7 +170,7 @@ func (w *Worker) Run(ctx context.Context) error {
 			}
 			if !errors.Is(err, jetstream.ErrNoMessages) && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, context.DeadlineExceeded) {
 				w.cfg.Log.Warn().Err(err).Msg("fetch dispatch")
-				wait(ctx, time.Second)
+				_ = clock.Sleep(ctx, time.Second)
 			}
 			continue
 		}
@@ -180,15 +181,6 @@ func (w *Worker) Run(ctx context.Context) error {
 				<-w.slots // no environment holds the slot
 			}
 		})
-	}
-}
-
-func wait(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }
 
@@ -667,7 +659,7 @@ func (w *Worker) reapLoop(ctx context.Context, recheck time.Time) {
 		if !recheck.IsZero() {
 			d = min(d, max(time.Until(recheck)+sweepMargin, sweepMargin))
 		}
-		wait(ctx, d)
+		_ = clock.Sleep(ctx, d)
 		if ctx.Err() != nil {
 			return
 		}

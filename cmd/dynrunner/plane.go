@@ -24,6 +24,7 @@ import (
 	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/fleet"
@@ -164,10 +165,8 @@ func openEventLog(ctx context.Context, js jetstream.JetStream, cfg eventlog.Conf
 			return nil, fmt.Errorf("JetStream did not create or find dynrunner's streams and buckets within %s (is the cluster up, with a meta leader and enough nodes for NATS_REPLICAS?): %w", openTopologyWithin, err)
 		}
 		log.Warn().Err(err).Dur("retry_in", wait).Msg("JetStream not ready for dynrunner's streams and buckets yet; retrying")
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(wait):
+		if err := clock.Sleep(ctx, wait); err != nil {
+			return nil, err
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
@@ -219,10 +218,8 @@ func watchEventLog(ctx context.Context, l *eventlog.Log, v *eventlog.View, log z
 			return err
 		}
 		log.Warn().Err(err).Dur("retry_in", wait).Msg("following the event log failed; reading it again")
-		select {
-		case <-ctx.Done():
+		if clock.Sleep(ctx, wait) != nil {
 			return nil
-		case <-time.After(wait):
 		}
 		wait = min(2*wait, 5*time.Second)
 	}

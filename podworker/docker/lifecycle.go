@@ -13,6 +13,7 @@ import (
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/envlock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -42,7 +43,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		// The engine restarts or is overloaded; with live-restore the container runs on, so
 		// keep waiting instead of declaring the environment lost.
 		b.envLog(h).Warn().Err(werr).Dur("retry_in", pause).Msg("wait on the engine failed; retrying")
-		if err := podworker.Sleep(ctx, pause); err != nil {
+		if err := clock.Sleep(ctx, pause); err != nil {
 			return podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, err)
 		}
 	}
@@ -173,7 +174,7 @@ func (b *Backend) removeContainer(ctx context.Context, id string, graceful bool)
 		if _, ierr := b.inspect(rctx, id); cerrdefs.IsNotFound(ierr) {
 			return nil
 		}
-		if serr := podworker.Sleep(rctx, pause); serr != nil {
+		if serr := clock.Sleep(rctx, pause); serr != nil {
 			return fmt.Errorf("%w (waited %v for its removal)", err, removeWait)
 		}
 	}

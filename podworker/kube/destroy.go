@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -118,7 +119,7 @@ func (b *Backend) waitGone(ctx context.Context, name string, uid types.UID) erro
 		case ctx.Err() != nil:
 			return fmt.Errorf("pod still terminating after %v (does its node's kubelet run?): %w", bound, ctx.Err())
 		}
-		if err := podworker.Sleep(ctx, pause); err != nil {
+		if err := clock.Sleep(ctx, pause); err != nil {
 			return fmt.Errorf("pod still terminating after %v (does its node's kubelet run?): %w", bound, err)
 		}
 	}

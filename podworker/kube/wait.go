@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/utils/ptr"
 
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
@@ -51,7 +52,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 			return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
 		case err != nil:
 			b.envLog(h).Warn().Err(err).Dur("retry_in", pause).Msg("get pod failed; retrying")
-			if err := podworker.Sleep(ctx, pause); err != nil {
+			if err := clock.Sleep(ctx, pause); err != nil {
 				return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
 			}
 			pause = min(2*pause, maxWaitRetry)
@@ -74,7 +75,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		}
 		if err != nil {
 			b.envLog(h).Debug().Err(err).Dur("retry_in", pause).Msg("watch ended; resuming")
-			if err := podworker.Sleep(ctx, pause); err != nil {
+			if err := clock.Sleep(ctx, pause); err != nil {
 				return podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, err)
 			}
 			pause = min(2*pause, maxWaitRetry)

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/envlock"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -277,7 +278,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		return podworker.Exit{}, errorf("wait", id, podworker.ErrNotFound)
 	}
 	for running() {
-		if err := podworker.Sleep(ctx, b.poll); err != nil {
+		if err := clock.Sleep(ctx, b.poll); err != nil {
 			return podworker.Exit{}, errorf("wait", id, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -86,7 +87,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 		default:
 			return podworker.Exit{}, fmt.Errorf("opensandbox: wait for sandbox %s: %w", id, err)
 		}
-		if err := podworker.Sleep(ctx, b.cfg.PollInterval); err != nil {
+		if err := clock.Sleep(ctx, b.cfg.PollInterval); err != nil {
 			return podworker.Exit{}, fmt.Errorf("opensandbox: wait for sandbox %s: %w", id, err)
 		}
 	}

@@ -16,7 +16,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/internal/clock"
 )
 
 // maxBody bounds how much of an answer the client reads.
@@ -103,7 +103,7 @@ func (cl *client) do(ctx context.Context, c call) error {
 		}
 		cl.log.Warn().Err(err).Str("method", c.method).Str("path", c.path).Int("attempt", attempt).
 			Dur("retry_in", wait).Msg("OpenSandbox request failed; retrying")
-		if err := podworker.Sleep(ctx, wait); err != nil {
+		if err := clock.Sleep(ctx, wait); err != nil {
 			return fmt.Errorf("%s %s: %w", c.method, c.path, err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/vmworker"
@@ -143,7 +144,7 @@ func (b *Backend) create(ctx context.Context, spec podworker.Spec, instance, non
 		}
 		wait := b.cl.backoff(attempt)
 		b.log.Warn().Err(err).Int("attempt", attempt).Dur("retry_in", wait).Msg("sandbox create failed; retrying")
-		if err := podworker.Sleep(ctx, wait); err != nil {
+		if err := clock.Sleep(ctx, wait); err != nil {
 			return sandbox{}, fmt.Errorf("create sandbox in pool %s: %w", b.cfg.Pool, err)
 		}
 	}
@@ -269,7 +270,7 @@ func (b *Backend) awaitRunning(ctx context.Context, id string) error {
 			lastErr = err
 		}
 		if sctx.Err() == nil {
-			_ = podworker.Sleep(sctx, b.cfg.PollInterval)
+			_ = clock.Sleep(sctx, b.cfg.PollInterval)
 		}
 		if ctx.Err() != nil {
 			return fmt.Errorf("wait for sandbox %s to run: %w", id, ctx.Err())
