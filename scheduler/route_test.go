@@ -7,9 +7,11 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.yaml.in/yaml/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -183,5 +185,36 @@ func checkRoute(t *testing.T, runsOn []string, enabled []assignment.Backend) {
 		assert.Less(t, len(err.Error()), 2048, "a refusal quotes labels in bounded space")
 	} else {
 		require.NoError(t, err)
+	}
+}
+
+// TestForkOf: which tasks run for a pull request from a fork; a pull request event that does
+// not say where its head is counts as one (fail closed).
+func TestForkOf(t *testing.T) {
+	repo := func(name string) map[string]any { return map[string]any{"repo": map[string]any{"full_name": name}} }
+	for _, tc := range []struct {
+		name  string
+		event string
+		pr    map[string]any
+		want  bool
+	}{
+		{"push", "push", nil, false},
+		{"pull request from a branch", "pull_request", map[string]any{"head": repo("o/r"), "base": repo("o/r")}, false},
+		{"names compare without case", "pull_request", map[string]any{"head": repo("O/R"), "base": repo("o/r")}, false},
+		{"pull request from a fork", "pull_request", map[string]any{"head": repo("stranger/r"), "base": repo("o/r")}, true},
+		{"pull_request_target from a fork", "pull_request_target", map[string]any{"head": repo("stranger/r"), "base": repo("o/r")}, true},
+		{"review comment on a fork's pull request", "pull_request_review_comment", map[string]any{"head": repo("stranger/r"), "base": repo("o/r")}, true},
+		{"head repository deleted", "pull_request", map[string]any{"head": map[string]any{}, "base": repo("o/r")}, true},
+		{"no pull request in the event", "pull_request", nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fields := map[string]any{"repository": "o/r", "event_name": tc.event}
+			if tc.pr != nil {
+				fields["event"] = map[string]any{"pull_request": tc.pr}
+			}
+			ctx, err := structpb.NewStruct(fields)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, forkOf(&runnerv1.Task{Context: ctx}))
+		})
 	}
 }

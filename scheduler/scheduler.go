@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/grants"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
@@ -47,10 +49,13 @@ type Config struct {
 	// ForgeURL is the forge's URL for tasks that do not name their own (Gitea's task context
 	// carries its ROOT_URL as server_url): GITEA_URL.
 	ForgeURL assignment.ForgeURL
-	Box      *sealbox.Box
-	Log      zerolog.Logger
-	Now      func() time.Time
-	Metrics  *Metrics
+	// Grants is GRANTS_FILE's policy: a job whose tier its grant does not allow is failed
+	// upstream with a message naming the grant, and never claimed. Nil grants every tier.
+	Grants  *grants.Policy
+	Box     *sealbox.Box
+	Log     zerolog.Logger
+	Now     func() time.Time
+	Metrics *Metrics
 }
 
 // Scheduler claims forge tasks and drives assignments to their end.
@@ -216,6 +221,10 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 	if err == nil {
 		backend, err = Route(job.RunsOn, s.cfg.Backends)
 	}
+	fork := forkOf(task)
+	if err == nil {
+		err = s.cfg.Grants.Check(grants.Subject{Repo: repoOf(task), Fork: fork}, backend)
+	}
 	if err != nil {
 		s.cfg.Metrics.Rejected.Inc()
 		logger.Warn().Err(err).Msg("task rejected")
@@ -235,7 +244,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		var err error
 		st, err = s.log.Apply(ctx, assignment.Event{
 			Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
-			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: UniqueLabels(job.RunsOn), ForgeURL: s.forgeURLOf(task, logger),
+			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: UniqueLabels(job.RunsOn), Fork: fork, ForgeURL: s.forgeURLOf(task, logger),
 			TaskDigest: digest, Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
 		}, nil)
 		if errors.Is(err, assignment.ErrExists) {
@@ -315,6 +324,23 @@ func repoOf(t *runnerv1.Task) string {
 		return c.GetFields()["repository"].GetStringValue()
 	}
 	return ""
+}
+
+// forkOf reports whether a task runs for a pull request from a fork: a pull_request* event
+// whose head repository is not its base repository. A pull request event without a readable
+// head or base repository counts as a fork, so the forks bound of GRANTS_FILE fails closed.
+func forkOf(t *runnerv1.Task) bool {
+	fields := t.GetContext().GetFields()
+	if !strings.HasPrefix(fields["event_name"].GetStringValue(), "pull_request") {
+		return false
+	}
+	pr := fields["event"].GetStructValue().GetFields()["pull_request"].GetStructValue().GetFields()
+	repoName := func(side string) string {
+		repo := pr[side].GetStructValue().GetFields()["repo"].GetStructValue().GetFields()
+		return strings.ToLower(repo["full_name"].GetStringValue())
+	}
+	head, base := repoName("head"), repoName("base")
+	return head == "" || base == "" || head != base
 }
 
 // forgeURLOf returns the forge URL the task's job is to see: the server_url of its context (Gitea's

@@ -14,10 +14,12 @@ import (
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/grants"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
 	"github.com/dynrunner/dynrunner/scheduler"
 )
@@ -37,9 +39,13 @@ func (c *clock) Advance(d time.Duration) {
 func (e *env) runScheduler(clk *clock) { e.runSchedulerWith(clk, nil) }
 
 func (e *env) runSchedulerWith(clk *clock, capacity map[assignment.Backend]int) {
+	e.runSchedulerPolicy(clk, capacity, nil)
+}
+
+func (e *env) runSchedulerPolicy(clk *clock, capacity map[assignment.Backend]int, policy *grants.Policy) {
 	e.t.Helper()
 	s := scheduler.New(scheduler.Config{
-		Capacity: capacity,
+		Capacity: capacity, Grants: policy,
 		Actor:    "scheduler-test", Backends: []assignment.Backend{assignment.BackendPod},
 		Lease: 5 * time.Minute, Pickup: 2 * time.Minute, FetchInterval: 20 * time.Millisecond, FetchIntervalMax: 100 * time.Millisecond,
 		Keepalive: time.Minute, Reconcile: 20 * time.Millisecond, Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)), Now: clk.Now,
@@ -142,6 +148,54 @@ func TestSchedulerRejectsUnroutableJobs(t *testing.T) {
 			assert.Contains(t, log, "accepted: [self-hosted, pod]", "the log does not say which labels are accepted")
 			_, err := e.log.Get(t.Context(), 21)
 			assert.ErrorIs(t, err, assignment.ErrNotFound, "an unroutable task got an assignment")
+		})
+	}
+}
+
+// TestSchedulerRefusesJobsTheirGrantDoesNotCover: a job whose tier GRANTS_FILE does not
+// grant its repository (here: a vm-only repository's pod job, and a pod job of a pull request
+// from a fork, with forks bound to vm) is failed upstream with a message naming the grant, and
+// never claimed; a pull request from a branch of the same repository is not a fork's.
+func TestSchedulerRefusesJobsTheirGrantDoesNotCover(t *testing.T) {
+	pullRequest := func(task *runnerv1.Task, head string) *runnerv1.Task {
+		ev, err := structpb.NewStruct(map[string]any{"pull_request": map[string]any{
+			"head": map[string]any{"repo": map[string]any{"full_name": head}},
+			"base": map[string]any{"repo": map[string]any{"full_name": "o/r"}},
+		}})
+		require.NoError(t, err)
+		task.Context.Fields["event_name"] = structpb.NewStringValue("pull_request")
+		task.Context.Fields["event"] = structpb.NewStructValue(ev)
+		return task
+	}
+	for _, tc := range []struct {
+		name, policy, rule string
+		task               *runnerv1.Task
+	}{
+		{"vm-only repository", "repositories:\n  o/r: [vm]\n", `repositories["o/r"]`, taskWithRunsOn(61, "[self-hosted, pod]")},
+		{"vm-only owner", "owners:\n  O: [vm]\n", `owners["o"]`, taskWithRunsOn(61, "[self-hosted, pod]")},
+		{"fork bound to vm", "forks: [vm]\n", "no rule and forks", pullRequest(taskWithRunsOn(61, "[self-hosted, pod]"), "stranger/r")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			policy, err := grants.Parse([]byte(tc.policy))
+			require.NoError(t, err)
+			e := newEnv(t)
+			e.runSchedulerPolicy(&clock{now: time.Now()}, nil, policy)
+			e.forge.Push(tc.task)
+			e.forge.Push(pullRequest(taskWithRunsOn(62, "[self-hosted, pod]"), "O/R"))
+			eventually(t, "the upstream failure", func() bool { return e.forge.Result(61) == runnerv1.Result_RESULT_FAILURE })
+			log := strings.Join(e.forge.Log(61), "\n")
+			assert.Contains(t, log, "dynrunner: this job was not run: isolation tier not granted: the job asks for pod, but grant "+tc.rule+" of GRANTS_FILE")
+			assert.Contains(t, log, "use runs-on: [self-hosted, vm]")
+			_, err = e.log.Get(t.Context(), 61)
+			assert.ErrorIs(t, err, assignment.ErrNotFound, "a job its grant does not cover got an assignment")
+			if tc.rule == "no rule and forks" {
+				var st assignment.State
+				eventually(t, "the same repository's pull request claimed", func() bool {
+					st, err = e.log.Get(t.Context(), 62)
+					return err == nil
+				})
+				assert.False(t, st.Fork, "a pull request from the repository itself recorded as a fork's")
+			}
 		})
 	}
 }

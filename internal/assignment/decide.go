@@ -44,6 +44,7 @@ type Event struct {
 	Repo       string
 	Job        string
 	RunsOn     []string
+	Fork       bool
 	ForgeURL   ForgeURL
 	TaskDigest string
 	Pickup     time.Duration
@@ -227,6 +228,7 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 		Repo:           ev.Repo,
 		Job:            ev.Job,
 		RunsOn:         ev.RunsOn,
+		Fork:           ev.Fork,
 		ForgeURL:       ev.ForgeURL,
 		ClaimedAt:      ev.At,
 		PickupDeadline: ev.At.Add(ev.Pickup),

@@ -67,6 +67,9 @@ type Record struct {
 	Repo   string   `json:"repo,omitempty"`
 	Job    string   `json:"job,omitempty"`
 	RunsOn []string `json:"runs_on,omitempty"`
+	// Fork: the job runs for a pull request from a fork (its head repository is not Repo);
+	// GRANTS_FILE's forks bound applies to it.
+	Fork bool `json:"fork,omitempty"`
 	// ForgeURL is the forge's own URL as the task names it (Gitea's ROOT_URL); environments
 	// hand it to the job as its server URL.
 	ForgeURL ForgeURL `json:"forge_url,omitempty"`
