@@ -26,6 +26,9 @@ type dispatchSnapshot struct {
 	// readErr is the error reading st from JetStream; it wraps assignment.ErrNotFound when the
 	// task has no assignment.
 	readErr error
+	// refused is why this worker must not run st (its grant does not cover its tier); nil
+	// when it may.
+	refused error
 	// delivered is the message's delivery count; deliveredOK is false when the message's
 	// metadata could not be read.
 	delivered   uint64
@@ -45,6 +48,8 @@ const (
 	// dispatchDrop: the dispatch is no longer current (another epoch; the assignment ended
 	// or failed); acknowledge it and do nothing.
 	dispatchDrop
+	// dispatchRefuse: the assignment's grant does not cover its tier; fail it, start nothing.
+	dispatchRefuse
 	// dispatchAdopt: the environment was started and recorded before (a crash lost the
 	// acknowledgement); reserve the task and adopt it, unless another worker watches it.
 	dispatchAdopt
@@ -56,7 +61,7 @@ const (
 // dispatchAction is planDispatch's answer.
 type dispatchAction struct {
 	kind dispatchKind
-	// reason is the dead-letter reason (poison, orphan).
+	// reason is the dead-letter reason (poison, orphan), or why the assignment is refused.
 	reason string
 	// cause is the error to retry on (retry).
 	cause error
@@ -81,6 +86,10 @@ func planDispatch(s dispatchSnapshot) dispatchAction {
 	}
 	if s.st.Epoch() != s.d.Epoch || !s.st.Active() {
 		return dispatchAction{kind: dispatchDrop}
+	}
+	if s.refused != nil {
+		// Before adopting too: an environment started under an older policy is not kept.
+		return dispatchAction{kind: dispatchRefuse, reason: s.refused.Error()}
 	}
 	if len(s.st.Handle) > 0 {
 		// Started before a crash: adopt the environment. A handle that does not decode is

@@ -11,6 +11,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/grants"
 )
 
 // asg is an assignment of task 7 at epoch in phase, recording handle when it is not nil.
@@ -51,6 +52,12 @@ func TestPlanDispatch(t *testing.T) {
 		{name: "completed", s: dispatchSnapshot{d: d, st: asg(assignment.Completed, 3, h), delivered: 2, deliveredOK: true},
 			want: dispatchAction{kind: dispatchDrop}},
 		{name: "closed", s: dispatchSnapshot{d: d, st: asg(assignment.Closed, 3, h), delivered: 1, deliveredOK: true},
+			want: dispatchAction{kind: dispatchDrop}},
+		{name: "grant does not cover the tier: refuse", s: dispatchSnapshot{d: d, st: asg(assignment.Claimed, 3, nil), refused: grants.ErrNotGranted, delivered: 1, deliveredOK: true},
+			want: dispatchAction{kind: dispatchRefuse, reason: grants.ErrNotGranted.Error()}},
+		{name: "grant does not cover a started one: refuse, not adopt", s: dispatchSnapshot{d: d, st: asg(assignment.Running, 3, h), refused: grants.ErrNotGranted, delivered: 2, deliveredOK: true},
+			want: dispatchAction{kind: dispatchRefuse, reason: grants.ErrNotGranted.Error()}},
+		{name: "refused but ended: drop", s: dispatchSnapshot{d: d, st: asg(assignment.Failed, 3, h), refused: grants.ErrNotGranted, delivered: 1, deliveredOK: true},
 			want: dispatchAction{kind: dispatchDrop}},
 		{name: "claimed: start", s: dispatchSnapshot{d: d, st: asg(assignment.Claimed, 3, nil), delivered: 1, deliveredOK: true},
 			want: dispatchAction{kind: dispatchStart}},

@@ -18,6 +18,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/grants"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 )
 
@@ -53,8 +54,12 @@ type Config struct {
 	Heartbeat time.Duration
 	// RetryDelay is the redelivery delay after a failed start, times the delivery count.
 	RetryDelay time.Duration
-	Log        zerolog.Logger
-	Now        func() time.Time
+	// Grants is GRANTS_FILE's policy, checked again before an environment starts (the
+	// scheduler checked it before claiming): an assignment whose grant does not cover its
+	// tier fails instead. Nil grants every tier.
+	Grants *grants.Policy
+	Log    zerolog.Logger
+	Now    func() time.Time
 }
 
 // Worker consumes dispatches of one tier and runs their environments on a Backend.
@@ -208,6 +213,9 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) bool {
 		logger.Info().Str(logkey.Phase, string(st.Phase)).Msg("dispatch no longer current; dropped")
 		_ = msg.Ack()
 		return false
+	case dispatchRefuse:
+		w.refuse(ctx, msg, st, a.reason, logger)
+		return false
 	}
 	// Reserve the task before anything is started or recorded, so neither a redelivery nor the
 	// reaper takes the environment this dispatch is starting.
@@ -240,7 +248,26 @@ func (w *Worker) readDispatch(ctx context.Context, msg jetstream.Msg) dispatchSn
 		// The view has not seen the claim yet (or lags): read it from JetStream.
 		s.st, s.readErr = w.log.Get(ctx, s.d.Task)
 	}
+	if s.readErr == nil {
+		s.refused = w.cfg.Grants.Check(grants.Subject{Repo: s.st.Repo, Fork: s.st.Fork}, s.st.Backend)
+		if s.refused == nil && s.st.Backend != w.cfg.Tier {
+			s.refused = fmt.Errorf("the assignment is for the %s tier, and this worker runs %s", s.st.Backend, w.cfg.Tier)
+		}
+	}
 	return s
+}
+
+// refuse fails st, whose grant does not cover its tier, instead of starting its environment;
+// the scheduler tells the forge why.
+func (w *Worker) refuse(ctx context.Context, msg jetstream.Msg, st assignment.State, reason string, logger zerolog.Logger) {
+	logger.Warn().Str("reason", reason).Msg("assignment refused; failing it")
+	_, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
+		Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: "the " + string(w.cfg.Tier) + " worker refused it: " + reason}, &st)
+	if err != nil && !startRefused(err) {
+		w.retry(ctx, msg, &st, err)
+		return
+	}
+	_ = msg.Ack()
 }
 
 // delivery returns a message's delivery count; false when its metadata cannot be read.

@@ -21,6 +21,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
+	"github.com/dynrunner/dynrunner/internal/grants"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -295,6 +296,32 @@ func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
 	mem.exit(id, 2)
 	eventually(t, "failed", func() bool { return r.phase(1).Phase == assignment.Failed })
 	assert.Contains(t, r.phase(1).Reason, "exit code 2", "the reason does not give the exit code")
+}
+
+// TestWorkerRefusesAssignmentsItsGrantsDoNotCover: the worker checks GRANTS_FILE again
+// before it starts an environment (defence in depth: a claim made by a scheduler with another
+// policy, or a record that says so). An assignment whose grant does not cover its tier fails,
+// naming the grant, and nothing starts; one whose grant covers it starts.
+func TestWorkerRefusesAssignmentsItsGrantsDoNotCover(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	policy, err := grants.Parse([]byte("owners:\n  contractors: [vm]\n"))
+	require.NoError(t, err)
+	r.runWorker(r.log, mem, podworker.Config{Actor: "worker-test", Reap: time.Hour, Grants: policy})
+	claim := func(task assignment.TaskID, repo string) {
+		st, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Claimed, Task: task, At: time.Now(), Actor: "test",
+			Backend: assignment.BackendPod, Repo: repo, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+		require.NoError(t, err)
+		require.NoError(t, r.log.Dispatch(t.Context(), assignment.BackendPod, task, st.Epoch()))
+	}
+	claim(1, "contractors/app")
+	claim(2, "acme/site")
+	eventually(t, "the granted assignment started", func() bool { return r.phase(2).Phase == assignment.Started })
+	eventually(t, "the refused assignment failed", func() bool { return r.phase(1).Phase == assignment.Failed })
+	assert.Equal(t, `the pod worker refused it: isolation tier not granted: the job asks for pod, but grant owners["contractors"] of GRANTS_FILE allows repository contractors/app only [vm]; use runs-on: [self-hosted, vm]`, r.phase(1).Reason)
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
+	assert.Equal(t, 1, mem.starts, "environments started: only the granted one")
 }
 
 func TestWorkerDeadLettersAfterMaxDeliver(t *testing.T) {

@@ -331,7 +331,7 @@ func (p *plane) startScheduler() error {
 		Actor: "scheduler@" + p.actor, Backends: tierBackends(cfg), Lease: cfg.Lease, Pickup: cfg.Pickup,
 		Capacity:      map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
 		FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
-		Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Box: p.box, Log: p.log.With().Str("component", "scheduler").Logger(), Metrics: p.metrics,
+		Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Grants: cfg.Grants, Box: p.box, Log: p.log.With().Str("component", "scheduler").Logger(), Metrics: p.metrics,
 	}, p.upstream, p.evlog, p.view)
 	p.g.Go(func() error { return s.Run(p.gctx) })
 	p.ready = append(p.ready, s.Ready())
@@ -444,7 +444,7 @@ func (p *plane) startPodWorker(pods podTier) error {
 	w := podworker.New(podworker.Config{
 		Actor: "pod-worker@" + p.actor, Tier: assignment.BackendPod, Concurrency: cfg.PodConcurrency,
 		Issuer: p.issuer, Identity: ident, Log: p.log.With().Str("component", "pod-worker").Logger(),
-		ExecutorEnv: executorEnv(cfg, pods.facadeURL, pods.runnerBin),
+		ExecutorEnv: executorEnv(cfg, pods.facadeURL, pods.runnerBin), Grants: cfg.Grants,
 	}, pods.backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())

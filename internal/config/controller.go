@@ -14,6 +14,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/grants"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -72,8 +73,12 @@ type Controller struct {
 	// after the holder died.
 	SchedulerLease time.Duration
 	Tiers          []string
-	VM             VM
-	FetchInterval  time.Duration
+	// GrantsFile is GRANTS_FILE, and Grants its policy, loaded at boot: which tiers each
+	// repository owner and repository may use (nil without the file: every tier).
+	GrantsFile    string
+	Grants        *grants.Policy
+	VM            VM
+	FetchInterval time.Duration
 	// LivenessTTL is how long a component's heartbeat in the components bucket outlives its
 	// last beat (LIVENESS_TTL): every process beats every third of it, and `dynrunner status`
 	// stops listing one that was killed within it. Every component must use the same.
@@ -317,6 +322,14 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	if c.SchedulerLease+c.Keepalive >= 10*time.Minute {
 		e.fail("SCHEDULER_LEASE_SECS=%d with KEEPALIVE_SECS=%d: their sum must be below 600: a task gets no keepalive while the lease passes to another scheduler, and Gitea fails tasks silent for 10 minutes",
 			int(c.SchedulerLease.Seconds()), int(c.Keepalive.Seconds()))
+	}
+	c.GrantsFile = e.str("GRANTS_FILE", "")
+	if c.GrantsFile != "" && (c.Has(Scheduler) || c.Has(PodWorker) || c.Has(VMWorker)) {
+		if p, err := grants.Load(c.GrantsFile); err != nil {
+			e.fail("GRANTS_FILE: %v", err)
+		} else {
+			c.Grants = p
+		}
 	}
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}

@@ -1,12 +1,16 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"time"
+
+	"github.com/dynrunner/dynrunner/internal/grants"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -95,6 +99,8 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 		{"relative vm image", map[string]string{"VM_IMAGE": "../base.qcow2"}, "VM_IMAGE"},
 		{"kernel without initramfs", map[string]string{"VM_IMAGE": "/b.qcow2", "VM_KERNEL": "/vmlinuz"}, "VM_INITRAMFS"},
 		{"unknown tier", map[string]string{"TIERS": "pod,gpu"}, "TIERS"},
+		{"grants file missing", map[string]string{"GRANTS_FILE": "/nonexistent/grants.yaml"}, "GRANTS_FILE"},
+		{"opensandbox isolation misspelt", map[string]string{"VM_BACKEND": "opensandbox", "OPENSANDBOX_ISOLATION": "microvm"}, "OPENSANDBOX_ISOLATION"},
 		{"kubernetes without a namespace", map[string]string{"POD_BACKEND": "kubernetes", "POD_SPIFFE_CSI": "true", "SPIFFE_ENDPOINT_SOCKET": "unix:///run/spire/agent.sock", "RUNNER_FACADE_URL": "https://facade.dynrunner:8443", "POD_EXECUTOR_IMAGE": "dynrunner/executor@sha256:" + strings.Repeat("a", 64)}, "POD_NAMESPACE"},
 		{"kubernetes image by tag", map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_EXECUTOR_IMAGE": "dynrunner/executor:latest"}, "POD_EXECUTOR_IMAGE"},
 		{"kubernetes with the development CA", map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_EXECUTOR_IMAGE": "dynrunner/executor@sha256:" + strings.Repeat("a", 64)}, "development CA is refused"},
@@ -123,4 +129,54 @@ func TestLoadControllerFailsClosed(t *testing.T) {
 			assert.ErrorContains(t, err, tc.want)
 		})
 	}
+}
+
+// TestGrantsFile: GRANTS_FILE is loaded at boot into the policy the scheduler and the workers
+// check; a file that does not parse refuses the boot, naming the variable and the problem.
+func TestGrantsFile(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "grants.yaml")
+	require.NoError(t, os.WriteFile(good, []byte("owners:\n  contractors: [vm]\n"), 0o600))
+	env := base()
+	env["GRANTS_FILE"] = good
+	c, err := LoadController(envOf(env))
+	require.NoError(t, err)
+	require.NotNil(t, c.Grants)
+	assert.Equal(t, `owners["contractors"]`, c.Grants.For(grants.Subject{Repo: "contractors/app"}).Rule)
+
+	bad := filepath.Join(dir, "bad.yaml")
+	require.NoError(t, os.WriteFile(bad, []byte("owners:\n  contractors: [container]\n"), 0o600))
+	env["GRANTS_FILE"] = bad
+	_, err = LoadController(envOf(env))
+	require.ErrorContains(t, err, `GRANTS_FILE: `+bad+`: grants policy: owners["contractors"]: tier "container": want pod or vm`)
+
+	c, err = LoadController(envOf(base()))
+	require.NoError(t, err)
+	assert.Nil(t, c.Grants, "without GRANTS_FILE every tier is granted")
+}
+
+// TestGrantsNeedRealVMIsolation: with grants, a vm worker on OpenSandbox boots only when the
+// operator declares the pool's sandboxes microVMs; the local launcher always boots microVMs.
+func TestGrantsNeedRealVMIsolation(t *testing.T) {
+	grantsFile := filepath.Join(t.TempDir(), "grants.yaml")
+	require.NoError(t, os.WriteFile(grantsFile, []byte("forks: [vm]\n"), 0o600))
+	env := base()
+	for k, v := range map[string]string{
+		"VM_BACKEND": "opensandbox", "OPENSANDBOX_URL": "https://sandbox.example", "OPENSANDBOX_API_KEY_FILE": "/k",
+		"OPENSANDBOX_SANDBOX_CIDR": "10.9.0.0/16", "VM_NONCE_LISTEN": "10.9.0.1:7001", "RUNNER_FACADE_GUEST_LISTEN": "10.9.0.1:8444",
+	} {
+		env[k] = v
+	}
+	_, err := LoadController(envOf(env))
+	require.NoError(t, err, "OpenSandbox without grants boots as before")
+
+	env["GRANTS_FILE"] = grantsFile
+	_, err = LoadController(envOf(env))
+	require.ErrorContains(t, err, "GRANTS_FILE with VM_BACKEND=opensandbox")
+	require.ErrorContains(t, err, "OPENSANDBOX_ISOLATION=vm")
+
+	env["OPENSANDBOX_ISOLATION"] = "vm"
+	c, err := LoadController(envOf(env))
+	require.NoError(t, err)
+	assert.Equal(t, "vm", c.VM.OpenSandbox.Isolation)
 }

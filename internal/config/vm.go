@@ -55,6 +55,9 @@ type OpenSandbox struct {
 	SandboxTTL     time.Duration
 	StartTimeout   time.Duration
 	RequestTimeout time.Duration
+	// Isolation is OPENSANDBOX_ISOLATION: what the pool's sandboxes are, as the operator
+	// declares it (dynrunner cannot see it): vm for microVMs (Kata, Firecracker), or unknown.
+	Isolation string
 }
 
 var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
@@ -159,6 +162,13 @@ func loadOpenSandbox(e *env, c Controller, v *VM) {
 		Pool:       e.str("OPENSANDBOX_POOL", "ci-vm"),
 		Image:      e.str("OPENSANDBOX_IMAGE", ""),
 		Scope:      e.str("OPENSANDBOX_SCOPE", "default"),
+	}
+	o.Isolation = e.str("OPENSANDBOX_ISOLATION", "unknown")
+	switch {
+	case o.Isolation != "vm" && o.Isolation != "unknown":
+		e.fail("OPENSANDBOX_ISOLATION=%q: want vm (the pool's sandboxes are microVMs) or unknown", o.Isolation)
+	case o.Isolation != "vm" && c.GrantsFile != "":
+		e.fail("GRANTS_FILE with VM_BACKEND=opensandbox: grants promise that vm jobs get VM isolation, and OPENSANDBOX_ISOLATION=%s does not say the pool's sandboxes are microVMs; set OPENSANDBOX_ISOLATION=vm if they are (Kata, Firecracker), or use VM_BACKEND=local", o.Isolation)
 	}
 	o.SandboxTTL = e.duration("OPENSANDBOX_SANDBOX_TTL", 6*time.Hour, time.Minute)
 	o.StartTimeout = e.duration("OPENSANDBOX_START_TIMEOUT", 60*time.Second, time.Second)
