@@ -46,7 +46,7 @@ func (e *env) runSchedulerPolicy(clk *clock, capacity map[assignment.Backend]int
 	e.t.Helper()
 	s := scheduler.New(scheduler.Config{
 		Capacity: capacity, Grants: policy,
-		Actor:    "scheduler-test", Backends: []assignment.Backend{assignment.BackendPod},
+		Actor: "scheduler-test", Backends: []assignment.Backend{assignment.BackendPod},
 		Lease: 5 * time.Minute, Pickup: 2 * time.Minute, FetchInterval: 20 * time.Millisecond, FetchIntervalMax: 100 * time.Millisecond,
 		Keepalive: time.Minute, Reconcile: 20 * time.Millisecond, Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)), Now: clk.Now,
 	}, e.forge, e.log, e.view)
