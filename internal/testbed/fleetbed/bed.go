@@ -131,7 +131,12 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 		return nil, err
 	}
 	began := time.Now()
-	im, err := BuildImages(ctx)
+	var im Images
+	if opts.NATSOnly {
+		im.NATS, err = BuildNATSImage(ctx)
+	} else {
+		im, err = BuildImages(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
