@@ -220,7 +220,7 @@ func (c *clusterBench) run(b *testing.B, n int) {
 	for i, r := range reps {
 		ctrs[i] = r.ctr
 	}
-	baseCompleted, baseStarted := c.n(assignment.Completed), c.n(assignment.Started)
+	baseCompleted, baseStarted, baseFailed := c.n(assignment.Completed), c.n(assignment.Started), c.n(assignment.Failed)
 	c.forge.fakeForge.mu.Lock()
 	firstTask := c.forge.limit + 1 // every task released before was fetched: its lifecycle completed
 	c.forge.fakeForge.mu.Unlock()
@@ -231,7 +231,10 @@ func (c *clusterBench) run(b *testing.B, n int) {
 	for range b.N {
 		c.forge.release(clusterTasks)
 		done += clusterTasks
-		c.waitFor(b, 10*time.Minute, func() bool { return c.n(assignment.Completed)-baseCompleted >= done }, func() string {
+		// A failed assignment never completes: stop at it, and say why below.
+		c.waitFor(b, 10*time.Minute, func() bool {
+			return c.n(assignment.Completed)-baseCompleted >= done || c.n(assignment.Failed) > baseFailed
+		}, func() string {
 			return fmt.Sprintf("completed %d of %d; transitions %v; forge successes %d; replica logs:\n%s",
 				c.n(assignment.Completed)-baseCompleted, done, c.seenCopy(), c.forge.successes.Load(), tails(reps))
 		})
@@ -251,6 +254,9 @@ func (c *clusterBench) run(b *testing.B, n int) {
 		if res.Failed > 0 {
 			b.Fatalf("replica %s: %d environments failed; first: %s", r.ctr.Name, res.Failed, res.FirstErr)
 		}
+	}
+	if failed := c.n(assignment.Failed) - baseFailed; failed > 0 {
+		b.Fatalf("%d assignment(s) failed; replica logs:\n%s", failed, tails(reps))
 	}
 	if err := c.forge.exactlyOnce(firstTask, firstTask+int64(done)-1); err != nil {
 		b.Fatal(err)

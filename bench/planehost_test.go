@@ -134,9 +134,6 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 		return hostResult{}, err
 	}
 	target := facadeTarget{URL: "https://" + ln.Addr().String(), TD: clusterTD}
-	backend := newLocalBackend(func(ctx context.Context, spec envSpec) error {
-		return runEnv(ctx, target, spec, envFinish, nil)
-	})
 	// Info level, as the controller logs: every line is formatted; warnings and errors go to
 	// stderr, which the benchmark keeps for its failure message.
 	logw := zerolog.MultiLevelWriter(
@@ -144,6 +141,13 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: os.Stderr}, Level: zerolog.WarnLevel},
 	)
 	logger := zerolog.New(logw).Level(zerolog.InfoLevel).With().Timestamp().Str("replica", cfg.Name).Logger()
+	backend := newLocalBackend(func(ctx context.Context, spec envSpec) error {
+		err := runEnv(ctx, target, spec, envFinish, nil)
+		if err != nil && !errCancelled(ctx, err) {
+			logger.Warn().Err(err).Str("component", "environment").Msg("environment failed")
+		}
+		return err
+	})
 	view := eventlog.NewView()
 	view.OnChange(backend.observe)
 	w := podworker.New(podworker.Config{
