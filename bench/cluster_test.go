@@ -245,9 +245,11 @@ func (c *clusterBench) run(b *testing.B, n int) {
 	b.Logf("load average after: %s", loadAvg())
 
 	var procCPU time.Duration
+	var retries int64
 	for _, r := range reps {
 		res := r.stop(b)
 		procCPU += res.CPU
+		retries += res.RegisterRetries
 		if res.Doubles > 0 {
 			b.Fatalf("replica %s: the pod worker watched %d environment(s) twice", r.ctr.Name, res.Doubles)
 		}
@@ -262,6 +264,9 @@ func (c *clusterBench) run(b *testing.B, n int) {
 		b.Fatal(err)
 	}
 	restarts := c.n(assignment.Started) - baseStarted - done
+	if retries > 0 {
+		b.Logf("%d Register(s) refused as an invalid transition and sent again; replica logs:\n%s", retries, tails(reps))
+	}
 	b.Logf("%d lifecycles in %s on %d replica(s): replicas' CPU %s (their own rusage %s), NATS nodes' %s, this process's %s",
 		done, elapsed.Round(time.Millisecond), n, repCPU.Round(time.Millisecond), procCPU.Round(time.Millisecond),
 		natsCPU.Round(time.Millisecond), selfCPU.Round(time.Millisecond))
@@ -274,6 +279,7 @@ func (c *clusterBench) run(b *testing.B, n int) {
 	b.ReportMetric(ms(repCPU+natsCPU+selfCPU), "total-cpu-ms/lifecycle")
 	b.ReportMetric((repCPU+natsCPU+selfCPU).Seconds()/elapsed.Seconds(), "cpu-cores")
 	b.ReportMetric(float64(restarts)/f, "restarts/lifecycle")
+	b.ReportMetric(float64(retries), "register-retries")
 }
 
 func (c *clusterBench) seenCopy() map[assignment.Transition]int {
