@@ -406,15 +406,18 @@ func (r *replica) stop(b *testing.B) hostResult {
 		b.Fatalf("stop %s: %v", r.ctr.Name, err)
 	}
 	select {
+	case <-r.exited: // the result, if any, was sent before
+	case <-ctx.Done():
+		b.Fatalf("replica %s: not exited within a minute of SIGTERM: %s", r.ctr.Name, r.tail())
+	}
+	select {
 	case res := <-r.result:
 		if res.Err != "" {
 			b.Fatalf("replica %s: %s; log: %s", r.ctr.Name, res.Err, r.tail())
 		}
 		return res
-	case <-r.exited:
+	default:
 		b.Fatalf("replica %s exited without a result: %s", r.ctr.Name, r.tail())
-	case <-ctx.Done():
-		b.Fatalf("replica %s: no result within a minute of SIGTERM: %s", r.ctr.Name, r.tail())
 	}
 	return hostResult{}
 }
