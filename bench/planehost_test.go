@@ -146,6 +146,7 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: os.Stderr}, Level: zerolog.WarnLevel},
 	)
 	logger := zerolog.New(logw).Level(zerolog.InfoLevel).With().Timestamp().Str("replica", cfg.Name).Logger()
+	view := eventlog.NewView()
 	var retries atomic.Int64
 	backend := newLocalBackend(func(ctx context.Context, spec envSpec) error {
 		var err error
@@ -159,7 +160,9 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 				break
 			}
 			retries.Add(1)
-			logger.Warn().Err(err).Int("attempt", attempt+1).Str("component", "environment").Msg("register refused; retrying")
+			logger.Warn().Err(err).Int("attempt", attempt+1).Str("component", "environment").
+				Str("view", viewState(view, spec.Task)).Str("jetstream", records(ctx, js, l, spec.Task)).
+				Msg("register refused; retrying")
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
@@ -171,7 +174,6 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 		}
 		return err
 	})
-	view := eventlog.NewView()
 	view.OnChange(backend.observe)
 	w := podworker.New(podworker.Config{
 		Actor: "pod-worker@" + cfg.Name, Tier: assignment.BackendPod, Concurrency: cfg.Concurrency,
@@ -245,4 +247,36 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 func registerRefused(err error) bool {
 	return err != nil && connect.CodeOf(err) == connect.CodeFailedPrecondition &&
 		strings.Contains(err.Error(), ": register: ") && strings.Contains(err.Error(), "invalid transition")
+}
+
+// viewState describes what the replica's view holds for task, for the refusal's log line.
+func viewState(v *eventlog.View, task assignment.TaskID) string {
+	st, ok := v.Get(task)
+	if !ok {
+		return "none"
+	}
+	return fmt.Sprintf("%s seq %d epoch %d", st.Phase, st.Seq, st.Epoch())
+}
+
+// records describes the task's assignment as JetStream holds it: what the log reads (Get) and
+// the sequence of the last message on each transition's subject, for the refusal's log line.
+func records(ctx context.Context, js jetstream.JetStream, l *eventlog.Log, task assignment.TaskID) string {
+	var sb strings.Builder
+	if st, err := l.Get(ctx, task); err != nil {
+		fmt.Fprintf(&sb, "get: %v;", err)
+	} else {
+		fmt.Fprintf(&sb, "get: %s seq %d;", st.Phase, st.Seq)
+	}
+	stream, err := js.Stream(ctx, eventlog.StreamAssignments)
+	if err != nil {
+		return sb.String() + " " + err.Error()
+	}
+	for _, tr := range []assignment.Transition{assignment.Claimed, assignment.Dispatched, assignment.Started, assignment.Registered} {
+		if m, err := stream.GetLastMsgForSubject(ctx, eventlog.RecordSubject(task, tr)); err == nil {
+			fmt.Fprintf(&sb, " %s seq %d", tr, m.Sequence)
+		} else {
+			fmt.Fprintf(&sb, " %s: %v", tr, err)
+		}
+	}
+	return sb.String()
 }
