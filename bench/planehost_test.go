@@ -258,8 +258,9 @@ func viewState(v *eventlog.View, task assignment.TaskID) string {
 	return fmt.Sprintf("%s seq %d epoch %d", st.Phase, st.Seq, st.Epoch())
 }
 
-// records describes the task's assignment as JetStream holds it: what the log reads (Get) and
-// the sequence of the last message on each transition's subject, for the refusal's log line.
+// records describes the task's assignment as JetStream holds it: what the log reads (Get), the
+// sequence of the last message on each transition's subject, and Get again, for the refusal's
+// log line.
 func records(ctx context.Context, js jetstream.JetStream, l *eventlog.Log, task assignment.TaskID) string {
 	var sb strings.Builder
 	if st, err := l.Get(ctx, task); err != nil {
@@ -277,6 +278,10 @@ func records(ctx context.Context, js jetstream.JetStream, l *eventlog.Log, task 
 		} else {
 			fmt.Fprintf(&sb, " %s: %v", tr, err)
 		}
+	}
+	// Read again after those: a wildcard read that still lags them is no matter of timing.
+	if st, err := l.Get(ctx, task); err == nil {
+		fmt.Fprintf(&sb, "; get again: %s seq %d", st.Phase, st.Seq)
 	}
 	return sb.String()
 }
