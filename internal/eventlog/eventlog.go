@@ -410,10 +410,29 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		fresh = false
 	}
 	var head uint64 // the task's last sequence, when it is not cur's (rejected records follow)
-	for range maxConflicts {
+	// known is a sequence the task's records are known to reach (the hint's): a read that ends
+	// before it is stale. On an R3 stream, a read right after an acknowledged append has been
+	// seen to return the record before it for a moment (BenchmarkLifecyclesCluster: the
+	// facade's Register refused as "registered in phase dispatched" although the worker's
+	// `started` was acknowledged); deciding on it would refuse a valid transition.
+	var known uint64
+	if cur != nil {
+		known = cur.Seq
+	}
+	for attempt := range maxConflicts {
 		if cur == nil && !skipRead {
 			s, h, err := l.read(ctx, ev.Task)
 			switch {
+			case err == nil && h < known:
+				// Stale: read again after a moment.
+				t := time.NewTimer(time.Duration(attempt+1) * 2 * time.Millisecond)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return assignment.State{}, ctx.Err()
+				case <-t.C:
+				}
+				continue
 			case err == nil:
 				cur = &s
 			case !errors.Is(err, assignment.ErrNotFound):
