@@ -150,11 +150,12 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 	var retries atomic.Int64
 	backend := newLocalBackend(func(ctx context.Context, spec envSpec) error {
 		var err error
-		// On the R3 cluster a Register is now and then refused with "registered in phase
+		// On the R3 cluster a Register was now and then refused with "registered in phase
 		// dispatched: invalid transition" although the environment launched only once its
-		// `started` was in this replica's view (see docs/benchmarks.md). The executor does
-		// not retry that refusal; this stand-in does, at most 5 times, and counts it, so the
-		// benchmark measures the rest and reports how often it happened.
+		// `started` was in this replica's view: eventlog.Apply decided on a stale read (see
+		// docs/benchmarks.md). The executor does not retry that refusal; this stand-in does,
+		// at most 5 times, and counts it, so the benchmark measures the rest, logs what the
+		// view and JetStream held, and then fails.
 		for attempt := range 5 {
 			if err = runEnv(ctx, target, spec, envFinish, nil); !registerRefused(err) {
 				break
