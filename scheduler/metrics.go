@@ -19,7 +19,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dynrunner_tasks_claimed_total", Help: "Forge tasks claimed, by backend.",
 		}, []string{"backend"}),
 		Rejected: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dynrunner_tasks_rejected_total", Help: "Forge tasks failed upstream because their runs-on selects no enabled backend.",
+			Name: "dynrunner_tasks_rejected_total", Help: "Forge tasks failed upstream unclaimed: their runs-on selects no enabled backend, or their grant (GRANTS_FILE) does not cover it.",
 		}),
 		FetchErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dynrunner_fetch_errors_total", Help: "Failed FetchTask calls to the forge.",
