@@ -219,7 +219,7 @@ func watchEventLog(ctx context.Context, l *eventlog.Log, v *eventlog.View, log z
 		}
 		log.Warn().Err(err).Dur("retry_in", wait).Msg("following the event log failed; reading it again")
 		if clock.Sleep(ctx, wait) != nil {
-			return nil
+			return nil //nolint:nilerr // stopped while waiting: a shutdown, not a failure
 		}
 		wait = min(2*wait, 5*time.Second)
 	}
