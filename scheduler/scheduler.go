@@ -15,6 +15,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/grants"
 	"github.com/dynrunner/dynrunner/internal/logkey"
@@ -299,12 +300,8 @@ func (s *Scheduler) persist(ctx context.Context, fn func() error) error {
 			return err
 		}
 		s.cfg.Log.Warn().Err(err).Dur("retry_in", wait).Msg("persist assignment")
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := clock.Sleep(ctx, wait); err != nil {
+			return err
 		}
 		wait = min(2*wait, 5*time.Second)
 	}

@@ -50,7 +50,6 @@ type Policy struct {
 	repositories map[string][]assignment.Backend
 	forks        []assignment.Backend
 	hasForks     bool
-	source       string
 }
 
 // Subject is what a grant is decided for: the job's repository ("owner/name") and whether it
@@ -114,7 +113,7 @@ func Parse(data []byte) (*Policy, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("%w: %w (keys: default, owners, repositories, forks)", ErrPolicy, err)
 	}
-	p := &Policy{owners: map[string][]assignment.Backend{}, repositories: map[string][]assignment.Backend{}, source: "GRANTS_FILE"}
+	p := &Policy{owners: map[string][]assignment.Backend{}, repositories: map[string][]assignment.Backend{}}
 	var err error
 	if f.Default != nil {
 		p.hasDefault = true
@@ -229,16 +228,9 @@ func (p *Policy) Check(s Subject, tier assignment.Backend) error {
 		}
 		allowed = "only [" + strings.Join(names, ", ") + "]"
 	}
-	msg := fmt.Sprintf("the job asks for %s, but grant %s of %s allows %s %s", tier, g.Rule, p.sourceName(), who, allowed)
+	msg := fmt.Sprintf("the job asks for %s, but grant %s of GRANTS_FILE allows %s %s", tier, g.Rule, who, allowed)
 	if len(g.Tiers) > 0 {
 		msg += fmt.Sprintf("; use runs-on: [self-hosted, %s]", g.Tiers[0])
 	}
 	return fmt.Errorf("%w: %s", ErrNotGranted, msg)
-}
-
-func (p *Policy) sourceName() string {
-	if p == nil || p.source == "" {
-		return "GRANTS_FILE"
-	}
-	return p.source
 }
