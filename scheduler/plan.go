@@ -78,7 +78,7 @@ func planReconcile(s reconcileSnapshot) []reconcileAction {
 		if keepalive {
 			plan = append(plan, reconcileAction{kind: reconcileKeepalive})
 		}
-	case assignment.Dispatched, assignment.Started, assignment.Registered:
+	case assignment.Queued, assignment.Dispatched, assignment.Started, assignment.Registered:
 		if keepalive {
 			plan = append(plan, reconcileAction{kind: reconcileKeepalive})
 		}

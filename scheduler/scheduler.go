@@ -50,6 +50,9 @@ type Config struct {
 	// ForgeURL is the forge's URL for tasks that do not name their own (Gitea's task context
 	// carries its ROOT_URL as server_url): GITEA_URL.
 	ForgeURL assignment.ForgeURL
+	// Admission configures the admission queue, its fairness and share cap (MAX_QUEUED,
+	// QUEUE_SECS, FAIRNESS, FAIR_SHARE_CAP); the zero value is no queue.
+	Admission Admission
 	// Grants is GRANTS_FILE's policy: a job whose tier its grant does not allow is failed
 	// upstream with a message naming the grant, and never claimed. Nil grants every tier.
 	Grants  *grants.Policy
@@ -147,7 +150,7 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if s.full() {
+		if paused(tally(s.view.Live()), s.cfg.Capacity, s.cfg.Backends, s.cfg.Admission) {
 			wait = s.cfg.FetchInterval
 			continue
 		}
@@ -175,27 +178,6 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 			s.cfg.Log.Error().Err(err).Int64(logkey.TaskID, task.GetId()).Msg("task not accepted")
 		}
 	}
-}
-
-// full reports whether an enabled tier has as many live assignments as it has capacity.
-func (s *Scheduler) full() bool {
-	if len(s.cfg.Capacity) == 0 {
-		return false
-	}
-	live := map[assignment.Backend]int{}
-	for _, st := range s.view.Live() {
-		if st.Active() { // a failed assignment's environment is gone
-			live[st.Backend]++
-		}
-	}
-	// Pause while any tier is full: a task the forge hands over cannot be given back, and one
-	// claimed for a full tier would wait for a slot and could miss its pickup deadline.
-	for _, b := range s.cfg.Backends {
-		if c, ok := s.cfg.Capacity[b]; ok && live[b] >= c {
-			return true
-		}
-	}
-	return false
 }
 
 func backoff(cur, base, max time.Duration) time.Duration {
@@ -237,6 +219,10 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 	if err != nil {
 		return fmt.Errorf("scheduler: seal task %d: %w", id, err)
 	}
+	var queue time.Duration
+	if queueOnClaim(tally(s.view.Live()), s.cfg.Capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task))) {
+		queue = s.cfg.Admission.Queue
+	}
 	var st assignment.State
 	err = s.persist(ctx, func() error {
 		if err := s.log.PutTask(ctx, id, sealed); err != nil {
@@ -246,7 +232,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		st, err = s.log.Apply(ctx, assignment.Event{
 			Transition: assignment.Claimed, Task: id, Actor: s.cfg.Actor, At: s.cfg.Now(),
 			Backend: backend, Repo: repoOf(task), Job: job.Name, RunsOn: UniqueLabels(job.RunsOn), Fork: fork, ForgeURL: s.forgeURLOf(task, logger),
-			TaskDigest: digest, Lease: s.cfg.Lease, Pickup: s.cfg.Pickup,
+			TaskDigest: digest, Lease: s.cfg.Lease, Pickup: s.cfg.Pickup, Queue: queue,
 		}, nil)
 		if errors.Is(err, assignment.ErrExists) {
 			// A retried claim whose first append landed, or another scheduler's claim: the
@@ -280,9 +266,42 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 	}
 	s.view.Observe(st)
 	s.cfg.Metrics.Claimed.WithLabelValues(string(backend)).Inc()
+	if st.Phase == assignment.Queued {
+		logger.Info().Str(logkey.Backend, string(backend)).Uint64(logkey.Epoch, uint64(st.Epoch())).
+			Str("repo", st.Repo).Str("job", st.Job).Time("queue_deadline", st.QueueDeadline).Msg("task claimed and queued: it waits for capacity")
+		return nil // the reconciler admits it when capacity frees
+	}
 	logger.Info().Str(logkey.Backend, string(backend)).Uint64(logkey.Epoch, uint64(st.Epoch())).
 		Str("repo", st.Repo).Str("job", st.Job).Msg("task claimed")
 	return s.log.Dispatch(ctx, backend, id, st.Epoch())
+}
+
+// admit gives queued claims the capacity that freed (planAdmit) and dispatches them. A
+// failed admission is tried again at the next pass; a failed dispatch is published again by
+// the reconciler (the admitted claim is in phase claimed).
+func (s *Scheduler) admit(ctx context.Context, live []assignment.State, now time.Time) {
+	for _, st := range planAdmit(live, s.cfg.Capacity, s.cfg.Admission, now) {
+		next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Admitted, Task: st.Task, Epoch: st.Epoch(),
+			Actor: s.cfg.Actor, At: now, Pickup: s.cfg.Pickup, Lease: s.cfg.Lease}, &st)
+		if errors.Is(err, assignment.ErrNoChange) {
+			continue
+		}
+		logger := s.cfg.Log.With().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Logger()
+		if err != nil {
+			if ctx.Err() == nil {
+				logger.Warn().Err(err).Msg("admit queued task")
+			}
+			continue
+		}
+		s.view.Observe(next)
+		waited := now.Sub(st.ClaimedAt)
+		s.cfg.Metrics.observeAdmission(st, waited)
+		logger.Info().Str(logkey.Backend, string(st.Backend)).Str("repo", st.Repo).Str("job", st.Job).
+			Dur("waited", waited).Msg("task admitted")
+		if err := s.log.Dispatch(ctx, st.Backend, st.Task, st.Epoch()); err != nil && ctx.Err() == nil {
+			logger.Warn().Err(err).Msg("dispatch admitted task; the reconciler publishes it again")
+		}
+	}
 }
 
 // persistFor bounds how long a claim is retried against an unavailable JetStream.
@@ -376,6 +395,14 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	now := s.cfg.Now()
 	live := s.view.Live()
 	s.cfg.Metrics.Live.Set(float64(len(live)))
+	s.cfg.Metrics.observeLoad(tally(live))
+	if s.cfg.Admission.Enabled() {
+		if lctx, cancel, held := s.lease.Context(ctx); held {
+			s.admit(lctx, live, now)
+			cancel()
+			live = s.view.Live()
+		}
+	}
 	// Ended assignments stay in the view for an hour (and at most eventlog.MaxEnded of them)
 	// so late reports get a clear answer without a read; older ones were dropped before (or
 	// expire with the bucket's max age, or the sweep removes them), so forget them first.

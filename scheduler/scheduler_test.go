@@ -43,9 +43,13 @@ func (e *env) runSchedulerWith(clk *clock, capacity map[assignment.Backend]int) 
 }
 
 func (e *env) runSchedulerPolicy(clk *clock, capacity map[assignment.Backend]int, policy *grants.Policy) {
+	e.runSchedulerAdmission(clk, capacity, policy, scheduler.Admission{})
+}
+
+func (e *env) runSchedulerAdmission(clk *clock, capacity map[assignment.Backend]int, policy *grants.Policy, adm scheduler.Admission) {
 	e.t.Helper()
 	s := scheduler.New(scheduler.Config{
-		Capacity: capacity, Grants: policy,
+		Capacity: capacity, Grants: policy, Admission: adm,
 		Actor: "scheduler-test", Backends: []assignment.Backend{assignment.BackendPod},
 		Lease: 5 * time.Minute, Pickup: 2 * time.Minute, FetchInterval: 20 * time.Millisecond, FetchIntervalMax: 100 * time.Millisecond,
 		Keepalive: time.Minute, Reconcile: 20 * time.Millisecond, Box: e.box, Log: zerolog.New(zerolog.NewTestWriter(e.t)), Now: clk.Now,
@@ -323,4 +327,112 @@ func TestSchedulerSweepsWhatEndedAssignmentsLeft(t *testing.T) {
 		_, terr := e.log.GetTask(ctx, 21)
 		return errors.Is(kerr, jetstream.ErrKeyNotFound) && errors.Is(terr, assignment.ErrNotFound)
 	})
+}
+
+// TestSchedulerQueuesClaimsAndAdmitsWhenCapacityFrees: with an admission queue, claims past the
+// tier's capacity wait in phase queued (no dispatch), the scheduler stops fetching once
+// MAX_QUEUED wait, capacity that frees admits the oldest, and a claim that waits past
+// QUEUE_SECS fails upstream saying the fleet was full.
+func TestSchedulerQueuesClaimsAndAdmitsWhenCapacityFrees(t *testing.T) {
+	e := newEnv(t)
+	clk := &clock{now: time.Now()}
+	e.runSchedulerAdmission(clk, map[assignment.Backend]int{assignment.BackendPod: 1}, nil,
+		scheduler.Admission{MaxQueued: 2, Queue: 10 * time.Minute})
+	for id := int64(61); id <= 64; id++ {
+		e.forge.Push(taskWithRunsOn(id, "[self-hosted, pod]"))
+	}
+	phase := func(id assignment.TaskID) assignment.Phase {
+		st, err := e.log.Get(t.Context(), id)
+		if err != nil {
+			return ""
+		}
+		return st.Phase
+	}
+	eventually(t, "one claim and two queued", func() bool {
+		return phase(61) == assignment.Claimed && phase(62) == assignment.Queued && phase(63) == assignment.Queued
+	})
+	before := e.forge.Fetches()
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		require.Empty(t, phase(64), "a task was claimed while MAX_QUEUED claims waited")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, before, e.forge.Fetches(), "fetches while the queue was full, want none")
+	cons, err := e.log.Consumer(t.Context(), assignment.BackendPod)
+	require.NoError(t, err)
+	msg, err := cons.Next()
+	require.NoError(t, err)
+	require.Contains(t, string(msg.Data()), `"task_id":61`, "the first dispatch is not the claim that had capacity")
+	require.NoError(t, msg.Ack())
+
+	st, err := e.log.Get(t.Context(), 61)
+	require.NoError(t, err)
+	_, err = e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 61, Epoch: st.Epoch(), At: clk.Now(), Reason: "test"}, nil)
+	require.NoError(t, err)
+	eventually(t, "the oldest queued claim admitted and the next task claimed into the queue", func() bool {
+		return phase(62) == assignment.Claimed && phase(63) == assignment.Queued && phase(64) == assignment.Queued
+	})
+	admitted, err := e.log.Get(t.Context(), 62)
+	require.NoError(t, err)
+	require.Equal(t, assignment.Admitted, admitted.Transition)
+	require.Equal(t, admitted.AdmittedAt.Add(2*time.Minute), admitted.PickupDeadline, "the pickup deadline does not count from admission")
+	msg, err = cons.Next()
+	require.NoError(t, err)
+	require.Contains(t, string(msg.Data()), `"task_id":62`, "the admitted claim was not dispatched")
+	require.NoError(t, msg.Ack())
+	require.Zero(t, e.forge.Result(63), "a queued task was reported")
+
+	// Past QUEUE_SECS (and the restart grace): the queued claims fail upstream, saying why.
+	clk.Advance(11 * time.Minute)
+	for _, id := range []int64{63, 64} {
+		eventually(t, "the queued task failed upstream", func() bool { return e.forge.Result(id) == runnerv1.Result_RESULT_FAILURE })
+		assert.Contains(t, strings.Join(e.forge.Log(id), "\n"), "the fleet was full", "task %d", id)
+		assert.Contains(t, strings.Join(e.forge.Log(id), "\n"), "QUEUE_SECS", "task %d", id)
+	}
+}
+
+// taskOf returns a pod task of repository repo.
+func taskOf(id int64, repo string) *runnerv1.Task {
+	t := taskWithRunsOn(id, "[self-hosted, pod]")
+	t.Context.Fields["repository"] = structpb.NewStringValue(repo)
+	return t
+}
+
+// TestSchedulerAdmitsFairlyAcrossOwners: capacity 1; owner a's three claims queue before owner
+// b's one; with FAIRNESS=owner b's claim is admitted at the next free slot, ahead of a's older
+// ones, and FAIR_SHARE_CAP=1 keeps a at one environment even with two slots free.
+func TestSchedulerAdmitsFairlyAcrossOwners(t *testing.T) {
+	e := newEnv(t)
+	clk := &clock{now: time.Now()}
+	capacity := map[assignment.Backend]int{assignment.BackendPod: 2}
+	e.runSchedulerAdmission(clk, capacity, nil,
+		scheduler.Admission{MaxQueued: 10, Queue: 10 * time.Minute, Fairness: scheduler.FairnessOwner, ShareCap: 1})
+	for id := int64(71); id <= 73; id++ {
+		e.forge.Push(taskOf(id, "a/app"))
+	}
+	phase := func(id assignment.TaskID) assignment.Phase {
+		st, err := e.log.Get(t.Context(), id)
+		if err != nil {
+			return ""
+		}
+		return st.Phase
+	}
+	eventually(t, "a's first in flight, the others queued by the share cap", func() bool {
+		return phase(71) == assignment.Claimed && phase(72) == assignment.Queued && phase(73) == assignment.Queued
+	})
+	e.forge.Push(taskOf(74, "b/lib"))
+	eventually(t, "b's claim admitted into the free slot ahead of a's older claims", func() bool {
+		return phase(74) == assignment.Claimed
+	})
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		require.Equal(t, assignment.Queued, phase(72), "owner a got a second environment past FAIR_SHARE_CAP=1")
+		time.Sleep(20 * time.Millisecond)
+	}
+	st, err := e.log.Get(t.Context(), 71)
+	require.NoError(t, err)
+	_, err = e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 71, Epoch: st.Epoch(), At: clk.Now(), Reason: "test"}, nil)
+	require.NoError(t, err)
+	eventually(t, "a's oldest queued claim admitted once its environment ended", func() bool { return phase(72) == assignment.Claimed })
+	require.Equal(t, assignment.Queued, phase(73))
 }

@@ -330,6 +330,7 @@ func (p *plane) startScheduler() error {
 	s := scheduler.New(scheduler.Config{
 		Actor: "scheduler@" + p.actor, Backends: tierBackends(cfg), Lease: cfg.Lease, Pickup: cfg.Pickup,
 		Capacity:      map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
+		Admission:     cfg.Admission,
 		FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
 		Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Grants: cfg.Grants, Box: p.box, Log: p.log.With().Str("component", "scheduler").Logger(), Metrics: p.metrics,
 	}, p.upstream, p.evlog, p.view)

@@ -47,9 +47,14 @@ type Event struct {
 	Fork       bool
 	ForgeURL   ForgeURL
 	TaskDigest string
-	Pickup     time.Duration
-	// Claim and Renewed: the lease length from At. Reporting: how long the report claim holds.
+	// Claim and Admitted: how long the environment's runner has to fetch the task, from At.
+	Pickup time.Duration
+	// Claim, Admitted and Renewed: the lease length from At. Reporting: how long the report
+	// claim holds.
 	Lease time.Duration
+	// Claim: with Queue set the claim waits for capacity in phase queued, and fails if it is not
+	// admitted within Queue (QUEUE_SECS).
+	Queue time.Duration
 
 	// Started: the environment's handle and the id of the token issued to it.
 	// Registered: the id of the token redeemed.
@@ -95,6 +100,25 @@ func Decide(cur *State, ev Event) (Record, error) {
 		return Record{}, fmt.Errorf("assignment: task %d: %s in phase %s: %w", cur.Task, ev.Transition, cur.Phase, ErrInvalidTransition)
 	}
 	switch ev.Transition {
+	case Admitted:
+		switch cur.Phase {
+		case Queued:
+		case Claimed, Dispatched, Started, Registered, Running:
+			if !cur.AdmittedAt.IsZero() {
+				return Record{}, ErrNoChange
+			}
+			return bad()
+		default:
+			return bad()
+		}
+		if ev.Lease <= 0 || ev.Pickup <= 0 || ev.Pickup >= ev.Lease {
+			return Record{}, fmt.Errorf("assignment: task %d: admitted with lease %s and pickup %s: pickup must be positive and below the lease: %w",
+				cur.Task, ev.Lease, ev.Pickup, ErrInvalidTransition)
+		}
+		next.Phase = Claimed
+		next.AdmittedAt = ev.At
+		next.PickupDeadline = ev.At.Add(ev.Pickup)
+		next.LeaseExpires = ev.At.Add(ev.Lease)
 	case Dispatched:
 		switch cur.Phase {
 		case Claimed:
@@ -218,9 +242,17 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 	if ev.TaskDigest == "" {
 		return Record{}, fmt.Errorf("assignment: claim without a task digest: %w", ErrInvalidTransition)
 	}
+	if ev.Queue < 0 {
+		return Record{}, fmt.Errorf("assignment: claim with queue time %s: %w", ev.Queue, ErrInvalidTransition)
+	}
+	phase, queueDeadline := Claimed, time.Time{}
+	if ev.Queue > 0 {
+		phase, queueDeadline = Queued, ev.At.Add(ev.Queue)
+	}
 	return Record{
 		Transition:     Claimed,
-		Phase:          Claimed,
+		Phase:          phase,
+		QueueDeadline:  queueDeadline,
 		Task:           ev.Task,
 		Backend:        ev.Backend,
 		Actor:          ev.Actor,
@@ -242,16 +274,28 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 // intervals.
 func RestartGrace(lease time.Duration) time.Duration { return 2 * lease / 3 }
 
-// Overdue returns the failure event that time now calls for, if any: the pickup deadline
-// passed before the environment's runner fetched the task, or the lease expired.
+// Overdue returns the failure event that time now calls for, if any: a queued claim got no
+// capacity before its queue deadline, the pickup deadline passed before the environment's
+// runner fetched the task, or the lease expired. A queued claim has no pickup deadline or lease
+// yet: both start at its admission.
 func Overdue(s State, now time.Time) (Event, bool) {
 	if !s.Active() {
 		return Event{}, false
 	}
 	reason := ""
 	switch {
+	case s.Phase == Queued:
+		if !now.After(s.QueueDeadline) {
+			return Event{}, false
+		}
+		reason = fmt.Sprintf("the fleet was full: no %s environment became free within %s of the claim (QUEUE_SECS); retry the job when the fleet is less busy",
+			s.Backend, s.QueueDeadline.Sub(s.ClaimedAt).Round(time.Second))
 	case s.Phase != Running && now.After(s.PickupDeadline):
-		reason = fmt.Sprintf("no environment picked the task up within %s of its claim (PICKUP_SECS)", s.PickupDeadline.Sub(s.ClaimedAt).Round(time.Second))
+		since := "claim"
+		if !s.AdmittedAt.IsZero() {
+			since = "admission"
+		}
+		reason = fmt.Sprintf("no environment picked the task up within %s of its %s (PICKUP_SECS)", s.PickupDeadline.Sub(s.PickupFrom()).Round(time.Second), since)
 	case now.After(s.LeaseExpires):
 		reason = fmt.Sprintf("the environment's lease expired at %s without renewal", s.LeaseExpires.UTC().Format(time.RFC3339))
 	default:

@@ -151,7 +151,7 @@ func TestOverdue(t *testing.T) {
 // invariants: the epoch never changes, terminal phases absorb everything, a token is redeemed
 // at most once and the task handed over at most once.
 func TestDecideProperties(t *testing.T) {
-	kinds := []Transition{Dispatched, Started, Registered, Running, Renewed, Completed, Failed, Reporting, Closed}
+	kinds := []Transition{Admitted, Dispatched, Started, Registered, Running, Renewed, Completed, Failed, Reporting, Closed}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range 2000 {
 		s := claimed(7)
@@ -187,4 +187,69 @@ func TestDecideProperties(t *testing.T) {
 			t.Fatalf("token redeemed %d times, task handed over %d times", registered, fetched)
 		}
 	}
+}
+
+func queuedClaim(seq uint64) *State {
+	rec, err := Decide(nil, Event{Transition: Claimed, Task: 1, At: t0, Backend: BackendPod, TaskDigest: "d",
+		Lease: 5 * time.Minute, Pickup: 2 * time.Minute, Queue: 30 * time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	return &State{Record: rec, Seq: seq}
+}
+
+// TestQueuedClaimWaitsThenAdmitted: a queued claim holds no capacity and has no pickup or lease
+// deadline until admitted; admission restores phase claimed and starts both deadlines; only
+// the queue deadline fails a queued claim.
+func TestQueuedClaimWaitsThenAdmitted(t *testing.T) {
+	q := queuedClaim(9)
+	require.Equal(t, Queued, q.Phase)
+	require.Equal(t, Claimed, q.Transition)
+	require.EqualValues(t, 9, q.Epoch())
+	require.True(t, q.Active() && !q.InFlight(), "a queued claim is active and not in flight")
+	require.Equal(t, t0.Add(30*time.Minute), q.QueueDeadline)
+
+	_, err := Decide(q, Event{Transition: Dispatched, Task: 1, Epoch: 9})
+	require.ErrorIs(t, err, ErrInvalidTransition, "a queued claim was dispatched")
+	_, err = Decide(q, Event{Transition: Started, Task: 1, Epoch: 9, Handle: []byte(`{}`), TokenID: "tok"})
+	require.ErrorIs(t, err, ErrInvalidTransition, "a queued claim was started")
+
+	_, due := Overdue(*q, t0.Add(10*time.Minute))
+	require.False(t, due, "a queued claim failed on its pickup deadline or lease while it waited")
+	ev, due := Overdue(*q, t0.Add(31*time.Minute))
+	require.True(t, due)
+	require.Contains(t, ev.Reason, "the fleet was full")
+	require.Contains(t, ev.Reason, "QUEUE_SECS")
+
+	at := t0.Add(29 * time.Minute)
+	a := advance(t, q, Event{Transition: Admitted, At: at, Pickup: 2 * time.Minute, Lease: 5 * time.Minute})
+	require.Equal(t, Claimed, a.Phase)
+	require.Equal(t, Admitted, a.Transition)
+	require.EqualValues(t, 9, a.Epoch(), "admission changed the epoch")
+	require.True(t, a.InFlight())
+	require.Equal(t, at, a.AdmittedAt)
+	require.Equal(t, at.Add(2*time.Minute), a.PickupDeadline, "the pickup deadline does not count from admission")
+	require.Equal(t, at.Add(5*time.Minute), a.LeaseExpires)
+	_, due = Overdue(*a, t0.Add(31*time.Minute))
+	require.False(t, due, "an admitted claim failed on its queue deadline")
+	ev, due = Overdue(*a, at.Add(2*time.Minute+time.Second))
+	require.True(t, due)
+	require.Contains(t, ev.Reason, "of its admission (PICKUP_SECS)")
+
+	_, err = Decide(a, Event{Transition: Admitted, Task: 1, Epoch: 9, At: at, Pickup: time.Minute, Lease: 5 * time.Minute})
+	require.ErrorIs(t, err, ErrNoChange, "a retried admission is not idempotent")
+	_, err = Decide(claimed(4), Event{Transition: Admitted, Task: 1, Epoch: 4, At: at, Pickup: time.Minute, Lease: 5 * time.Minute})
+	require.ErrorIs(t, err, ErrInvalidTransition, "a claim that never queued was admitted")
+	_, err = Decide(q, Event{Transition: Admitted, Task: 1, Epoch: 9, At: at})
+	require.ErrorIs(t, err, ErrInvalidTransition, "admitted without deadlines")
+	d := advance(t, a, Event{Transition: Dispatched})
+	require.Equal(t, Dispatched, d.Phase)
+	f := advance(t, queuedClaim(3), Event{Transition: Failed, Reason: "cancelled", At: t0})
+	require.Equal(t, Failed, f.Phase, "a queued claim cannot fail")
+}
+
+func TestOwnerOf(t *testing.T) {
+	require.Equal(t, "acme", OwnerOf("ACME/widgets"))
+	require.Equal(t, "solo", OwnerOf("solo"))
+	require.Empty(t, OwnerOf(""))
 }

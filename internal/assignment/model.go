@@ -3,6 +3,7 @@ package assignment
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -29,9 +30,14 @@ type Transition string
 
 // The transitions, in the order a successful job goes through them. Renewed may repeat at any
 // point before the end; failed can follow any non-terminal one and is followed by closed once
-// the forge has been told; reporting, between them, names the one scheduler that tells it.
+// the forge has been told; reporting, between them, names the one scheduler that tells it. A
+// claim made while its tier is full (with an admission queue, MAX_QUEUED) is recorded in phase
+// queued, and admitted later: admitted returns it to phase claimed, from where it goes on as
+// any claim.
 const (
 	Claimed    Transition = "claimed"    // the scheduler persisted the task; its sequence is the epoch
+	Queued     Transition = "queued"     // phase only: a claim that waits for capacity (MAX_QUEUED), recorded by its claim
+	Admitted   Transition = "admitted"   // a queued claim got capacity; its phase is claimed again, its deadlines count from here
 	Dispatched Transition = "dispatched" // a worker took the dispatch message
 	Started    Transition = "started"    // the environment exists; its handle and token id are recorded
 	Registered Transition = "registered" // the environment redeemed its single-use capability token
@@ -43,7 +49,8 @@ const (
 	Closed     Transition = "closed"     // the failure was reported upstream (terminal)
 )
 
-// Phase is where an assignment stands: the last transition other than Renewed and Reporting.
+// Phase is where an assignment stands: the last transition other than Renewed, Reporting and
+// Admitted (which keep or restore the phase), or Queued for a claim that waits for capacity.
 type Phase = Transition
 
 // Terminal reports whether no transition can follow p.
@@ -74,7 +81,11 @@ type Record struct {
 	// hand it to the job as its server URL.
 	ForgeURL ForgeURL `json:"forge_url,omitempty"`
 
-	ClaimedAt      time.Time `json:"claimed_at"`
+	ClaimedAt time.Time `json:"claimed_at"`
+	// QueueDeadline is when a queued claim that got no capacity fails (QUEUE_SECS after its
+	// claim); AdmittedAt when it got capacity. Both zero for a claim that never queued.
+	QueueDeadline time.Time `json:"queue_deadline,omitzero"`
+	AdmittedAt    time.Time `json:"admitted_at,omitzero"`
 	PickupDeadline time.Time `json:"pickup_deadline"`
 	LeaseExpires   time.Time `json:"lease_expires"`
 	// TaskDigest is the SHA-256 of the sealed task blob, checked when it is read back.
@@ -122,3 +133,26 @@ func (s State) Live() bool { return !Terminal(s.Phase) }
 // failed assignment stays live until its failure is reported upstream (closed), but nothing is
 // to run for it any more: its environment is to be destroyed, its deadlines no longer apply.
 func (s State) Active() bool { return s.Live() && s.Phase != Failed }
+
+// InFlight reports whether the assignment holds capacity of its tier: it is active and not
+// waiting in the admission queue.
+func (s State) InFlight() bool { return s.Active() && s.Phase != Queued }
+
+// Owner returns the repository owner (user or organisation) of the assignment's job, lower
+// case: the unit of admission fairness. "" when the forge named no repository.
+func (s State) Owner() string { return OwnerOf(s.Repo) }
+
+// OwnerOf returns the owner part of an "owner/name" repository, lower case.
+func OwnerOf(repo string) string {
+	owner, _, _ := strings.Cut(repo, "/")
+	return strings.ToLower(owner)
+}
+
+// PickupFrom returns when the assignment's pickup deadline began to count: its admission, or
+// its claim when it never queued.
+func (s State) PickupFrom() time.Time {
+	if !s.AdmittedAt.IsZero() {
+		return s.AdmittedAt
+	}
+	return s.ClaimedAt
+}

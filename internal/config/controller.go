@@ -15,6 +15,7 @@ import (
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/grants"
+	"github.com/dynrunner/dynrunner/scheduler"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 )
@@ -77,6 +78,9 @@ type Controller struct {
 	// repository owner and repository may use (nil without the file: every tier).
 	GrantsFile    string
 	Grants        *grants.Policy
+	// Admission is the scheduler's admission queue (MAX_QUEUED, QUEUE_SECS, FAIRNESS,
+	// FAIR_SHARE_CAP); its zero value, the default, is no queue.
+	Admission scheduler.Admission
 	VM            VM
 	FetchInterval time.Duration
 	// LivenessTTL is how long a component's heartbeat in the components bucket outlives its
@@ -331,6 +335,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 			c.Grants = p
 		}
 	}
+	c.Admission = loadAdmission(e)
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}
 	if c.Has(VMWorker) {
@@ -407,4 +412,29 @@ func LoopbackURLs(list string) []string {
 		}
 	}
 	return out
+}
+
+// loadAdmission reads the admission queue's settings. Fairness and a share cap decide the
+// order of the queue, so they need one: set without MAX_QUEUED they refuse the boot rather than
+// be silently ignored.
+func loadAdmission(e *env) scheduler.Admission {
+	a := scheduler.Admission{
+		MaxQueued: e.integer("MAX_QUEUED", 0, 0),
+		Queue:     e.seconds("QUEUE_SECS", 1800, 60),
+		ShareCap:  e.integer("FAIR_SHARE_CAP", 0, 0),
+	}
+	f, err := scheduler.ParseFairness(e.str("FAIRNESS", ""))
+	if err != nil {
+		e.fail("%v", err)
+	}
+	a.Fairness = f
+	if !a.Enabled() {
+		if a.Fairness != scheduler.FairnessFIFO {
+			e.fail("FAIRNESS=%s needs an admission queue to order: set MAX_QUEUED to how many claims of a tier may wait for capacity", a.Fairness)
+		}
+		if a.ShareCap > 0 {
+			e.fail("FAIR_SHARE_CAP=%d needs an admission queue to hold an owner's claims past it: set MAX_QUEUED", a.ShareCap)
+		}
+	}
+	return a
 }

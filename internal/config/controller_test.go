@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/grants"
+	"github.com/dynrunner/dynrunner/scheduler"
 )
 
 func envOf(m map[string]string) func(string) string {
@@ -179,4 +180,35 @@ func TestGrantsNeedRealVMIsolation(t *testing.T) {
 	c, err := LoadController(envOf(env))
 	require.NoError(t, err)
 	assert.Equal(t, "vm", c.VM.OpenSandbox.Isolation)
+}
+
+// TestAdmission: the admission queue is off by default; fairness and a share cap without a
+// queue, or a bad FAIRNESS, refuse the boot.
+func TestAdmission(t *testing.T) {
+	c, err := LoadController(envOf(base()))
+	require.NoError(t, err)
+	assert.False(t, c.Admission.Enabled(), "the admission queue is on by default")
+
+	env := base()
+	env["MAX_QUEUED"], env["QUEUE_SECS"], env["FAIRNESS"], env["FAIR_SHARE_CAP"] = "50", "600", "owner", "3"
+	c, err = LoadController(envOf(env))
+	require.NoError(t, err)
+	assert.Equal(t, scheduler.Admission{MaxQueued: 50, Queue: 10 * time.Minute, Fairness: scheduler.FairnessOwner, ShareCap: 3}, c.Admission)
+
+	env["FAIRNESS"] = "team"
+	_, err = LoadController(envOf(env))
+	require.ErrorContains(t, err, `FAIRNESS="team": want owner`)
+
+	env = base()
+	env["FAIRNESS"] = "owner"
+	_, err = LoadController(envOf(env))
+	require.ErrorContains(t, err, "FAIRNESS=owner needs an admission queue")
+	env = base()
+	env["FAIR_SHARE_CAP"] = "2"
+	_, err = LoadController(envOf(env))
+	require.ErrorContains(t, err, "FAIR_SHARE_CAP=2 needs an admission queue")
+	env = base()
+	env["QUEUE_SECS"] = "5"
+	_, err = LoadController(envOf(env))
+	require.ErrorContains(t, err, "QUEUE_SECS")
 }
