@@ -84,8 +84,8 @@ type Record struct {
 	ClaimedAt time.Time `json:"claimed_at"`
 	// QueueDeadline is when a queued claim that got no capacity fails (QUEUE_SECS after its
 	// claim); AdmittedAt when it got capacity. Both zero for a claim that never queued.
-	QueueDeadline time.Time `json:"queue_deadline,omitzero"`
-	AdmittedAt    time.Time `json:"admitted_at,omitzero"`
+	QueueDeadline  time.Time `json:"queue_deadline,omitzero"`
+	AdmittedAt     time.Time `json:"admitted_at,omitzero"`
 	PickupDeadline time.Time `json:"pickup_deadline"`
 	LeaseExpires   time.Time `json:"lease_expires"`
 	// TaskDigest is the SHA-256 of the sealed task blob, checked when it is read back.

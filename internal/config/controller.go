@@ -76,11 +76,11 @@ type Controller struct {
 	Tiers          []string
 	// GrantsFile is GRANTS_FILE, and Grants its policy, loaded at boot: which tiers each
 	// repository owner and repository may use (nil without the file: every tier).
-	GrantsFile    string
-	Grants        *grants.Policy
+	GrantsFile string
+	Grants     *grants.Policy
 	// Admission is the scheduler's admission queue (MAX_QUEUED, QUEUE_SECS, FAIRNESS,
 	// FAIR_SHARE_CAP); its zero value, the default, is no queue.
-	Admission scheduler.Admission
+	Admission     scheduler.Admission
 	VM            VM
 	FetchInterval time.Duration
 	// LivenessTTL is how long a component's heartbeat in the components bucket outlives its
