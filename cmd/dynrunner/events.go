@@ -218,6 +218,9 @@ func formatEvent(s assignment.State) string {
 		s.At.UTC().Format(time.RFC3339), s.Seq, s.Task, s.Epoch(), s.Transition, s.Backend, s.Actor)
 	field(&b, " repo=%s", s.Repo)
 	field(&b, " job=%q", s.Job)
+	if s.Phase == assignment.Queued {
+		fmt.Fprintf(&b, " queued_until=%s", s.QueueDeadline.UTC().Format(time.RFC3339))
+	}
 	field(&b, " result=%s", s.Result)
 	field(&b, " reason=%q", s.Reason)
 	return b.String()

@@ -105,3 +105,18 @@ func TestEventsShowsEnvironments(t *testing.T) {
 		assert.Equal(t, []string{""}, events(t, "--task", "13"), "want nothing")
 	})
 }
+
+// TestFormatEventShowsTheQueue: a queued claim's line says until when it may wait; an admission
+// has its own transition name.
+func TestFormatEventShowsTheQueue(t *testing.T) {
+	at := time.Date(2026, 12, 5, 12, 0, 0, 0, time.UTC)
+	queued := assignment.State{Seq: 7, Record: assignment.Record{Transition: assignment.Claimed, Phase: assignment.Queued,
+		Task: 3, Backend: assignment.BackendPod, At: at, Repo: "acme/app", QueueDeadline: at.Add(30 * time.Minute)}}
+	line := formatEvent(queued)
+	require.Contains(t, line, "claimed")
+	require.Contains(t, line, "queued_until=2026-12-05T12:30:00Z")
+	admitted := queued
+	admitted.Transition, admitted.Phase, admitted.Record.Epoch = assignment.Admitted, assignment.Claimed, 7
+	require.NotContains(t, formatEvent(admitted), "queued_until")
+	require.Contains(t, formatEvent(admitted), "admitted")
+}

@@ -97,7 +97,22 @@ func (f *Forge) CreatePrivateRepo(ctx context.Context, name string) (Repo, error
 	return f.createRepo(ctx, name, true)
 }
 
+// CreateOrgRepo creates organisation org (with [AdminUser] as its owner) unless it exists, and
+// in it a repository as [Forge.CreateRepo] does: for tests that need jobs of several owners.
+func (f *Forge) CreateOrgRepo(ctx context.Context, org, name string) (Repo, error) {
+	err := f.do(ctx, http.MethodPost, "/api/v1/orgs", map[string]any{"username": org, "visibility": "public"}, nil)
+	var apiErr *APIError
+	if err != nil && !(errors.As(err, &apiErr) && apiErr.Status == http.StatusUnprocessableEntity) {
+		return Repo{}, err
+	}
+	return f.postRepo(ctx, "/api/v1/orgs/"+url.PathEscape(org)+"/repos", name, false)
+}
+
 func (f *Forge) createRepo(ctx context.Context, name string, private bool) (Repo, error) {
+	return f.postRepo(ctx, "/api/v1/user/repos", name, private)
+}
+
+func (f *Forge) postRepo(ctx context.Context, path, name string, private bool) (Repo, error) {
 	var out struct {
 		Name          string `json:"name"`
 		DefaultBranch string `json:"default_branch"`
@@ -107,7 +122,7 @@ func (f *Forge) createRepo(ctx context.Context, name string, private bool) (Repo
 		} `json:"owner"`
 	}
 	in := map[string]any{"name": name, "auto_init": true, "default_branch": "main", "private": private}
-	if err := f.do(ctx, http.MethodPost, "/api/v1/user/repos", in, &out); err != nil {
+	if err := f.do(ctx, http.MethodPost, path, in, &out); err != nil {
 		return Repo{}, err
 	}
 	return Repo{Owner: out.Owner.Login, Name: out.Name, DefaultBranch: out.DefaultBranch, CloneURL: out.CloneURL}, nil
