@@ -3,6 +3,8 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os/exec"
 	"strings"
 	"testing"
@@ -56,6 +58,9 @@ func TestFairAdmissionAcrossOwners(t *testing.T) {
 			for claims(readRecords(t, c), alpha.String()) < alphaJobs {
 				require.False(t, time.Now().After(deadline), "dynrunner did not claim alpha's %d jobs within 3 minutes", alphaJobs)
 				time.Sleep(500 * time.Millisecond)
+			}
+			if tc.name == "fifo" {
+				assertAutoscaleWhileQueued(t, c)
 			}
 			shaB, err := f.PushWorkflow(ctx, beta, ".gitea/workflows/many.yml", manyJobs(betaJobs))
 			require.NoError(t, err)
@@ -176,4 +181,44 @@ func orderOf(t *testing.T, recs []record, alpha, beta string) admissionOrder {
 	require.True(t, betaAdmitted, "beta's jobs were never admitted")
 	o.sequence = strings.Join(seq, ",")
 	return o
+}
+
+// assertAutoscaleWhileQueued reads GET /v1/fleet/autoscale and /metrics while most of twenty
+// jobs wait for one pod worker of two slots: the pod tier wants more workers, and says why.
+func assertAutoscaleWhileQueued(t *testing.T, c *controller) {
+	t.Helper()
+	resp, err := http.Get(c.httpURL + "/v1/fleet/autoscale")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	var answer struct {
+		Tiers map[string]struct {
+			DesiredWorkers int    `json:"desired_workers"`
+			Reason         string `json:"reason"`
+			Queued         int    `json:"queued"`
+			InFlight       int    `json:"in_flight"`
+			Workers        int    `json:"workers"`
+			Slots          int    `json:"slots"`
+		} `json:"tiers"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+	pod, ok := answer.Tiers["pod"]
+	require.True(t, ok, "no pod tier in %+v", answer)
+	t.Logf("GET /v1/fleet/autoscale while queued: pod %+v", pod)
+	// Jobs end meanwhile: of the twenty, most wait, at most two hold the slots.
+	assert.GreaterOrEqual(t, pod.Queued, 12, "the jobs past the two slots do not show as queued")
+	assert.LessOrEqual(t, pod.InFlight, 2)
+	assert.Equal(t, 1, pod.Workers)
+	assert.Equal(t, 2, pod.Slots)
+	want := (pod.Queued + pod.InFlight + 1) / 2
+	assert.Equal(t, want, pod.DesiredWorkers, "queued and in-flight jobs over workers of two slots")
+	assert.Contains(t, pod.Reason, fmt.Sprintf("%d queued, %d in flight, 1 worker of 2 slots online: want %d more", pod.Queued, pod.InFlight, want-1))
+
+	m, err := http.Get(c.httpURL + "/metrics")
+	require.NoError(t, err)
+	defer m.Body.Close()
+	body, err := io.ReadAll(m.Body)
+	require.NoError(t, err)
+	assert.Regexp(t, `dynrunner_autoscale_desired_workers\{backend="pod"\} ([6-9]|10)\n`, string(body))
+	assert.Contains(t, string(body), `dynrunner_assignments_queued{backend="pod"}`)
 }

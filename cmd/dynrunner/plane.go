@@ -110,6 +110,7 @@ func (p *plane) open(ctx context.Context) error {
 	p.metrics = scheduler.NewMetrics(p.reg)
 	p.facadeMetrics = facade.NewMetrics(p.reg)
 	rejectedRecords := newRejectedRecords(p.reg)
+	p.reg.MustRegister(newAutoscaleCollector(p.fleet))
 
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Replicas = cfg.NATSReplicas
@@ -466,6 +467,7 @@ func (p *plane) serveHTTP() error {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("/readyz", readyHandler(&isReady, p.evlog))
 	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns, p.fleet))
+	mux.Handle("GET /v1/fleet/autoscale", autoscaleHandler(p.fleet))
 	mux.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	hln, err := net.Listen("tcp", p.cfg.HTTPListen)
 	if err != nil {
@@ -487,7 +489,23 @@ func (p *plane) fleet(ctx context.Context) (fleet.Report, error) {
 	}
 	r := fleet.Build(components, p.view.Live(), time.Now().UTC())
 	r.Rejected = rejected
+	r.Autoscale = r.Decisions(perWorker(p.cfg.Tiers, p.cfg.PodConcurrency, p.cfg.VMConcurrency))
 	return r, nil
+}
+
+// perWorker is the capacity of one worker of each tier in tiers, as configured: the autoscaling
+// decision's capacity of a new worker while none of its tier is online.
+func perWorker(tiers []string, pod, vm int) map[assignment.Backend]int {
+	out := map[assignment.Backend]int{}
+	for _, t := range tiers {
+		switch assignment.Backend(t) {
+		case assignment.BackendPod:
+			out[assignment.BackendPod] = pod
+		case assignment.BackendVM:
+			out[assignment.BackendVM] = vm
+		}
+	}
+	return out
 }
 
 // awaitReady waits for every component to be ready, then sets isReady.

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -149,7 +150,30 @@ func readFleet(ctx context.Context, getenv func(string) string) (fleet.Report, e
 	if err != nil {
 		return fleet.Report{}, fmt.Errorf("read the fleet at NATS_URL=%s: %w", cfg.URL, err)
 	}
+	pod, vm, err := concurrencyOf(getenv)
+	if err != nil {
+		return fleet.Report{}, err
+	}
+	r.Autoscale = r.Decisions(perWorker([]string{"pod", "vm"}, pod, vm))
 	return r, nil
+}
+
+// concurrencyOf reads POD_CONCURRENCY and VM_CONCURRENCY as the controller does (defaults 4
+// and 1): `dynrunner status` decides the autoscaling of a tier with no worker online from them.
+func concurrencyOf(getenv func(string) string) (pod, vm int, err error) {
+	pod, vm = config.DefaultPodConcurrency, config.DefaultVMConcurrency
+	for name, v := range map[string]*int{"POD_CONCURRENCY": &pod, "VM_CONCURRENCY": &vm} {
+		raw := strings.TrimSpace(getenv(name))
+		if raw == "" {
+			continue
+		}
+		n, perr := strconv.Atoi(raw)
+		if perr != nil || n < 1 {
+			return 0, 0, fmt.Errorf("%s=%q: want an integer of at least 1", name, raw)
+		}
+		*v = n
+	}
+	return pod, vm, nil
 }
 
 // fetchStatus reads the /status of the controller whose HTTP_LISTEN getenv names.
@@ -246,6 +270,10 @@ func printFleet(out io.Writer, r fleet.Report) error {
 	for _, tier := range slices.Sorted(maps.Keys(r.Capacity)) {
 		c := r.Capacity[tier]
 		fmt.Fprintf(&b, "%s workers: %d of %d environments in flight\n", tier, c.InFlight, c.Capacity)
+	}
+	for _, tier := range slices.Sorted(maps.Keys(r.Autoscale)) {
+		s := r.Autoscale[tier]
+		fmt.Fprintf(&b, "%s autoscale: desired workers %d (%s)\n", tier, s.DesiredWorkers, s.Reason)
 	}
 	if r.Rejected > 0 {
 		fmt.Fprintf(&b, "WARNING: %d records in %s are not heartbeats (written by whom?); ignored\n", r.Rejected, eventlog.BucketComponents)

@@ -89,6 +89,12 @@ type Controller struct {
 	LivenessTTL time.Duration
 }
 
+// The default capacity of one pod worker (POD_CONCURRENCY) and one vm worker (VM_CONCURRENCY).
+const (
+	DefaultPodConcurrency = 4
+	DefaultVMConcurrency  = 1
+)
+
 // HasTier reports whether the scheduler routes jobs to tier.
 func (c Controller) HasTier(tier string) bool { return slices.Contains(c.Tiers, tier) }
 
@@ -310,9 +316,9 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		c.TaskKeyFile = filepath.Join(c.StateDir, "task.key")
 	}
 
-	c.PodConcurrency = e.integer("POD_CONCURRENCY", 4, 1)
+	c.PodConcurrency = e.integer("POD_CONCURRENCY", DefaultPodConcurrency, 1)
 	c.Local = loadLocal(e, c)
-	c.VMConcurrency = e.integer("VM_CONCURRENCY", 1, 1)
+	c.VMConcurrency = e.integer("VM_CONCURRENCY", DefaultVMConcurrency, 1)
 	c.Lease = e.seconds("LEASE_SECS", 300, 90)
 	c.Pickup = e.seconds("PICKUP_SECS", 120, 60)
 	if c.Pickup >= c.Lease {

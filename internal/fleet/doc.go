@@ -5,5 +5,7 @@
 // Build is a pure function over what was read; Read reads it over NATS with nothing but read
 // access (the NATS user dynrunner-status of deploy/nats/permissions.conf), and a controller
 // builds the same report from its own view for its /status. Nothing here writes, and nothing
-// here decides: heartbeats and records are read without the event log's key, for display.
+// here decides an assignment: heartbeats and records are read without the event log's key,
+// for display and for the autoscaling advice (Decide: how many workers each tier wants, for
+// GET /v1/fleet/autoscale, KEDA and the built-in actuator).
 package fleet

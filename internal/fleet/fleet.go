@@ -29,6 +29,9 @@ type Report struct {
 	Capacity map[assignment.Backend]liveness.WorkerInfo `json:"capacity"`
 	// Rejected counts records in the components bucket that were not heartbeats (ErrInvalid).
 	Rejected int `json:"rejected,omitempty"`
+	// Autoscale is the autoscaling decision per tier (Decisions), when the reader knows the
+	// capacity of one worker.
+	Autoscale map[assignment.Backend]Scale `json:"autoscale,omitempty"`
 }
 
 // Work counts the live assignments.
