@@ -98,11 +98,8 @@ func (r Report) Decisions(perWorker map[assignment.Backend]int) map[assignment.B
 			d.PerWorker = 0
 		}
 		d.PerWorker = max(d.PerWorker, c.Worker.Capacity)
-		if c.Worker.Draining {
-			d.Draining++
-			d.DrainingInFlight += c.Worker.InFlight
-			continue
-		}
+		// Every worker online takes new environments: workers cannot be cordoned yet, so
+		// Draining stays zero here (Decide takes it into account for when they can).
 		d.Workers++
 		d.Slots += c.Worker.Capacity
 	}

@@ -49,9 +49,6 @@ type WorkerInfo struct {
 	Capacity int `json:"capacity"`
 	// InFlight is how many it watches or is starting now.
 	InFlight int `json:"in_flight"`
-	// Draining: the worker is cordoned (`dynrunner drain`, or stopping): it takes no new
-	// environment and finishes the ones it has; safe to remove once InFlight is zero.
-	Draining bool `json:"draining,omitempty"`
 }
 
 // SchedulerInfo is a scheduler replica's role.
