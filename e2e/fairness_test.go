@@ -80,6 +80,7 @@ func TestFairAdmissionAcrossOwners(t *testing.T) {
 			t.Logf("%s: alpha admitted before beta's first: %d; after beta was claimed: %d; alpha's most in flight: %d; admission order: %s",
 				tc.name, o.alphaBeforeBeta, o.alphaAfterBetaClaimed, o.alphaMaxInFlight, o.sequence)
 			tc.check(t, o)
+			assertSizingMetrics(t, c, alphaJobs+betaJobs)
 			assertNoEnvironmentsLeft(t, c)
 		})
 	}
@@ -221,4 +222,26 @@ func assertAutoscaleWhileQueued(t *testing.T, c *controller) {
 	require.NoError(t, err)
 	assert.Regexp(t, `dynrunner_autoscale_desired_workers\{backend="pod"\} ([6-9]|10)\n`, string(body))
 	assert.Contains(t, string(body), `dynrunner_assignments_queued{backend="pod"}`)
+}
+
+// assertSizingMetrics scrapes /metrics after n jobs ended green and checks the metrics people
+// size a fleet by: each job's environment start, its wait from claim to start, its duration by
+// result, and the admission waits of the jobs that queued, by owner.
+func assertSizingMetrics(t *testing.T, c *controller, n int) {
+	t.Helper()
+	resp, err := http.Get(c.httpURL + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	body := string(b)
+	for _, series := range []string{
+		`dynrunner_environment_start_seconds_count{backend="local",tier="pod"} %d`,
+		`dynrunner_queue_to_start_seconds_count{backend="local",tier="pod"} %d`,
+		`dynrunner_job_duration_seconds_count{result="success",tier="pod"} %d`,
+	} {
+		assert.Contains(t, body, fmt.Sprintf(series, n))
+	}
+	assert.Regexp(t, `dynrunner_admission_wait_seconds_count\{backend="pod",owner="alpha-[a-z-]+"\} \d+`, body,
+		"no admission waits of the owner whose jobs queued")
 }

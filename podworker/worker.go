@@ -58,8 +58,10 @@ type Config struct {
 	// scheduler checked it before claiming): an assignment whose grant does not cover its
 	// tier fails instead. Nil grants every tier.
 	Grants *grants.Policy
-	Log    zerolog.Logger
-	Now    func() time.Time
+	// Metrics records environment start times and job durations (nil: none).
+	Metrics *Metrics
+	Log     zerolog.Logger
+	Now     func() time.Time
 }
 
 // Worker consumes dispatches of one tier and runs their environments on a Backend.
@@ -311,12 +313,14 @@ func (w *Worker) startDispatched(ctx context.Context, msg jetstream.Msg, d event
 	if destroyUnrecorded {
 		w.destroyUnrecorded(ctx, st)
 	}
+	began := time.Now()
 	h, tokenID, err := w.start(ctx, msg, st)
 	if err != nil {
 		logger.Warn().Err(err).Msg("start environment")
 		w.retry(ctx, msg, &st, err)
 		return false
 	}
+	took := time.Since(began)
 	hj, _ := json.Marshal(h)
 	rec, err := w.log.Apply(ctx, assignment.Event{Transition: assignment.Started, Task: d.Task, Epoch: d.Epoch,
 		Actor: w.cfg.Actor, At: w.cfg.Now(), Handle: hj, TokenID: tokenID}, &st)
@@ -332,6 +336,7 @@ func (w *Worker) startDispatched(ctx context.Context, msg jetstream.Msg, d event
 		return false
 	}
 	w.view.Observe(rec)
+	w.cfg.Metrics.started(rec, w.backend.Name(), took, w.cfg.Now())
 	logger = logger.With().Str(logkey.Env, h.ID).Logger()
 	logger.Info().Str(logkey.Backend, w.backend.Name()).Msg("environment started")
 	// The key is claimed once `started` is recorded, never before: a key exists only for an
@@ -592,6 +597,9 @@ func (w *Worker) onChange(st assignment.State) {
 			w.refresh(st, e.h)
 		}
 		return
+	}
+	if ok && e.h.ID != "" && e.h.Epoch == st.Epoch() && (st.Transition == assignment.Completed || st.Transition == assignment.Failed) {
+		w.cfg.Metrics.ended(st) // the end itself, once: closed and reporting follow a failure
 	}
 	// A reservation without a handle is still starting: its `started` append fails on the
 	// ended assignment and the start path destroys the environment itself.

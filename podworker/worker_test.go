@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -652,4 +654,56 @@ func TestWorkerRenewsIdentityWithTheLease(t *testing.T) {
 		eventually(t, "identity renewed", func() bool { return len(b.refreshes(id)) == i })
 		assert.True(t, b.refreshes(id)[i-1].Equal(cur.LeaseExpires), "renewed identity valid until %s, the lease ends %s", b.refreshes(id)[i-1], cur.LeaseExpires)
 	}
+}
+
+// TestWorkerMeasuresStartsAndJobs: the worker that starts an environment records how long the
+// start took and the wait since the claim, and the duration of its job by result once the
+// job ends.
+func TestWorkerMeasuresStartsAndJobs(t *testing.T) {
+	r := newRig(t)
+	reg := prometheus.NewRegistry()
+	r.runWorker(r.log, newMem(), podworker.Config{Actor: "worker-test", Reap: time.Hour, Metrics: podworker.NewMetrics(reg)})
+	r.claim(1)
+	eventually(t, "started", func() bool { return r.phase(1).Phase == assignment.Started })
+	count := func(name string) int {
+		n, err := testutil.GatherAndCount(reg, name)
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, 1, count("dynrunner_environment_start_seconds"))
+	require.Equal(t, 1, count("dynrunner_queue_to_start_seconds"))
+	require.Zero(t, count("dynrunner_job_duration_seconds"), "a job measured before it ended")
+
+	st := r.phase(1)
+	start := time.Now()
+	for _, ev := range []assignment.Event{
+		{Transition: assignment.Registered, TokenID: st.TokenID, RunnerUUID: "r", At: start},
+		{Transition: assignment.Running, RunnerUUID: "r", At: start},
+		{Transition: assignment.Completed, Result: "success", At: start.Add(90 * time.Second)},
+	} {
+		ev.Task, ev.Epoch, ev.Actor = 1, st.Epoch(), "facade-test"
+		next, err := r.log.Apply(t.Context(), ev, nil)
+		require.NoError(t, err, "%s", ev.Transition)
+		st = next
+	}
+	eventually(t, "the job's duration", func() bool { return count("dynrunner_job_duration_seconds") == 1 })
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP dynrunner_job_duration_seconds Time from a job's start (its runner fetched the task) to its end, by tier and result (the runner's, or failed when the environment was lost), observed by the worker that watched the environment.
+# TYPE dynrunner_job_duration_seconds histogram
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="1"} 0
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="5"} 0
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="15"} 0
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="30"} 0
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="60"} 0
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="120"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="300"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="600"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="1200"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="1800"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="3600"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="7200"} 1
+dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="+Inf"} 1
+dynrunner_job_duration_seconds_sum{result="success",tier="pod"} 90
+dynrunner_job_duration_seconds_count{result="success",tier="pod"} 1
+`), "dynrunner_job_duration_seconds"))
 }

@@ -58,6 +58,7 @@ type plane struct {
 	reg           *prometheus.Registry
 	metrics       *scheduler.Metrics
 	facadeMetrics *facade.Metrics
+	workerMetrics *podworker.Metrics
 
 	// upstream is the forge, with the scheduler or the facade; nil otherwise.
 	upstream forge.Forge
@@ -109,6 +110,7 @@ func (p *plane) open(ctx context.Context) error {
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p.metrics = scheduler.NewMetrics(p.reg)
 	p.facadeMetrics = facade.NewMetrics(p.reg)
+	p.workerMetrics = podworker.NewMetrics(p.reg)
 	rejectedRecords := newRejectedRecords(p.reg)
 	p.reg.MustRegister(newAutoscaleCollector(p.fleet))
 
@@ -446,7 +448,7 @@ func (p *plane) startPodWorker(pods podTier) error {
 	w := podworker.New(podworker.Config{
 		Actor: "pod-worker@" + p.actor, Tier: assignment.BackendPod, Concurrency: cfg.PodConcurrency,
 		Issuer: p.issuer, Identity: ident, Log: p.log.With().Str("component", "pod-worker").Logger(),
-		ExecutorEnv: executorEnv(cfg, pods.facadeURL, pods.runnerBin), Grants: cfg.Grants,
+		ExecutorEnv: executorEnv(cfg, pods.facadeURL, pods.runnerBin), Grants: cfg.Grants, Metrics: p.workerMetrics,
 	}, pods.backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())

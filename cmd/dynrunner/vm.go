@@ -61,7 +61,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 	}
 	w := podworker.New(podworker.Config{
 		Actor: "vm-worker@" + p.actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
-		Issuer: p.issuer, Log: vlog, Grants: cfg.Grants,
+		Issuer: p.issuer, Log: vlog, Grants: cfg.Grants, Metrics: p.workerMetrics,
 	}, backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())

@@ -167,6 +167,7 @@ func Decide(cur *State, ev Event) (Record, error) {
 		if ev.RunnerUUID != cur.RunnerUUID {
 			return Record{}, fmt.Errorf("assignment: task %d: runner %s is not the registered one: %w", cur.Task, ev.RunnerUUID, ErrInvalidTransition)
 		}
+		next.RunningAt = ev.At
 	case Renewed:
 		if cur.Phase == Failed {
 			return bad()

@@ -119,6 +119,13 @@ func TestRenewExtendsLeaseKeepsPhaseAndEpoch(t *testing.T) {
 	}
 }
 
+func TestRunningRecordsTheJobStart(t *testing.T) {
+	at := t0.Add(90 * time.Second)
+	s := advance(t, claimed(10), evStarted, evRegistered, Event{Transition: Running, RunnerUUID: "r", At: at},
+		Event{Transition: Renewed, At: at.Add(time.Minute), Lease: 5 * time.Minute}, Event{Transition: Completed, Result: "success", At: at.Add(2 * time.Minute)})
+	require.Equal(t, at, s.RunningAt, "the job's start is not kept to its end")
+}
+
 func TestStartedByOutlivesLaterActors(t *testing.T) {
 	started := evStarted
 	started.Actor = "pod-worker@a/1"

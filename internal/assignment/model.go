@@ -99,6 +99,9 @@ type Record struct {
 	// TokenID identifies (never reveals) the capability token issued to the environment.
 	TokenID    string `json:"token_id,omitempty"`
 	RunnerUUID string `json:"runner_uuid,omitempty"`
+	// RunningAt is when the environment's runner fetched the task: the job's start (from
+	// `running` on).
+	RunningAt time.Time `json:"running_at,omitzero"`
 
 	Result string `json:"result,omitempty"`
 	Reason string `json:"reason,omitempty"`
