@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -73,7 +74,9 @@ type Worker struct {
 	workers jetstream.KeyValue
 
 	slots chan struct{}
-	mu    sync.Mutex
+	// draining: cordoned; the worker takes no new dispatch and finishes what it has.
+	draining atomic.Bool
+	mu       sync.Mutex
 	envs  map[assignment.TaskID]*env
 	wg    sync.WaitGroup
 	ready chan struct{}
@@ -122,6 +125,21 @@ func (w *Worker) InFlight() int {
 	return len(w.envs)
 }
 
+// SetDraining cordons the worker (true) or lifts its cordon: a draining worker fetches no new
+// dispatch (one fetched as the cordon came is handed back at once, for another worker) and
+// finishes the environments it has. Its environments' adoption on a crash is unchanged.
+func (w *Worker) SetDraining(on bool) {
+	if w.draining.Swap(on) != on {
+		w.cfg.Log.Info().Bool("draining", on).Msg("drain state changed")
+	}
+}
+
+// Draining reports whether the worker is cordoned.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// drainPoll is how often a draining worker looks whether its cordon was lifted.
+const drainPoll = 200 * time.Millisecond
+
 // Ready is closed once the worker recovered its environments and consumes dispatches.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
@@ -162,6 +180,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	close(w.ready)
 	w.wg.Go(func() { w.reapLoop(ctx, recheck) })
 	for {
+		if w.draining.Load() {
+			if clock.Sleep(ctx, drainPoll) != nil {
+				return nil
+			}
+			continue
+		}
 		select {
 		case w.slots <- struct{}{}:
 		case <-ctx.Done():
@@ -170,6 +194,12 @@ func (w *Worker) Run(ctx context.Context) error {
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		msg, err := cons.Next(jetstream.FetchContext(fctx))
 		cancel()
+		if err == nil && w.draining.Load() {
+			// Cordoned while it waited: hand the dispatch back for another worker.
+			_ = msg.Nak()
+			<-w.slots
+			continue
+		}
 		if err != nil {
 			<-w.slots
 			if ctx.Err() != nil {

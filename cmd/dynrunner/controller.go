@@ -96,6 +96,13 @@ func keys(cfg config.Controller, log zerolog.Logger) (*captoken.Issuer, []byte, 
 func controller(ctx context.Context, cfg config.Controller, log zerolog.Logger) error {
 	p := &plane{cfg: cfg, log: log, warns: &bootWarnings{}}
 	defer p.close()
+	if cfg.DrainTimeout > 0 && (cfg.Has(config.PodWorker) || cfg.Has(config.VMWorker)) {
+		// A stop drains the workers first (DRAIN_SECS): the components run on until then.
+		run, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancel()
+		go p.drainOnStop(ctx, run, cancel)
+		ctx = run
+	}
 	if err := p.open(ctx); err != nil {
 		return err
 	}

@@ -29,6 +29,9 @@ Usage:
   dynrunner events [--json] follow the audit streams: assignment transitions and Pod phases
   dynrunner status [--json] print every component alive and the live work: from NATS with NATS_URL, else from
                             the controller at HTTP_LISTEN; exits 1 when no scheduler or no facade is alive
+  dynrunner drain [--undo] [--wait D] WORKER
+                            cordon a worker (KIND.INSTANCE from status): it takes no new environment and
+                            finishes its own; --wait D waits until it is safe to remove (controller at HTTP_LISTEN)
   dynrunner demo [--once]   start a local Gitea and a controller and run a sample workflow
   dynrunner version         print the version
 
@@ -62,6 +65,8 @@ func main() {
 		err = runEvents(ctx, args, getenv, os.Stdout)
 	case "status":
 		err = runStatus(ctx, args, getenv, os.Stdout)
+	case "drain":
+		err = runDrain(ctx, args, getenv, os.Stdout)
 	case "demo":
 		err = runDemo(ctx, args, getenv)
 	case "version", "--version":

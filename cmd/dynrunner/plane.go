@@ -76,6 +76,10 @@ type plane struct {
 	ready []<-chan struct{}
 	// cleanups run at exit, the last added first.
 	cleanups []func()
+	// workers are this process's pod and vm workers, for drains; stopping is set once a
+	// SIGTERM drain began (DRAIN_SECS), so lifting a cordon does not undo it.
+	workers  []drainWorker
+	stopping atomic.Bool
 }
 
 // onExit has close run f.
@@ -452,12 +456,16 @@ func (p *plane) startPodWorker(pods podTier) error {
 	}, pods.backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())
+	p.followCordon(liveness.KindPodWorker, w)
 	return p.heartbeat(liveness.KindPodWorker, workerLoad(w, cfg.PodConcurrency))
 }
 
-// workerLoad is the heartbeat's fill of a pod or vm worker: its capacity and what it has in flight.
+// workerLoad is the heartbeat's fill of a pod or vm worker: its capacity, what it has in
+// flight, and whether it drains.
 func workerLoad(w *podworker.Worker, capacity int) func(*liveness.Record) {
-	return func(r *liveness.Record) { r.Worker.Capacity, r.Worker.InFlight = capacity, w.InFlight() }
+	return func(r *liveness.Record) {
+		r.Worker.Capacity, r.Worker.InFlight, r.Worker.Draining = capacity, w.InFlight(), w.Draining()
+	}
 }
 
 // serveHTTP serves health, readiness, status and metrics at HTTP_LISTEN, and marks the
@@ -470,6 +478,7 @@ func (p *plane) serveHTTP() error {
 	mux.Handle("/readyz", readyHandler(&isReady, p.evlog))
 	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns, p.fleet))
 	mux.Handle("GET /v1/fleet/autoscale", autoscaleHandler(p.fleet))
+	p.workersHandler(mux)
 	mux.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	hln, err := net.Listen("tcp", p.cfg.HTTPListen)
 	if err != nil {

@@ -65,6 +65,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 	}, backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())
+	p.followCordon(liveness.KindVMWorker, w)
 	return p.heartbeat(liveness.KindVMWorker, workerLoad(w, cfg.VMConcurrency))
 }
 

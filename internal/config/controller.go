@@ -78,6 +78,9 @@ type Controller struct {
 	// repository owner and repository may use (nil without the file: every tier).
 	GrantsFile string
 	Grants     *grants.Policy
+	// DrainTimeout is DRAIN_SECS: how long a stopping process's workers drain (take nothing
+	// new, finish what they hold) before it stops; zero stops at once.
+	DrainTimeout time.Duration
 	// Admission is the scheduler's admission queue (MAX_QUEUED, QUEUE_SECS, FAIRNESS,
 	// FAIR_SHARE_CAP); its zero value, the default, is no queue.
 	Admission     scheduler.Admission
@@ -342,6 +345,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		}
 	}
 	c.Admission = loadAdmission(e)
+	c.DrainTimeout = e.seconds("DRAIN_SECS", 0, 0)
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}
 	if c.Has(VMWorker) {

@@ -43,6 +43,10 @@ const (
 	// keyed <kind>.<instance>; a key expires Config.ComponentsTTL after its last beat, and a
 	// process that stops deletes its own.
 	BucketComponents = "dynrunner_components"
+	// BucketCordons holds one key per cordoned (draining) worker, its instance (package
+	// liveness), value: who cordoned it and when. No TTL: a cordon holds until it is lifted, a
+	// restart of the worker included.
+	BucketCordons = "dynrunner_cordons"
 
 	SubjectAssignment = "dynrunner.assignment."
 	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
@@ -113,6 +117,7 @@ type Log struct {
 	leases   jetstream.KeyValue
 	live     jetstream.KeyValue
 	comps    jetstream.KeyValue
+	cordons  jetstream.KeyValue
 	liveTTL  bool // purge markers in live expire
 	keyed    keyedSet
 	appended appended // this Log's own appends, for its views
@@ -229,9 +234,19 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, err
 	}
+	cordons, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketCordons,
+		Description: "dynrunner cordoned workers: <instance>, value: who cordoned it and when (JSON)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketCordons, err)
+	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, liveTTL: liveTTL,
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, cordons: cordons, liveTTL: liveTTL,
 		sign: signer{key: key.Sum(nil)}}, nil
 }
 
@@ -251,6 +266,9 @@ func (l *Log) Leases() jetstream.KeyValue { return l.leases }
 // Components returns BucketComponents, the component processes' heartbeats (package
 // liveness). Its keys expire Config.ComponentsTTL after their last put.
 func (l *Log) Components() jetstream.KeyValue { return l.comps }
+
+// Cordons returns BucketCordons, the cordoned workers (package liveness: Cordon).
+func (l *Log) Cordons() jetstream.KeyValue { return l.cordons }
 
 // ensureStream returns the stream as configured, creating or updating it only when it is
 // missing or differs: a component whose NATS user may only look streams up (docs/security.md)
@@ -306,7 +324,7 @@ func ensureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.
 // every job fail; /readyz shows it with Check's error, which names what is missing.
 func (l *Log) Check(ctx context.Context) error {
 	var errs []error
-	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive, "KV_" + BucketComponents} {
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive, "KV_" + BucketComponents, "KV_" + BucketCordons} {
 		if _, err := l.js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)

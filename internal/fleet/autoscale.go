@@ -98,8 +98,11 @@ func (r Report) Decisions(perWorker map[assignment.Backend]int) map[assignment.B
 			d.PerWorker = 0
 		}
 		d.PerWorker = max(d.PerWorker, c.Worker.Capacity)
-		// Every worker online takes new environments: workers cannot be cordoned yet, so
-		// Draining stays zero here (Decide takes it into account for when they can).
+		if c.Worker.Draining {
+			d.Draining++
+			d.DrainingInFlight += c.Worker.InFlight
+			continue
+		}
 		d.Workers++
 		d.Slots += c.Worker.Capacity
 	}

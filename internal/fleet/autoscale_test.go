@@ -40,19 +40,19 @@ func TestDecide(t *testing.T) {
 }
 
 // TestReportAutoscale: the decision from a report reads the queued and in-flight assignments by
-// tier and the workers' heartbeats, and scales a tier with no worker
+// tier and the workers' heartbeats (draining ones apart), and scales a tier with no worker
 // from the configured capacity of one.
 func TestReportAutoscale(t *testing.T) {
 	now := time.Now()
-	worker := func(kind, inst string, capacity, inFlight int) liveness.Record {
-		return liveness.Record{Kind: kind, Instance: inst, Worker: &liveness.WorkerInfo{Capacity: capacity, InFlight: inFlight}}
+	worker := func(kind, inst string, capacity, inFlight int, draining bool) liveness.Record {
+		return liveness.Record{Kind: kind, Instance: inst, Worker: &liveness.WorkerInfo{Capacity: capacity, InFlight: inFlight, Draining: draining}}
 	}
 	st := func(b assignment.Backend, ph assignment.Phase) assignment.State {
 		return assignment.State{Record: assignment.Record{Backend: b, Phase: ph, Transition: ph}}
 	}
 	r := Build([]liveness.Record{
-		worker(liveness.KindPodWorker, "a", 2, 2),
-		worker(liveness.KindPodWorker, "b", 2, 1),
+		worker(liveness.KindPodWorker, "a", 2, 2, false),
+		worker(liveness.KindPodWorker, "b", 2, 1, true),
 	}, []assignment.State{
 		st(assignment.BackendPod, assignment.Running), st(assignment.BackendPod, assignment.Running),
 		st(assignment.BackendPod, assignment.Running), st(assignment.BackendPod, assignment.Failed),
@@ -62,10 +62,10 @@ func TestReportAutoscale(t *testing.T) {
 	got := r.Decisions(map[assignment.Backend]int{assignment.BackendPod: 8, assignment.BackendVM: 1})
 	require.Contains(t, got, assignment.BackendPod)
 	pod := got[assignment.BackendPod]
-	assert.Equal(t, Demand{Queued: 3, InFlight: 3, Workers: 2, Slots: 4, PerWorker: 2}, pod.Demand,
+	assert.Equal(t, Demand{Queued: 3, InFlight: 3, Workers: 1, Slots: 2, Draining: 1, DrainingInFlight: 1, PerWorker: 2}, pod.Demand,
 		"the workers online, not the configuration, tell one worker's capacity")
-	assert.Equal(t, 3, pod.DesiredWorkers, "(3 queued + 3 in flight) / 2 per worker")
-	assert.Equal(t, "3 queued, 3 in flight, 2 workers of 4 slots online: want 1 more", pod.Reason)
+	assert.Equal(t, 3, pod.DesiredWorkers, "(3 queued + 3 in flight - 1 on the draining worker) / 2 per worker")
+	assert.Equal(t, "3 queued, 3 in flight, 1 worker of 2 slots online, 1 draining with 1 in flight: want 2 more", pod.Reason)
 	vm := got[assignment.BackendVM]
 	assert.Equal(t, 1, vm.DesiredWorkers, "a queued vm job with no vm worker online")
 	assert.Equal(t, 1, vm.PerWorker)

@@ -6,5 +6,7 @@
 // bucket's TTL (LIVENESS_TTL), refreshing what its kind reports (a worker's environments in
 // flight, whether a scheduler holds the reconcile lease). A process that stops deletes its key;
 // one that is killed stops beating and its key expires with the bucket's TTL. A record is a
-// claim of liveness, never an input to a decision: nothing but the fleet report reads it.
+// claim of liveness, never an input to an assignment's decision: the fleet report, the
+// autoscaling advice and a drain's safe_to_remove read it. Cordons (Cordon, in
+// eventlog.BucketCordons) tell a worker to drain.
 package liveness

@@ -49,7 +49,14 @@ type WorkerInfo struct {
 	Capacity int `json:"capacity"`
 	// InFlight is how many it watches or is starting now.
 	InFlight int `json:"in_flight"`
+	// Draining: the worker is cordoned (`dynrunner drain`, or stopping with DRAIN_SECS): it
+	// takes no new environment and finishes the ones it has; safe to remove at InFlight zero.
+	Draining bool `json:"draining,omitempty"`
 }
+
+// SafeToRemove reports whether the worker may be removed without cutting a job short: it is
+// draining and holds no environment.
+func (w WorkerInfo) SafeToRemove() bool { return w.Draining && w.InFlight == 0 }
 
 // SchedulerInfo is a scheduler replica's role.
 type SchedulerInfo struct {
