@@ -220,6 +220,13 @@ func (r *rig) run(backend podworker.Backend) (stop func()) {
 // interval and heartbeat); the returned function stops both.
 func (r *rig) runWorker(l *eventlog.Log, backend podworker.Backend, cfg podworker.Config) (stop func()) {
 	r.t.Helper()
+	_, stop = r.startWorker(l, backend, cfg)
+	return stop
+}
+
+// startWorker is runWorker that returns the worker too.
+func (r *rig) startWorker(l *eventlog.Log, backend podworker.Backend, cfg podworker.Config) (_ *podworker.Worker, stop func()) {
+	r.t.Helper()
 	r.view = eventlog.NewView()
 	issuer, err := captoken.NewIssuer([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(r.t, err)
@@ -250,7 +257,7 @@ func (r *rig) runWorker(l *eventlog.Log, backend podworker.Backend, cfg podworke
 		assert.NoError(r.t, <-errc, "worker Run on cancellation")
 	}
 	r.t.Cleanup(stop)
-	return stop
+	return w, stop
 }
 
 func (r *rig) claim(task assignment.TaskID) assignment.State {
@@ -706,4 +713,56 @@ dynrunner_job_duration_seconds_bucket{result="success",tier="pod",le="+Inf"} 1
 dynrunner_job_duration_seconds_sum{result="success",tier="pod"} 90
 dynrunner_job_duration_seconds_count{result="success",tier="pod"} 1
 `), "dynrunner_job_duration_seconds"))
+}
+
+// TestWorkerDrains: a cordoned worker with two running environments takes no new dispatch (it
+// stays for another worker), reports them in flight until both end, and takes work again once
+// the cordon is lifted. Killed while cordoned, it loses no job: another worker adopts its
+// environment.
+func TestWorkerDrains(t *testing.T) {
+	r := newRigHeartbeat(t, 500*time.Millisecond)
+	mem := newMem()
+	nc, la := r.replica()
+	a, stopA := r.startWorker(la, mem, podworker.Config{Actor: "pod-worker@a/1", Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	one, two := r.claim(1), r.claim(2)
+	ids := []string{fmt.Sprintf("1-%d", one.Epoch()), fmt.Sprintf("2-%d", two.Epoch())}
+	eventually(t, "both environments watched", func() bool { return mem.watchers(ids[0]) == 1 && mem.watchers(ids[1]) == 1 })
+
+	a.SetDraining(true)
+	require.True(t, a.Draining())
+	r.claim(3)
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		require.Equal(t, assignment.Claimed, r.phase(3).Phase, "a draining worker took a new dispatch")
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, 2, a.InFlight())
+	mem.exit(ids[0], 0)
+	eventually(t, "one environment left", func() bool { return a.InFlight() == 1 })
+	require.Equal(t, assignment.Claimed, r.phase(3).Phase)
+
+	// Killed while cordoned, with one environment running: another worker adopts it, and takes
+	// the dispatch the drained one left.
+	nc.Close()
+	stopA()
+	r.runWorker(r.log, mem, podworker.Config{Actor: "pod-worker@b/2", Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	eventually(t, "worker b adopts the running environment", func() bool { return mem.watchers(ids[1]) == 1 })
+	eventually(t, "worker b starts the dispatch the cordoned one left", func() bool { return r.phase(3).Phase == assignment.Started })
+	require.Equal(t, assignment.Started, r.phase(2).Phase, "the adopted job was lost")
+}
+
+// TestWorkerTakesWorkAgainOnceUncordoned: lifting the cordon lets the worker take new
+// dispatches again.
+func TestWorkerTakesWorkAgainOnceUncordoned(t *testing.T) {
+	r := newRig(t)
+	w, _ := r.startWorker(r.log, newMem(), podworker.Config{Actor: "worker-test", Reap: time.Hour})
+	w.SetDraining(true)
+	r.claim(1)
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		require.Equal(t, assignment.Claimed, r.phase(1).Phase, "a draining worker took a dispatch")
+		time.Sleep(20 * time.Millisecond)
+	}
+	w.SetDraining(false)
+	eventually(t, "started once uncordoned", func() bool { return r.phase(1).Phase == assignment.Started })
 }

@@ -364,3 +364,39 @@ func TestStatusUser(t *testing.T) {
 	_, err = sched.log.Get(ctx, st.Task)
 	require.NoError(t, err, "the assignment survived the status user")
 }
+
+// TestCordonsUsers: the scheduler's user cordons and uncordons a worker; a worker's user reads
+// its cordon and cannot put or lift one (a stolen pod-worker password cannot drain the fleet,
+// nor undrain itself); the status user reads cordons and writes none.
+func TestCordonsUsers(t *testing.T) {
+	s := permissionedServer(t)
+	sched := connectAs(t, s, "dynrunner-scheduler", "pw-scheduler")
+	pod := connectAs(t, s, "dynrunner-pod-worker", "pw-pod_worker")
+	ctx := t.Context()
+	key := liveness.KindPodWorker + "." + liveness.Instance("host-b/7/cd")
+	require.NoError(t, liveness.PutCordon(ctx, sched.log.Cordons(), key, liveness.Cordon{By: "scheduler@a", At: time.Now()}))
+	c, err := liveness.GetCordon(ctx, pod.log.Cordons(), key)
+	require.NoError(t, err, pod.violations())
+	assert.Equal(t, "scheduler@a", c.By)
+	denied(t, pod, "a pod worker lifts its cordon", func(ctx context.Context) error {
+		return liveness.DeleteCordon(ctx, pod.log.Cordons(), key)
+	})
+	denied(t, pod, "a pod worker cordons another", func(ctx context.Context) error {
+		return liveness.PutCordon(ctx, pod.log.Cordons(), liveness.KindPodWorker+".other", liveness.Cordon{By: "pod"})
+	})
+
+	status := connectReader(t, s, "dynrunner-status", "pw-status")
+	kv, err := status.js.KeyValue(ctx, eventlog.BucketCordons)
+	require.NoError(t, err, status.violations())
+	_, err = liveness.GetCordon(ctx, kv, key)
+	require.NoError(t, err, status.violations())
+	denied(t, status, "the status user lifts a cordon", func(ctx context.Context) error {
+		return liveness.DeleteCordon(ctx, kv, key)
+	})
+
+	require.NoError(t, liveness.DeleteCordon(ctx, sched.log.Cordons(), key))
+	_, err = liveness.GetCordon(ctx, pod.log.Cordons(), key)
+	require.ErrorIs(t, err, liveness.ErrNoCordon)
+	assert.Empty(t, sched.violations())
+	assert.Empty(t, pod.violations())
+}
