@@ -288,6 +288,10 @@ func printFleet(out io.Writer, r fleet.Report) error {
 // componentDetails is the DETAILS column: what a component's kind reports.
 func componentDetails(c liveness.Record) string {
 	switch {
+	case c.Worker != nil && c.Worker.SafeToRemove():
+		return fmt.Sprintf("draining, 0/%d in flight: safe to remove", c.Worker.Capacity)
+	case c.Worker != nil && c.Worker.Draining:
+		return fmt.Sprintf("draining, %d/%d in flight", c.Worker.InFlight, c.Worker.Capacity)
 	case c.Worker != nil:
 		return fmt.Sprintf("%d/%d in flight", c.Worker.InFlight, c.Worker.Capacity)
 	case c.Scheduler != nil && c.Scheduler.ReconcileLease:
