@@ -77,9 +77,9 @@ type Worker struct {
 	// draining: cordoned; the worker takes no new dispatch and finishes what it has.
 	draining atomic.Bool
 	mu       sync.Mutex
-	envs  map[assignment.TaskID]*env
-	wg    sync.WaitGroup
-	ready chan struct{}
+	envs     map[assignment.TaskID]*env
+	wg       sync.WaitGroup
+	ready    chan struct{}
 }
 
 // env is an environment the worker watches, or a reservation (zero h and key) while one starts
