@@ -160,7 +160,8 @@ func orderOf(t *testing.T, recs []record, alpha, beta string) admissionOrder {
 		case takes:
 			inFlight[r.Task] = true
 			seq = append(seq, strings.SplitN(r.Repo, "-", 2)[0])
-			if r.Repo == alpha {
+			switch r.Repo {
+			case alpha:
 				alphaNow++
 				o.alphaMaxInFlight = max(o.alphaMaxInFlight, alphaNow)
 				if !betaAdmitted {
@@ -169,7 +170,7 @@ func orderOf(t *testing.T, recs []record, alpha, beta string) admissionOrder {
 						o.alphaAfterBetaClaimed++
 					}
 				}
-			} else if r.Repo == beta {
+			case beta:
 				betaAdmitted = true
 			}
 		case ends && inFlight[r.Task]:

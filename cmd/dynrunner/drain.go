@@ -48,7 +48,7 @@ func (p *plane) followCordon(kind string, w *podworker.Worker) {
 				logger.Warn().Err(err).Msg("read the worker's cordon; keeping its drain state")
 			}
 			if clock.Sleep(p.gctx, cordonPoll) != nil {
-				return nil
+				return nil //nolint:nilerr // the controller stops: no failure
 			}
 		}
 	})

@@ -102,7 +102,7 @@ func (f *Forge) CreatePrivateRepo(ctx context.Context, name string) (Repo, error
 func (f *Forge) CreateOrgRepo(ctx context.Context, org, name string) (Repo, error) {
 	err := f.do(ctx, http.MethodPost, "/api/v1/orgs", map[string]any{"username": org, "visibility": "public"}, nil)
 	var apiErr *APIError
-	if err != nil && !(errors.As(err, &apiErr) && apiErr.Status == http.StatusUnprocessableEntity) {
+	if err != nil && (!errors.As(err, &apiErr) || apiErr.Status != http.StatusUnprocessableEntity) {
 		return Repo{}, err
 	}
 	return f.postRepo(ctx, "/api/v1/orgs/"+url.PathEscape(org)+"/repos", name, false)
