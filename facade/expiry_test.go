@@ -1,6 +1,8 @@
 package facade_test
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -9,10 +11,14 @@ import (
 	"code.gitea.io/actions-proto-go/ping/v1/pingv1connect"
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
 	"connectrpc.com/connect"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/facade"
 	"github.com/dynrunner/dynrunner/forge/forgetest"
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -87,13 +93,70 @@ func TestFacadeRenewsAfterItsOwnRestart(t *testing.T) {
 	e := newEnv(t)
 	st := e.claim(forgetest.Task(42))
 	_, tok := e.start(st)
-	c := &clock{now: st.LeaseExpires.Add(time.Minute)} // the facade starts after the lease ended
+	c := &clock{now: time.Now()}
 	e.now = c.Now
-	srv := e.facadeServer()
 	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
 	ctx := t.Context()
-	_, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
+	_, err := runnerClient(hc, e.facadeServer().URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
 	require.NoError(t, err)
+	c.set(st.LeaseExpires.Add(time.Minute)) // the next facade starts after the lease ended
+	srv := e.facadeServer()
 	_, err = dynrunnerv1connect.NewLeaseServiceClient(hc, srv.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))
 	require.NoError(t, err)
+}
+
+// TestFacadeRefusesExpiredRegistrationTokens: a capability token expires with its
+// assignment's pickup deadline. Up to it the environment registers; after it, a first
+// redemption is refused (token_expired, Unauthenticated) with an error naming the deadline,
+// and nothing is recorded. The environment's own Register sent again to another facade after
+// the deadline (failover of a registered environment) is still answered.
+func TestFacadeRefusesExpiredRegistrationTokens(t *testing.T) {
+	e := newEnv(t)
+	c := &clock{now: time.Now()}
+	e.now = c.Now
+	srv := e.facadeServer()
+	ctx := t.Context()
+	expired := func() float64 { return testutil.ToFloat64(e.metrics.Refused.WithLabelValues("token_expired")) }
+	register := func(url string, st assignment.State, tok captoken.Token, key string) (*connect.Response[runnerv1.RegisterResponse], error) {
+		req := connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true})
+		if key != "" {
+			req.Header().Set(facade.RegisterKeyHeader, key)
+		}
+		return runnerClient(e.client(workload.AssignmentID(e.td, st.Task, st.Epoch())), url, "", "").Register(ctx, req)
+	}
+
+	// Past the deadline: refused, and the token is not redeemed.
+	late := e.claim(forgetest.Task(12))
+	late, lateTok := e.start(late)
+	require.Equal(t, late.PickupDeadline.Truncate(time.Second).UTC(), lateTok.Expires(), "the token's expiry")
+	c.set(lateTok.Expires().Add(time.Second))
+	_, err := register(srv.URL, late, lateTok, strings.Repeat("ab", 32))
+	require.Equal(t, connect.CodeUnauthenticated, codeOf(err), "an expired token: %v", err)
+	want := fmt.Sprintf("dynrunner facade: registration token of task 12 epoch %d expired at %s: the assignment's pickup deadline "+
+		"(PICKUP_SECS, counted from its claim) passed before the environment registered",
+		late.Epoch(), lateTok.Expires().Format(time.RFC3339))
+	var ce *connect.Error
+	require.ErrorAs(t, err, &ce)
+	assert.Equal(t, want, ce.Message(), "the refusal")
+	assert.Equal(t, 1.0, expired(), "refusals counted as token_expired")
+	cur, err := e.log.Get(ctx, 12)
+	require.NoError(t, err)
+	assert.Equal(t, assignment.Started, cur.Phase, "an expired token was redeemed")
+	assert.Empty(t, cur.RunnerUUID, "an expired token was redeemed")
+
+	// At the deadline: registers; after it, the same environment's Register again is answered
+	// by another facade, and anyone else holding the token is still refused.
+	onTime := e.claim(forgetest.Task(13))
+	onTime, tok := e.start(onTime)
+	c.set(tok.Expires())
+	key := strings.Repeat("cd", 32)
+	reg, err := register(srv.URL, onTime, tok, key)
+	require.NoError(t, err, "a token at its expiry")
+	c.set(tok.Expires().Add(time.Minute))
+	again, err := register(e.facadeServer().URL, onTime, tok, key)
+	require.NoError(t, err, "the registered environment's Register again after the deadline")
+	assert.Equal(t, reg.Msg.GetRunner().GetUuid(), again.Msg.GetRunner().GetUuid(), "runner answered again")
+	_, err = register(srv.URL, onTime, tok, strings.Repeat("ef", 32))
+	require.Error(t, err, "another key with the expired token")
+	assert.Equal(t, 2.0, expired(), "refusals counted as token_expired")
 }

@@ -306,7 +306,8 @@ func (f *Facade) Ping(ctx context.Context, req *connect.Request[pingv1.PingReque
 	return connect.NewResponse(&pingv1.PingResponse{Data: "Hello, " + req.Msg.GetData() + "!"}), nil
 }
 
-// Register redeems the environment's single-use capability token.
+// Register redeems the environment's single-use capability token, refusing it once it has
+// expired (token_expired) unless this environment redeemed it already (registeredAgain).
 func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.RegisterRequest]) (*connect.Response[runnerv1.RegisterResponse], error) {
 	var c caller
 	tok, terr := f.cfg.Issuer.Verify(req.Msg.GetToken())
@@ -348,6 +349,18 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 			Str("identity", c.id).Str("token_id", tok.ID()).Msg("environment's registration answered again (its first answer was lost)")
 		return registered(uuid), nil
 	}
+	if tok.Expired(f.cfg.Now()) {
+		// Only a first redemption is refused for expiry: the environment's own Register sent
+		// again (above) is facade failover of a registered environment. The view may not show
+		// that redemption yet: read again before refusing.
+		if again, ferr := f.fresh(ctx, c); ferr == nil {
+			if uuid, ok := f.registeredAgain(c, again, tok, key); ok {
+				return registered(uuid), nil
+			}
+			st = again
+		}
+		return nil, f.refuse("token_expired", connect.CodeUnauthenticated, tokenExpired(tok, st))
+	}
 	uuid, err := f.runnerUUID(c, key)
 	if err != nil {
 		return nil, connect.NewError(connect.CodeInternal, err)
@@ -370,6 +383,18 @@ func (f *Facade) Register(ctx context.Context, req *connect.Request[runnerv1.Reg
 	f.cfg.Log.Info().Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
 		Str("identity", c.id).Str("token_id", tok.ID()).Msg("environment registered")
 	return registered(uuid), nil
+}
+
+// tokenExpired is the error of a registration token presented after its expiry: the
+// assignment's pickup deadline.
+func tokenExpired(tok captoken.Token, st assignment.State) error {
+	since := "claim"
+	if !st.AdmittedAt.IsZero() {
+		since = "admission"
+	}
+	return fmt.Errorf("dynrunner facade: registration token of task %d epoch %d expired at %s: the assignment's pickup deadline "+
+		"(PICKUP_SECS, counted from its %s) passed before the environment registered",
+		tok.Task(), tok.Epoch(), tok.Expires().Format(time.RFC3339), since)
 }
 
 // RegisterKeyHeader carries the register key: a secret the environment draws for its Register

@@ -3,10 +3,13 @@ package facade
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/captoken"
 )
 
 // FuzzParseRunnerToken: the facade reads the assignment a runner token names (its HMAC is
@@ -31,4 +34,33 @@ func FuzzParseRunnerToken(f *testing.F) {
 			assert.True(t, strings.HasPrefix(wire, gotTask.String()+"."+gotEpoch.String()+"."), "%q names task %d epoch %d", wire, gotTask, gotEpoch)
 		}
 	})
+}
+
+// TestTokenExpired: the refusal of an expired registration token names the assignment, the
+// instant and the deadline that passed, counted from the claim or, for a claim that queued,
+// from its admission.
+func TestTokenExpired(t *testing.T) {
+	issuer, err := captoken.NewIssuer([]byte("fedcba9876543210fedcba9876543210"))
+	require.NoError(t, err)
+	deadline := time.Date(2026, 12, 5, 23, 2, 0, 0, time.UTC)
+	tok, err := issuer.Issue(12, 57, captoken.PurposeRegister, deadline)
+	require.NoError(t, err)
+	claimed := assignment.State{Record: assignment.Record{Task: 12, Epoch: 57, ClaimedAt: deadline.Add(-2 * time.Minute), PickupDeadline: deadline}}
+	admitted := claimed
+	admitted.AdmittedAt = claimed.ClaimedAt.Add(time.Minute)
+	tests := []struct {
+		name string
+		st   assignment.State
+		want string
+	}{
+		{name: "never queued", st: claimed, want: "dynrunner facade: registration token of task 12 epoch 57 expired at 2026-12-05T23:02:00Z: " +
+			"the assignment's pickup deadline (PICKUP_SECS, counted from its claim) passed before the environment registered"},
+		{name: "queued, then admitted", st: admitted, want: "dynrunner facade: registration token of task 12 epoch 57 expired at 2026-12-05T23:02:00Z: " +
+			"the assignment's pickup deadline (PICKUP_SECS, counted from its admission) passed before the environment registered"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			assert.EqualError(t, tokenExpired(tok, tt.st), tt.want)
+		})
+	}
 }

@@ -215,7 +215,7 @@ func TestFacadeRegisterBeforeStartedIsRetryable(t *testing.T) {
 	e := newEnv(t)
 	srv := e.facadeServer()
 	st := e.claim(forgetest.Task(70))
-	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
+	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister, st.PickupDeadline)
 	require.NoError(t, err)
 	hc := e.client(workload.AssignmentID(e.td, 70, st.Epoch()))
 	_, err = runnerClient(hc, srv.URL, "", "").Register(t.Context(), connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret()}))

@@ -125,7 +125,7 @@ func (e *env) claimOn(task *runnerv1.Task, backend assignment.Backend) assignmen
 // start records the environment's start with a fresh capability token, as the worker does.
 func (e *env) start(st assignment.State) (assignment.State, captoken.Token) {
 	e.t.Helper()
-	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
+	tok, err := e.issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister, st.PickupDeadline)
 	require.NoError(e.t, err)
 	next, err := e.log.Apply(e.t.Context(), assignment.Event{Transition: assignment.Started, Task: st.Task, Epoch: st.Epoch(),
 		At: time.Now(), Actor: "test", Handle: []byte(`{"id":"test"}`), TokenID: tok.ID()}, nil)

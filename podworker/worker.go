@@ -388,11 +388,12 @@ func (w *Worker) startDispatched(ctx context.Context, msg jetstream.Msg, d event
 }
 
 // start issues the environment's token and identity and starts it, telling JetStream the
-// message is in progress while the backend works.
+// message is in progress while the backend works. The token expires with the assignment's
+// pickup deadline: an environment that has not registered by then is failed anyway.
 func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.State) (Handle, string, error) {
-	tok, err := w.cfg.Issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister)
+	tok, err := w.cfg.Issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister, st.PickupDeadline)
 	if err != nil {
-		return Handle{}, "", err
+		return Handle{}, "", fmt.Errorf("podworker: capability token: %w", err)
 	}
 	files := map[string][]byte{TokenFile: []byte(tok.Secret())}
 	if w.cfg.Identity != nil {

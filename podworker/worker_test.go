@@ -36,7 +36,8 @@ type memBackend struct {
 	starts    int
 	destroyed []string
 	lists     int
-	waiting   map[string]int // Wait calls blocked on each environment: the workers watching it
+	waiting   map[string]int    // Wait calls blocked on each environment: the workers watching it
+	tokens    map[string]string // the capability token each environment was started with
 }
 
 type memEnv struct {
@@ -45,7 +46,9 @@ type memEnv struct {
 	code int
 }
 
-func newMem() *memBackend { return &memBackend{envs: map[string]*memEnv{}, waiting: map[string]int{}} }
+func newMem() *memBackend {
+	return &memBackend{envs: map[string]*memEnv{}, waiting: map[string]int{}, tokens: map[string]string{}}
+}
 
 func (m *memBackend) Name() string { return "mem" }
 
@@ -56,10 +59,12 @@ func (m *memBackend) Start(_ context.Context, spec podworker.Spec) (podworker.Ha
 	if m.failStart != nil {
 		return podworker.Handle{}, m.failStart
 	}
-	if _, ok := spec.Files[podworker.TokenFile]; !ok {
+	tok, ok := spec.Files[podworker.TokenFile]
+	if !ok {
 		return podworker.Handle{}, errors.New("no capability token")
 	}
 	id := fmt.Sprintf("%d-%d", spec.Task, spec.Epoch)
+	m.tokens[id] = string(tok)
 	h := podworker.Handle{Backend: "mem", ID: id, Task: spec.Task, Epoch: spec.Epoch}
 	m.envs[id] = &memEnv{h: h, done: make(chan struct{})}
 	return h, nil
@@ -211,6 +216,9 @@ func (r *rig) replica() (*nats.Conn, *eventlog.Log) {
 }
 
 // run starts a view and a worker over backend; the returned function stops both.
+// capabilityKey is the capability key of the workers the rig starts.
+var capabilityKey = []byte("0123456789abcdef0123456789abcdef")
+
 func (r *rig) run(backend podworker.Backend) (stop func()) {
 	r.t.Helper()
 	return r.runWorker(r.log, backend, podworker.Config{Actor: "worker-test", Reap: time.Hour})
@@ -228,7 +236,7 @@ func (r *rig) runWorker(l *eventlog.Log, backend podworker.Backend, cfg podworke
 func (r *rig) startWorker(l *eventlog.Log, backend podworker.Backend, cfg podworker.Config) (_ *podworker.Worker, stop func()) {
 	r.t.Helper()
 	r.view = eventlog.NewView()
-	issuer, err := captoken.NewIssuer([]byte("0123456789abcdef0123456789abcdef"))
+	issuer, err := captoken.NewIssuer(capabilityKey)
 	require.NoError(r.t, err)
 	cfg.Tier, cfg.Concurrency, cfg.Issuer, cfg.RetryDelay = assignment.BackendPod, 4, issuer, 10*time.Millisecond
 	cfg.Log = zerolog.New(zerolog.NewTestWriter(r.t)).With().Str("actor", cfg.Actor).Logger()
@@ -298,6 +306,20 @@ func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
 	require.NoError(t, json.Unmarshal(got.Handle, &h), "started record: handle %s", got.Handle)
 	require.Equal(t, id, h.ID, "started record: handle id")
 	require.NotEmpty(t, got.TokenID, "started record: token id")
+	// The environment's token is bound to the assignment and expires with its pickup deadline.
+	issuer, err := captoken.NewIssuer(capabilityKey)
+	require.NoError(t, err)
+	mem.mu.Lock()
+	wire := mem.tokens[id]
+	mem.mu.Unlock()
+	tok, err := issuer.Verify(wire)
+	require.NoError(t, err, "the environment's capability token")
+	assert.Equal(t, got.TokenID, tok.ID(), "token id")
+	assert.Equal(t, assignment.TaskID(1), tok.Task(), "token task")
+	assert.Equal(t, st.Epoch(), tok.Epoch(), "token epoch")
+	assert.Equal(t, captoken.PurposeRegister, tok.Purpose(), "token purpose")
+	require.False(t, got.PickupDeadline.IsZero(), "started record: pickup deadline")
+	assert.Equal(t, got.PickupDeadline.Truncate(time.Second).UTC(), tok.Expires(), "token expiry, want the pickup deadline")
 	// The environment dies before the job completed: the assignment fails with a reason. The
 	// worker must be waiting on it first: the memory backend forgets an environment that exits
 	// unwatched, where a real one keeps its exit code.

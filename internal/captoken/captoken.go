@@ -10,7 +10,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -19,13 +21,17 @@ const (
 	// MinKeySize is the shortest key NewIssuer accepts, in bytes.
 	MinKeySize = 32
 
-	prefix    = "drc1"
+	prefix    = "drc2"
 	nonceSize = 16
 	macSize   = sha256.Size
 	idSize    = 16
-	// maxWireLen bounds the input Verify looks at: the longest token has 121 bytes
-	// (prefix 4, task 19 digits, epoch 20 digits, purpose 8, nonce 22, mac 43, 5 dots).
-	maxWireLen = 128
+	// maxExpires is the latest expiry a token can carry, in Unix seconds:
+	// 9999-12-31T23:59:59Z, 12 digits.
+	maxExpires = 253402300799
+	// maxWireLen bounds the input Verify looks at: the longest token has 134 bytes
+	// (prefix 4, task 19 digits, epoch 20 digits, purpose 8, expires 12 digits, nonce 22,
+	// mac 43, 6 dots).
+	maxWireLen = 136
 )
 
 var (
@@ -38,6 +44,9 @@ var (
 	ErrBadMAC = errors.New("token mac does not verify")
 	// ErrUnknownPurpose reports a purpose that is not one of the Purpose constants.
 	ErrUnknownPurpose = errors.New("unknown purpose")
+	// ErrInvalidExpiry reports an expiry Issue cannot put in a token: zero, or outside
+	// 1970-01-01T00:00:01Z to 9999-12-31T23:59:59Z.
+	ErrInvalidExpiry = errors.New("invalid expiry")
 )
 
 // Purpose says what a token may be used for.
@@ -75,10 +84,12 @@ func NewIssuer(key []byte) (*Issuer, error) {
 	return &Issuer{key: append([]byte(nil), key...)}, nil
 }
 
-// Issue returns a new token for the assignment (task, epoch) and purpose. The task and
-// epoch must be positive (assignment.ErrInvalidID otherwise) and the purpose known
-// (ErrUnknownPurpose otherwise).
-func (i *Issuer) Issue(task assignment.TaskID, epoch assignment.Epoch, purpose Purpose) (Token, error) {
+// Issue returns a new token for the assignment (task, epoch) and purpose that expires at
+// expires, truncated to the second, so that the token never outlives the deadline it is
+// issued for. The task and epoch must be positive (assignment.ErrInvalidID otherwise), the
+// purpose known (ErrUnknownPurpose otherwise) and expires set and within the range that
+// ErrInvalidExpiry names.
+func (i *Issuer) Issue(task assignment.TaskID, epoch assignment.Epoch, purpose Purpose, expires time.Time) (Token, error) {
 	if task <= 0 {
 		return Token{}, fmt.Errorf("captoken: task id %d: %w", task, assignment.ErrInvalidID)
 	}
@@ -88,7 +99,13 @@ func (i *Issuer) Issue(task assignment.TaskID, epoch assignment.Epoch, purpose P
 	if _, err := ParsePurpose(string(purpose)); err != nil {
 		return Token{}, err
 	}
-	t := Token{task: task, epoch: epoch, purpose: purpose}
+	if expires.IsZero() {
+		return Token{}, fmt.Errorf("captoken: no expiry: %w", ErrInvalidExpiry)
+	}
+	if sec := expires.Unix(); sec <= 0 || sec > maxExpires {
+		return Token{}, fmt.Errorf("captoken: expiry %s: %w", expires.UTC().Format(time.RFC3339), ErrInvalidExpiry)
+	}
+	t := Token{task: task, epoch: epoch, purpose: purpose, expires: expires.Unix()}
 	_, _ = rand.Read(t.nonce[:]) // crypto/rand.Read never fails.
 	t.mac = i.sum(t.signed())
 	return t, nil
@@ -96,8 +113,8 @@ func (i *Issuer) Issue(task assignment.TaskID, epoch assignment.Epoch, purpose P
 
 // Verify parses the wire form of a token and checks its MAC in constant time. It fails
 // with ErrMalformed if wire is not a token in canonical form and with ErrBadMAC if the MAC
-// does not verify. It does not check single use, the epoch or the purpose: see the
-// package documentation.
+// does not verify. It does not check the expiry, single use, the epoch or the purpose: see
+// the package documentation.
 func (i *Issuer) Verify(wire string) (Token, error) {
 	t, err := parse(wire)
 	if err != nil {
@@ -129,11 +146,11 @@ func parse(wire string) (Token, error) {
 		return malformed("too long")
 	}
 	parts := strings.Split(wire, ".")
-	if len(parts) != 6 {
-		return malformed(fmt.Sprintf("%d fields, want 6", len(parts)))
-	}
 	if parts[0] != prefix {
 		return malformed("unknown version")
+	}
+	if len(parts) != 7 {
+		return malformed(fmt.Sprintf("%d fields, want 7", len(parts)))
 	}
 	var t Token
 	task, err := assignment.ParseTaskID(parts[1])
@@ -148,20 +165,37 @@ func parse(wire string) (Token, error) {
 	if err != nil {
 		return malformed("purpose")
 	}
-	t.task, t.epoch, t.purpose = task, epoch, purpose
-	if len(parts[4]) != b64.EncodedLen(nonceSize) {
+	expires, ok := parseExpires(parts[4])
+	if !ok {
+		return malformed("expiry")
+	}
+	t.task, t.epoch, t.purpose, t.expires = task, epoch, purpose, expires
+	if len(parts[5]) != b64.EncodedLen(nonceSize) {
 		return malformed("nonce length")
 	}
-	if n, err := b64.Decode(t.nonce[:], []byte(parts[4])); err != nil || n != nonceSize {
+	if n, err := b64.Decode(t.nonce[:], []byte(parts[5])); err != nil || n != nonceSize {
 		return malformed("nonce")
 	}
-	if len(parts[5]) != b64.EncodedLen(macSize) {
+	if len(parts[6]) != b64.EncodedLen(macSize) {
 		return malformed("mac length")
 	}
-	if n, err := b64.Decode(t.mac[:], []byte(parts[5])); err != nil || n != macSize {
+	if n, err := b64.Decode(t.mac[:], []byte(parts[6])); err != nil || n != macSize {
 		return malformed("mac")
 	}
 	return t, nil
+}
+
+// parseExpires parses the canonical decimal Unix seconds of an expiry: digits only, no
+// leading zero, from 1 to maxExpires.
+func parseExpires(s string) (int64, bool) {
+	if s == "" || s[0] == '0' || strings.Trim(s, "0123456789") != "" {
+		return 0, false
+	}
+	sec, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || sec > maxExpires {
+		return 0, false
+	}
+	return sec, true
 }
 
 // Token is a verified or freshly issued capability token. The zero Token is not valid.
@@ -169,6 +203,7 @@ type Token struct {
 	task    assignment.TaskID
 	epoch   assignment.Epoch
 	purpose Purpose
+	expires int64 // Unix seconds
 	nonce   [nonceSize]byte
 	mac     [macSize]byte
 }
@@ -181,6 +216,13 @@ func (t Token) Epoch() assignment.Epoch { return t.epoch }
 
 // Purpose returns what the token may be used for.
 func (t Token) Purpose() Purpose { return t.purpose }
+
+// Expires returns when the token expires, in UTC, to the second. The token is valid up to
+// and including that instant (see Expired).
+func (t Token) Expires() time.Time { return time.Unix(t.expires, 0).UTC() }
+
+// Expired reports whether the token has expired at now: whether now is after Expires.
+func (t Token) Expired(now time.Time) bool { return now.After(t.Expires()) }
 
 // ID returns a non-secret identifier of the token: the hex of the first 16 bytes of
 // SHA-256 of its nonce. It is safe to log and to store, and is the key under which the
@@ -199,12 +241,14 @@ func (t Token) Secret() string {
 // signed returns the part of the wire form the MAC covers.
 func (t Token) signed() string {
 	return prefix + "." + t.task.String() + "." + t.epoch.String() + "." + string(t.purpose) + "." +
-		base64.RawURLEncoding.EncodeToString(t.nonce[:])
+		strconv.FormatInt(t.expires, 10) + "." + base64.RawURLEncoding.EncodeToString(t.nonce[:])
 }
 
-// String returns the redacted form "drc1.<task>.<epoch>.<purpose>.<id>.REDACTED".
+// String returns the redacted form "drc2.<task>.<epoch>.<purpose>.<expiry>.<id>.REDACTED",
+// the expiry in RFC 3339 (UTC).
 func (t Token) String() string {
-	return prefix + "." + t.task.String() + "." + t.epoch.String() + "." + string(t.purpose) + "." + t.ID() + ".REDACTED"
+	return prefix + "." + t.task.String() + "." + t.epoch.String() + "." + string(t.purpose) + "." +
+		t.Expires().Format(time.RFC3339) + "." + t.ID() + ".REDACTED"
 }
 
 // GoString returns the redacted form, for %#v.
