@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -261,4 +262,68 @@ func workerCall(ctx context.Context, method, u string) (workerStatus, error) {
 		return s, fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, s.Error)
 	}
 	return s, nil
+}
+
+// sweepCordons removes the cordons of workers that are gone: a cordon names one worker process
+// (its heartbeat key holds its pid and a random part), so once that process has no heartbeat
+// its cordon can never apply again. Only the scheduler holding the reconcile lease sweeps, every
+// LIVENESS_TTL; a cordon goes only when its worker's heartbeat was missing at two sweeps in a
+// row, so a heartbeat that lapsed for a moment on a loaded host does not lift a drain.
+func (p *plane) sweepCordons(held func() bool) {
+	missing := map[string]bool{}
+	for clock.Sleep(p.gctx, p.cfg.LivenessTTL) == nil {
+		if !held() {
+			clear(missing)
+			continue
+		}
+		n, err := sweepCordonsOnce(p.gctx, p.js, p.evlog.Cordons(), missing)
+		if err != nil && p.gctx.Err() == nil {
+			p.log.Warn().Err(err).Msg("sweep the cordons of workers that are gone")
+		} else if n > 0 {
+			p.log.Info().Int("removed", n).Msg("removed the cordons of workers that are gone")
+		}
+	}
+}
+
+// sweepCordonsOnce deletes the cordons whose worker had no heartbeat now and at the previous
+// sweep (missing, updated here), and returns how many it deleted.
+func sweepCordonsOnce(ctx context.Context, js jetstream.JetStream, cordons jetstream.KeyValue, missing map[string]bool) (int, error) {
+	keys, err := cordons.ListKeys(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var cordoned []string
+	for k := range keys.Keys() {
+		cordoned = append(cordoned, k)
+	}
+	if len(cordoned) == 0 {
+		clear(missing)
+		return 0, nil
+	}
+	records, _, err := fleet.ReadComponents(ctx, js)
+	if err != nil {
+		return 0, err
+	}
+	alive := map[string]bool{}
+	for _, r := range records {
+		alive[r.Key()] = true
+	}
+	n := 0
+	now := map[string]bool{}
+	for _, k := range cordoned {
+		if alive[k] {
+			continue
+		}
+		if missing[k] {
+			if err := liveness.DeleteCordon(ctx, cordons, k); err != nil {
+				return n, err
+			}
+			n++
+			continue
+		}
+		now[k] = true
+	}
+	clear(missing)
+	maps.Copy(missing, now)
+	return n, nil
 }

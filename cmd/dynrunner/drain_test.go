@@ -92,3 +92,40 @@ func withoutBeat(s workerStatus) workerStatus {
 	s.LastBeat = time.Time{}
 	return s
 }
+
+// TestSweepCordons: the cordon of a worker whose heartbeat is gone is removed at the second
+// sweep that misses it; a live worker's cordon stays, and so does one whose heartbeat came back.
+func TestSweepCordons(t *testing.T) {
+	l, _, js := eventlogtest.OpenJetStream(t)
+	ctx := t.Context()
+	put := func(key string) {
+		require.NoError(t, liveness.PutCordon(ctx, l.Cordons(), key, liveness.Cordon{By: "test", At: time.Now()}))
+	}
+	beat := func(inst string) {
+		r := liveness.Record{Kind: liveness.KindPodWorker, Instance: inst, Worker: &liveness.WorkerInfo{Capacity: 1}}
+		b, err := json.Marshal(r)
+		require.NoError(t, err)
+		_, err = l.Components().Put(ctx, r.Key(), b)
+		require.NoError(t, err)
+	}
+	has := func(key string) bool {
+		_, err := liveness.GetCordon(ctx, l.Cordons(), key)
+		return err == nil
+	}
+	live, gone, back := "pod-worker.live", "pod-worker.gone", "pod-worker.back"
+	put(live)
+	put(gone)
+	put(back)
+	beat("live")
+	missing := map[string]bool{}
+	n, err := sweepCordonsOnce(ctx, js, l.Cordons(), missing)
+	require.NoError(t, err)
+	require.Zero(t, n, "a cordon removed at the first sweep that missed its worker")
+	beat("back")
+	n, err = sweepCordonsOnce(ctx, js, l.Cordons(), missing)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	assert.True(t, has(live), "a live worker's cordon was removed")
+	assert.True(t, has(back), "the cordon of a worker whose heartbeat came back was removed")
+	assert.False(t, has(gone), "the cordon of a worker that is gone stays")
+}

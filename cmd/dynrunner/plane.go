@@ -343,6 +343,7 @@ func (p *plane) startScheduler() error {
 	}, p.upstream, p.evlog, p.view)
 	p.g.Go(func() error { return s.Run(p.gctx) })
 	p.ready = append(p.ready, s.Ready())
+	p.g.Go(func() error { p.sweepCordons(s.LeaseHeld); return nil })
 	return p.heartbeat(liveness.KindScheduler, func(r *liveness.Record) { r.Scheduler.ReconcileLease = s.LeaseHeld() })
 }
 

@@ -43,9 +43,9 @@ const (
 	// keyed <kind>.<instance>; a key expires Config.ComponentsTTL after its last beat, and a
 	// process that stops deletes its own.
 	BucketComponents = "dynrunner_components"
-	// BucketCordons holds one key per cordoned (draining) worker, its instance (package
-	// liveness), value: who cordoned it and when. No TTL: a cordon holds until it is lifted, a
-	// restart of the worker included.
+	// BucketCordons holds one key per cordoned (draining) worker process, its heartbeat key
+	// (package liveness), value: who cordoned it and when. No TTL: a cordon holds until it is
+	// lifted, or swept once its worker's heartbeat is gone.
 	BucketCordons = "dynrunner_cordons"
 
 	SubjectAssignment = "dynrunner.assignment."

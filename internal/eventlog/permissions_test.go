@@ -394,6 +394,13 @@ func TestCordonsUsers(t *testing.T) {
 		return liveness.DeleteCordon(ctx, kv, key)
 	})
 
+	keys, err := sched.log.Cordons().ListKeys(ctx) // the scheduler lists cordons to sweep those of workers gone
+	require.NoError(t, err, sched.violations())
+	var listed []string
+	for k := range keys.Keys() {
+		listed = append(listed, k)
+	}
+	assert.Equal(t, []string{key}, listed)
 	require.NoError(t, liveness.DeleteCordon(ctx, sched.log.Cordons(), key))
 	_, err = liveness.GetCordon(ctx, pod.log.Cordons(), key)
 	require.ErrorIs(t, err, liveness.ErrNoCordon)

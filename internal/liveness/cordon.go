@@ -13,8 +13,8 @@ import (
 
 // Cordon is a worker's cordon in the cordons bucket (eventlog.BucketCordons), keyed by the
 // worker's heartbeat key (Record.Key, <kind>.<instance>): while it exists the worker takes no
-// new environment and finishes the ones it has (it drains). It holds until lifted
-// (DeleteCordon), a restart of the worker included.
+// new environment and finishes the ones it has (it drains). It names one worker process: it
+// holds until lifted (DeleteCordon); a restarted worker is a new one, not cordoned.
 type Cordon struct {
 	By string    `json:"by"`
 	At time.Time `json:"at"`
