@@ -51,8 +51,17 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 	}
 	sched := component("scheduler", liveness.KindScheduler)
 	sched.start() // creates the topology
-	component("facade", liveness.KindFacade).start()
-	a := component("pod-worker-a", liveness.KindPodWorker)
+	facade := component("facade", liveness.KindFacade)
+	facade.start()
+	// Workers hand their environments the facade's URL, and SVIDs of the facade's development CA.
+	worker := func(name string) *controller {
+		c := component(name, liveness.KindPodWorker)
+		c.env = append(c.env, "RUNNER_FACADE_URL=https://"+envValue(facade, "RUNNER_FACADE_LISTEN"))
+		require.NoError(t, os.MkdirAll(stateDir(c), 0o700))
+		require.NoError(t, os.Symlink(filepath.Join(stateDir(facade), "ca"), filepath.Join(stateDir(c), "ca")))
+		return c
+	}
+	a := worker("pod-worker-a")
 	a.start()
 	idA := workerID(t, natsURL, secrets, a)
 
@@ -102,7 +111,7 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 	}
 
 	// A second worker takes the third job.
-	b := component("pod-worker-b", liveness.KindPodWorker)
+	b := worker("pod-worker-b")
 	b.start()
 	run = waitRun(t, f, repo, third, 3*time.Minute)
 	require.Equal(t, "success", run.Jobs[0].Conclusion)
