@@ -65,9 +65,12 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 	a.start()
 	idA := workerID(t, natsURL, secrets, a)
 
-	repo, err := f.CreateRepo(ctx, "drain")
-	require.NoError(t, err)
+	// One repository per workflow: a push runs every workflow of its repository.
+	repos := map[string]devforge.Repo{}
 	pushJobs := func(name string, jobs int, script string) string {
+		repo, err := f.CreateRepo(ctx, "drain-"+name)
+		require.NoError(t, err)
+		repos[name] = repo
 		var b strings.Builder
 		fmt.Fprintf(&b, "name: %s\non: [push]\njobs:\n", name)
 		for i := 1; i <= jobs; i++ {
@@ -77,8 +80,8 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 		require.NoError(t, err)
 		return sha
 	}
-	finished := func(sha string) bool {
-		runs, err := f.Runs(ctx, repo, sha)
+	finished := func(name, sha string) bool {
+		runs, err := f.Runs(ctx, repos[name], sha)
 		return err == nil && len(runs) == 1 && runs[0].Status == devforge.StatusCompleted
 	}
 
@@ -98,14 +101,14 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 		s := workerState(t, sched, idA)
 		require.LessOrEqual(t, s.InFlight, 2, "a cordoned worker took a new job")
 		if s.SafeToRemove {
-			require.True(t, finished(long), "safe_to_remove while its jobs run")
+			require.True(t, finished("long", long), "safe_to_remove while its jobs run")
 			break
 		}
 		require.False(t, time.Now().After(deadline), "worker a not safe to remove within 3 minutes: %+v", s)
 		time.Sleep(500 * time.Millisecond)
 	}
-	require.False(t, finished(third), "the third job ran, though the only worker was draining")
-	run := waitRun(t, f, repo, long, time.Minute)
+	require.False(t, finished("third", third), "the third job ran, though the only worker was draining")
+	run := waitRun(t, f, repos["long"], long, time.Minute)
 	for _, j := range run.Jobs {
 		assert.Equal(t, "success", j.Conclusion, "job %s of the drained worker", j.Name)
 	}
@@ -113,7 +116,7 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 	// A second worker takes the third job.
 	b := worker("pod-worker-b")
 	b.start()
-	run = waitRun(t, f, repo, third, 3*time.Minute)
+	run = waitRun(t, f, repos["third"], third, 3*time.Minute)
 	require.Equal(t, "success", run.Jobs[0].Conclusion)
 
 	// b is drained while it runs a job, then killed: restarted, it adopts the job.
@@ -124,9 +127,9 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 	drain(t, sched, idB)
 	b.kill()
 	b.start()
-	run = waitRun(t, f, repo, last, 5*time.Minute)
+	run = waitRun(t, f, repos["last"], last, 5*time.Minute)
 	assert.Equal(t, "success", run.Jobs[0].Conclusion, "the job of the worker killed while cordoned")
-	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
+	log, err := f.JobLog(ctx, repos["last"], run.Jobs[0].ID)
 	require.NoError(t, err)
 	assert.Contains(t, log, "last done")
 }
