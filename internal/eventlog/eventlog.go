@@ -428,10 +428,29 @@ func (l *Log) Apply(ctx context.Context, ev assignment.Event, hint *assignment.S
 		fresh = false
 	}
 	var head uint64 // the task's last sequence, when it is not cur's (rejected records follow)
-	for range maxConflicts {
+	// known is a sequence the task's records are known to reach (the hint's): a read that ends
+	// before it is stale. On an R3 stream, a read right after an acknowledged append has been
+	// seen to return the record before it for a moment (BenchmarkLifecyclesCluster: the
+	// facade's Register refused as "registered in phase dispatched" although the worker's
+	// `started` was acknowledged); deciding on it would refuse a valid transition.
+	var known uint64
+	if cur != nil {
+		known = cur.Seq
+	}
+	for attempt := range maxConflicts {
 		if cur == nil && !skipRead {
 			s, h, err := l.read(ctx, ev.Task)
 			switch {
+			case err == nil && h < known:
+				// Stale: read again after a moment.
+				t := time.NewTimer(time.Duration(attempt+1) * 2 * time.Millisecond)
+				select {
+				case <-ctx.Done():
+					t.Stop()
+					return assignment.State{}, ctx.Err()
+				case <-t.C:
+				}
+				continue
 			case err == nil:
 				cur = &s
 			case !errors.Is(err, assignment.ErrNotFound):
@@ -647,6 +666,12 @@ func (l *Log) MaxPayload() int64 { return l.js.Conn().MaxPayload() }
 // GetTask reads a sealed task; assignment.ErrNotFound when it was dropped.
 func (l *Log) GetTask(ctx context.Context, task assignment.TaskID) ([]byte, error) {
 	e, err := l.tasks.Get(ctx, taskKey(task))
+	if errors.Is(err, jetstream.ErrKeyNotFound) && l.cfg.Replicas > 1 {
+		// A KV get is a direct get, which on a cluster a follower may answer before it holds
+		// the scheduler's put (BenchmarkLifecyclesCluster saw the facade's FetchTask fail so):
+		// ask the bucket's stream leader before saying there is none.
+		return l.leaderGetTask(ctx, task)
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return nil, fmt.Errorf("eventlog: sealed task %d: %w", task, assignment.ErrNotFound)
 	}
@@ -654,6 +679,44 @@ func (l *Log) GetTask(ctx context.Context, task assignment.TaskID) ([]byte, erro
 		return nil, fmt.Errorf("eventlog: read task %d: %w", task, err)
 	}
 	return e.Value(), nil
+}
+
+// leaderGetTask reads a sealed task through the stream API (STREAM.MSG.GET), which the
+// stream's leader answers, rather than a direct get any replica may answer.
+func (l *Log) leaderGetTask(ctx context.Context, task assignment.TaskID) ([]byte, error) {
+	req, err := json.Marshal(struct {
+		LastBySubject string `json:"last_by_subj"`
+	}{"$KV." + BucketTasks + "." + taskKey(task)})
+	if err != nil {
+		return nil, err
+	}
+	m, err := l.js.Conn().RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+BucketTasks, req)
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: read task %d from the leader: %w", task, err)
+	}
+	var resp struct {
+		Message *struct {
+			Data    []byte `json:"data"`
+			Headers []byte `json:"hdrs"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, fmt.Errorf("eventlog: read task %d from the leader: %w", task, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.Code == 404:
+		return nil, fmt.Errorf("eventlog: sealed task %d: %w", task, assignment.ErrNotFound)
+	case resp.Error != nil:
+		return nil, fmt.Errorf("eventlog: read task %d from the leader: %s", task, resp.Error.Description)
+	case resp.Message == nil || bytes.Contains(resp.Message.Headers, []byte("KV-Operation")):
+		// A delete or purge marker: the task was dropped.
+		return nil, fmt.Errorf("eventlog: sealed task %d: %w", task, assignment.ErrNotFound)
+	}
+	return resp.Message.Data, nil
 }
 
 // DropTask purges a sealed task and its history: the end of its secret material.

@@ -421,3 +421,20 @@ func TestApplyRefusesAnInvalidClaimAtOnce(t *testing.T) {
 	require.ErrorIs(t, err, assignment.ErrInvalidTransition)
 	require.NotErrorIs(t, err, eventlog.ErrContention)
 }
+
+// TestLeaderGetTask: the read GetTask falls back to on a cluster answers as GetTask does: the
+// stored bytes, and ErrNotFound for a task never stored and for one dropped (its purge marker).
+func TestLeaderGetTask(t *testing.T) {
+	l, done := openLog(t, t.TempDir())
+	defer done()
+	ctx := t.Context()
+	require.NoError(t, l.PutTask(ctx, 5, []byte("sealed")))
+	got, err := l.LeaderGetTask(ctx, 5)
+	require.NoError(t, err)
+	require.Equal(t, "sealed", string(got))
+	_, err = l.LeaderGetTask(ctx, 6)
+	require.ErrorIs(t, err, assignment.ErrNotFound, "never stored")
+	require.NoError(t, l.DropTask(ctx, 5))
+	_, err = l.LeaderGetTask(ctx, 5)
+	require.ErrorIs(t, err, assignment.ErrNotFound, "after drop")
+}

@@ -64,6 +64,10 @@ type Options struct {
 	Env []string
 	// Output receives the bed's progress lines; nil discards them.
 	Output io.Writer
+	// NATSOnly starts the network and the NATS cluster alone: no Gitea, no dynrunner
+	// containers (Tools, ExecutorImage and the counts are then ignored). A benchmark adds its
+	// own containers with [Bed.Command].
+	NATSOnly bool
 }
 
 // Container is one of the bed's containers: a host of its own.
@@ -102,12 +106,13 @@ type Bed struct {
 
 // Start builds the images (once per process), creates the network, starts Gitea on its
 // gateway, registers the resident runner, and starts the NATS cluster and the dynrunner
-// containers, returning once every one is ready.
+// containers, returning once every one is ready. With Options.NATSOnly it starts only the
+// network and the NATS cluster.
 func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 	if !filepath.IsAbs(opts.Dir) {
 		return nil, errors.New("fleetbed: Options.Dir must be an absolute path")
 	}
-	if opts.ExecutorImage == "" {
+	if opts.ExecutorImage == "" && !opts.NATSOnly {
 		return nil, errors.New("fleetbed: Options.ExecutorImage is required")
 	}
 	for _, n := range []*int{&opts.Schedulers, &opts.Facades, &opts.PodWorkers, &opts.PodConcurrency} {
@@ -126,7 +131,12 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 		return nil, err
 	}
 	began := time.Now()
-	im, err := BuildImages(ctx)
+	var im Images
+	if opts.NATSOnly {
+		im.NATS, err = BuildNATSImage(ctx)
+	} else {
+		im, err = BuildImages(ctx)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -150,17 +160,24 @@ func Start(ctx context.Context, opts Options) (b *Bed, err error) {
 	if b.Gateway, err = netip.ParseAddr(gw); err != nil {
 		return b, fmt.Errorf("fleetbed: network %s has gateway %q", b.Network, gw)
 	}
-	b.Forge, err = devforge.Start(ctx, opts.Tools, devforge.Options{Dir: filepath.Join(opts.Dir, "gitea"), Addr: b.Gateway.String()})
-	if err != nil {
-		return b, err
-	}
-	if err := b.writeSecrets(ctx); err != nil {
-		return b, err
+	if opts.NATSOnly {
+		b.natsPass = randomHex(24)
+	} else {
+		b.Forge, err = devforge.Start(ctx, opts.Tools, devforge.Options{Dir: filepath.Join(opts.Dir, "gitea"), Addr: b.Gateway.String()})
+		if err != nil {
+			return b, err
+		}
+		if err := b.writeSecrets(ctx); err != nil {
+			return b, err
+		}
 	}
 	if err := b.startNATS(ctx); err != nil {
 		return b, err
 	}
 	b.logf("nats cluster ready after %s", time.Since(began).Round(100*time.Millisecond))
+	if opts.NATSOnly {
+		return b, nil
+	}
 	if err := b.startDynrunner(ctx); err != nil {
 		return b, err
 	}

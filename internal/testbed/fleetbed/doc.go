@@ -15,6 +15,10 @@
 // Close with t.Cleanup), together with the network and the pod workers' state directory; [Start]
 // first removes what an earlier, killed test process left.
 //
+// With Options.NATSOnly a bed is the network and the NATS cluster alone, for a caller that runs
+// containers of its own on it ([Bed.Command], e.g. BenchmarkLifecyclesCluster's controller
+// replicas) and reads their CPU time from their cgroups ([Container.CPUTime]).
+//
 // The bed talks only to what it started: the containers on its network, and Gitea on the
 // gateway.
 package fleetbed

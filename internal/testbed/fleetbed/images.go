@@ -23,48 +23,57 @@ type Images struct {
 	NATS, Dynrunner string
 }
 
-var (
-	imagesOnce sync.Once
-	images     Images
-	imagesErr  error
-)
+// builds are the bed's two images, each built at most once per process.
+var builds = struct{ nats, dynrunner imageBuild }{
+	nats:      imageBuild{pkg: "github.com/nats-io/nats-server/v2", bin: "nats-server", tag: NATSImage},
+	dynrunner: imageBuild{pkg: "github.com/dynrunner/dynrunner/cmd/dynrunner", bin: "dynrunner", tag: DynrunnerImage, cmd: []string{"controller"}},
+}
+
+type imageBuild struct {
+	pkg, bin, tag string
+	cmd           []string
+
+	once sync.Once
+	id   string
+	err  error
+}
 
 // BuildImages builds (once per process) the nats-server image, from the nats-server module
 // this module requires, and the dynrunner image, each a static binary in an image FROM
 // scratch, loaded with `docker import` (no registry, no builder).
 func BuildImages(ctx context.Context) (Images, error) {
-	imagesOnce.Do(func() { images, imagesErr = buildImages(ctx) })
-	return images, imagesErr
-}
-
-func buildImages(ctx context.Context) (Images, error) {
-	dir, err := os.MkdirTemp("", "fleetbed-images-")
+	nats, err := BuildNATSImage(ctx)
 	if err != nil {
 		return Images{}, err
 	}
-	defer os.RemoveAll(dir)
-	var im Images
-	for _, b := range []struct {
-		pkg, bin, tag string
-		cmd           []string
-		id            *string
-	}{
-		{"github.com/nats-io/nats-server/v2", "nats-server", NATSImage, nil, &im.NATS},
-		{"github.com/dynrunner/dynrunner/cmd/dynrunner", "dynrunner", DynrunnerImage, []string{"controller"}, &im.Dynrunner},
-	} {
-		out := filepath.Join(dir, b.bin)
-		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, b.pkg)
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if msg, err := build.CombinedOutput(); err != nil {
-			return Images{}, fmt.Errorf("fleetbed: go build %s: %w\n%s", b.pkg, err, msg)
-		}
-		id, err := importImage(ctx, out, b.tag, b.cmd)
-		if err != nil {
-			return Images{}, err
-		}
-		*b.id = id
+	dyn, err := builds.dynrunner.build(ctx)
+	if err != nil {
+		return Images{}, err
 	}
-	return im, nil
+	return Images{NATS: nats, Dynrunner: dyn}, nil
+}
+
+// BuildNATSImage builds (once per process) the nats-server image alone, as BuildImages does.
+func BuildNATSImage(ctx context.Context) (string, error) { return builds.nats.build(ctx) }
+
+func (b *imageBuild) build(ctx context.Context) (string, error) {
+	b.once.Do(func() { b.id, b.err = buildImage(ctx, b.pkg, b.bin, b.tag, b.cmd) })
+	return b.id, b.err
+}
+
+func buildImage(ctx context.Context, pkg, bin, tag string, cmd []string) (string, error) {
+	dir, err := os.MkdirTemp("", "fleetbed-images-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	out := filepath.Join(dir, bin)
+	build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", out, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("fleetbed: go build %s: %w\n%s", pkg, err, msg)
+	}
+	return importImage(ctx, out, tag, cmd)
 }
 
 // importImage loads an image holding bin at /<name> (its entrypoint, cmd its arguments) and
