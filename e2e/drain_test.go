@@ -26,7 +26,8 @@ import (
 // with `dynrunner drain`: a third job pushed meanwhile is not started on it, it reports
 // safe_to_remove only after both its jobs ended green, and a second worker runs the third job.
 // That worker, drained while a job runs and then SIGKILLed, loses no job: restarted, it adopts
-// the job, which ends green.
+// the job, which ends green. Restarted with DRAIN_SECS, a SIGTERM makes it finish its job
+// before it exits.
 func TestDrainAWorkerRunningJobs(t *testing.T) {
 	tools := needTools(t)
 	f := startForge(t, tools)
@@ -126,12 +127,26 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 		"worker b does not run the last job")
 	drain(t, sched, idB)
 	b.kill()
+	b.env = append(b.env, "DRAIN_SECS=120") // for the SIGTERM below
 	b.start()
 	run = waitRun(t, f, repos["last"], last, 5*time.Minute)
 	assert.Equal(t, "success", run.Jobs[0].Conclusion, "the job of the worker killed while cordoned")
 	log, err := f.JobLog(ctx, repos["last"], run.Jobs[0].ID)
 	require.NoError(t, err)
 	assert.Contains(t, log, "last done")
+
+	// With DRAIN_SECS, SIGTERM drains: the worker exits once its job ended, not before.
+	final := pushJobs("final", 1, "sleep 10; echo final done")
+	idB = workerID(t, natsURL, secrets, b)
+	require.Eventually(t, func() bool { return workerState(t, sched, idB).InFlight == 1 }, 3*time.Minute, 500*time.Millisecond,
+		"the restarted worker b does not run the final job")
+	b.stop()
+	require.True(t, finished("final", final), "the worker stopped before its job ended")
+	run = waitRun(t, f, repos["final"], final, time.Minute)
+	assert.Equal(t, "success", run.Jobs[0].Conclusion, "the job of the worker stopped with DRAIN_SECS")
+	logB, err := os.ReadFile(b.logPath)
+	require.NoError(t, err)
+	assert.Contains(t, string(logB), "drained: no environment left")
 }
 
 // workerID is the id `dynrunner drain` takes for the pod worker process c: its heartbeat key,

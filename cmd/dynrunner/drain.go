@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,7 +36,9 @@ type drainWorker struct {
 // the process stops with DRAIN_SECS. A read that fails keeps the state it had.
 func (p *plane) followCordon(kind string, w *podworker.Worker) {
 	key := kind + "." + liveness.Instance(p.actor)
+	p.workersMu.Lock()
 	p.workers = append(p.workers, drainWorker{key: key, w: w})
+	p.workersMu.Unlock()
 	logger := p.log.With().Str("component", kind).Str("worker", key).Logger()
 	p.g.Go(func() error {
 		for {
@@ -66,7 +69,7 @@ func (p *plane) drainOnStop(stop context.Context, run context.Context, cancel co
 		return
 	}
 	p.stopping.Store(true)
-	for _, dw := range p.workers {
+	for _, dw := range p.drainWorkers() {
 		dw.w.SetDraining(true)
 	}
 	deadline := time.Now().Add(p.cfg.DrainTimeout)
@@ -84,9 +87,16 @@ func (p *plane) drainOnStop(stop context.Context, run context.Context, cancel co
 	cancel()
 }
 
+// drainWorkers returns this process's workers started so far.
+func (p *plane) drainWorkers() []drainWorker {
+	p.workersMu.Lock()
+	defer p.workersMu.Unlock()
+	return slices.Clone(p.workers)
+}
+
 func (p *plane) inFlight() int {
 	n := 0
-	for _, dw := range p.workers {
+	for _, dw := range p.drainWorkers() {
 		n += dw.w.InFlight()
 	}
 	return n

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -78,8 +79,9 @@ type plane struct {
 	cleanups []func()
 	// workers are this process's pod and vm workers, for drains; stopping is set once a
 	// SIGTERM drain began (DRAIN_SECS), so lifting a cordon does not undo it.
-	workers  []drainWorker
-	stopping atomic.Bool
+	workersMu sync.Mutex
+	workers   []drainWorker
+	stopping  atomic.Bool
 }
 
 // onExit has close run f.
