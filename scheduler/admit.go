@@ -65,7 +65,11 @@ type load struct {
 	queuedOwner map[assignment.Backend]map[string]int
 }
 
-func tally(live []assignment.State) load {
+func tally(live []assignment.State) load { return count(live, true) }
+
+// count is tally, counting per owner only when owners is set: the fetch loop, which asks only
+// whether a tier is full, runs it for every fetch.
+func count(live []assignment.State, owners bool) load {
 	l := load{
 		inFlight: map[assignment.Backend]int{}, queued: map[assignment.Backend]int{},
 		ownerTier: map[assignment.Backend]map[string]int{}, owner: map[string]int{},
@@ -75,11 +79,15 @@ func tally(live []assignment.State) load {
 		switch {
 		case st.InFlight():
 			l.inFlight[st.Backend]++
-			l.add(l.ownerTier, st.Backend, st.Owner())
-			l.owner[st.Owner()]++
+			if owners {
+				l.add(l.ownerTier, st.Backend, st.Owner())
+				l.owner[st.Owner()]++
+			}
 		case st.Active() && st.Phase == assignment.Queued:
 			l.queued[st.Backend]++
-			l.add(l.queuedOwner, st.Backend, st.Owner())
+			if owners {
+				l.add(l.queuedOwner, st.Backend, st.Owner())
+			}
 		}
 	}
 	return l

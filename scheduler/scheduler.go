@@ -150,7 +150,8 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if paused(tally(s.view.Live()), s.cfg.Capacity, s.cfg.Backends, s.cfg.Admission) {
+		if (len(s.cfg.Capacity) > 0 || s.cfg.Admission.Enabled()) &&
+			paused(count(s.view.Live(), false), s.cfg.Capacity, s.cfg.Backends, s.cfg.Admission) {
 			wait = s.cfg.FetchInterval
 			continue
 		}
@@ -220,7 +221,8 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		return fmt.Errorf("scheduler: seal task %d: %w", id, err)
 	}
 	var queue time.Duration
-	if queueOnClaim(tally(s.view.Live()), s.cfg.Capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task))) {
+	if s.cfg.Admission.Enabled() &&
+		queueOnClaim(count(s.view.Live(), s.cfg.Admission.ShareCap > 0), s.cfg.Capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task))) {
 		queue = s.cfg.Admission.Queue
 	}
 	var st assignment.State
