@@ -19,6 +19,7 @@ import (
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -159,4 +160,45 @@ func TestFacadeRefusesExpiredRegistrationTokens(t *testing.T) {
 	_, err = register(srv.URL, onTime, tok, strings.Repeat("ef", 32))
 	require.Error(t, err, "another key with the expired token")
 	assert.Equal(t, 2.0, expired(), "refusals counted as token_expired")
+}
+
+// TestFacadeRereadsALeaseItsViewSaysIsOver: a facade whose view is behind a renewal made
+// through another facade (it was cut off from NATS while the environment failed over) reads
+// the assignment again before it refuses the lease as over: the renewal and the reports go on.
+func TestFacadeRereadsALeaseItsViewSaysIsOver(t *testing.T) {
+	e := newEnv(t)
+	c := &clock{now: time.Now()}
+	e.now = c.Now
+	srv := e.facadeServer()
+	ctx := t.Context()
+
+	st := e.claim(forgetest.Task(42))
+	_, tok := e.start(st)
+	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
+	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
+	require.NoError(t, err)
+	uuid, token := reg.Msg.GetRunner().GetUuid(), reg.Msg.GetRunner().GetToken()
+	_, err = runnerClient(hc, srv.URL, uuid, token).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.NoError(t, err)
+	running, err := e.log.Get(ctx, 42)
+	require.NoError(t, err)
+	require.Equal(t, assignment.Running, running.Phase)
+
+	// The other facade's view stops at the fetch.
+	stale := eventlog.NewView()
+	stale.Observe(running)
+	e.view = stale
+	behind := e.facadeServer()
+
+	c.set(running.LeaseExpires.Add(-time.Minute))
+	_, err = dynrunnerv1connect.NewLeaseServiceClient(hc, srv.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))
+	require.NoError(t, err)
+
+	// Past the lease the stale view knows, within the renewed one.
+	c.set(running.LeaseExpires.Add(time.Second))
+	ren, err := dynrunnerv1connect.NewLeaseServiceClient(hc, behind.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))
+	require.NoError(t, err, "a renewed lease refused on a stale view")
+	require.False(t, ren.Msg.GetEnded())
+	_, err = runnerClient(hc, behind.URL, uuid, token).UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Rows: []*runnerv1.LogRow{{Content: "x"}}}))
+	require.NoError(t, err, "the runner credentials of a renewed lease refused on a stale view")
 }

@@ -211,8 +211,9 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 		return assignment.State{}, f.refuse("bad_runner_token", connect.CodeUnauthenticated,
 			fmt.Errorf("dynrunner facade: runner credentials not issued to %s", c.id))
 	}
-	// The view may not have seen the registration yet.
-	st, err := f.load(ctx, c, func(st assignment.State) bool { return st.RunnerUUID == uuid })
+	// The view may not have seen the registration yet, nor a renewal made through another
+	// facade: a refusal is decided on the assignment read again.
+	st, err := f.load(ctx, c, func(st assignment.State) bool { return st.RunnerUUID == uuid && !f.leaseOver(st) })
 	if err != nil {
 		return st, err
 	}
@@ -635,7 +636,9 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: renewal for task %d epoch %d from %s", req.Msg.GetTaskId(), req.Msg.GetEpoch(), c.id))
 	}
-	st, err := f.load(ctx, c, nil)
+	// The view may be behind a renewal made through another facade (the environment failed
+	// over while this one was cut off from NATS): a lease it says is over is read again.
+	st, err := f.load(ctx, c, func(st assignment.State) bool { return !st.Active() || !f.leaseOver(st) })
 	if err != nil {
 		return nil, err
 	}
