@@ -206,7 +206,10 @@ func TestChaosUnderLoad(t *testing.T) {
 				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, tail(log, 40))
 				diagnose(ctx, t, bed, rec, p.repo, j)
 			}
-			assert.NoError(t, completeLog(log), "%s run %d job %s", p.repo, run.ID, j.Name)
+			if !assert.NoError(t, completeLog(log), "%s run %d job %s", p.repo, run.ID, j.Name) && j.Conclusion == want {
+				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, tail(log, 40))
+				diagnose(ctx, t, bed, rec, p.repo, j)
+			}
 		}
 	}
 	assert.Equal(t, total, jobs, "jobs run")
