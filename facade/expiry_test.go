@@ -20,6 +20,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -201,4 +202,36 @@ func TestFacadeRereadsALeaseItsViewSaysIsOver(t *testing.T) {
 	require.False(t, ren.Msg.GetEnded())
 	_, err = runnerClient(hc, behind.URL, uuid, token).UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Rows: []*runnerv1.LogRow{{Content: "x"}}}))
 	require.NoError(t, err, "the runner credentials of a renewed lease refused on a stale view")
+}
+
+// TestFacadeDeclaresWhileTheAssignmentCannotBeRead: the Gitea runner declares once and exits
+// when that fails; a facade that cannot read the assignment (JetStream failing over) answers a
+// Declare with valid runner credentials all the same, refuses forged ones, and hands out no
+// task until it can read the assignment.
+func TestFacadeDeclaresWhileTheAssignmentCannotBeRead(t *testing.T) {
+	e := newEnv(t)
+	l, v, js := eventlogtest.OpenJetStream(t)
+	e.log, e.view = l, v
+	srv := e.facadeServer()
+	ctx := t.Context()
+
+	st := e.claim(forgetest.Task(42))
+	_, tok := e.start(st)
+	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
+	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
+	require.NoError(t, err)
+	uuid, token := reg.Msg.GetRunner().GetUuid(), reg.Msg.GetRunner().GetToken()
+
+	// Another facade, whose view has not seen the registration, and JetStream cannot be read.
+	e.view = eventlog.NewView()
+	behind := e.facadeServer()
+	require.NoError(t, js.DeleteStream(ctx, eventlog.StreamAssignments))
+
+	got, err := runnerClient(hc, behind.URL, uuid, token).Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Labels: []string{"pod"}}))
+	require.NoError(t, err, "a runner's Declare failed on an unreadable assignment: the runner would exit")
+	require.Equal(t, uuid, got.Msg.GetRunner().GetUuid())
+	_, err = runnerClient(hc, behind.URL, uuid, "forged").Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Labels: []string{"pod"}}))
+	require.Equal(t, connect.CodeUnauthenticated, connect.CodeOf(err), "forged runner credentials declared")
+	_, err = runnerClient(hc, behind.URL, uuid, token).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "a task handed out on an unreadable assignment")
 }

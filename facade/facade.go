@@ -458,6 +458,17 @@ func (f *Facade) Declare(ctx context.Context, req *connect.Request[runnerv1.Decl
 		return nil, err
 	}
 	st, err := f.runner(ctx, c, req.Header())
+	if err != nil && connect.CodeOf(err) == connect.CodeUnavailable {
+		// The assignment cannot be read now (JetStream fails over). The Gitea runner declares
+		// once and exits when that fails, which would fail a job that is about to run for an
+		// outage it would otherwise wait out. The credentials' HMAC, checked before the read,
+		// shows this facade issued them to this runner for this assignment; Declare grants
+		// nothing (routing was decided at the claim), and FetchTask checks the assignment.
+		f.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
+			Msg("declare answered on the runner credentials alone: the assignment cannot be read now")
+		st, err = assignment.State{}, nil
+		st.RunnerUUID = req.Header().Get("x-runner-uuid")
+	}
 	if err != nil {
 		return nil, err
 	}
