@@ -19,6 +19,8 @@ import (
 	"github.com/dynrunner/dynrunner/forge/forgetest"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
+	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
 	"github.com/dynrunner/dynrunner/internal/workload"
 	dynrunnerv1 "github.com/dynrunner/dynrunner/proto/dynrunner/v1"
 	"github.com/dynrunner/dynrunner/proto/dynrunner/v1/dynrunnerv1connect"
@@ -159,4 +161,77 @@ func TestFacadeRefusesExpiredRegistrationTokens(t *testing.T) {
 	_, err = register(srv.URL, onTime, tok, strings.Repeat("ef", 32))
 	require.Error(t, err, "another key with the expired token")
 	assert.Equal(t, 2.0, expired(), "refusals counted as token_expired")
+}
+
+// TestFacadeRereadsALeaseItsViewSaysIsOver: a facade whose view is behind a renewal made
+// through another facade (it was cut off from NATS while the environment failed over) reads
+// the assignment again before it refuses the lease as over: the renewal and the reports go on.
+func TestFacadeRereadsALeaseItsViewSaysIsOver(t *testing.T) {
+	e := newEnv(t)
+	c := &clock{now: time.Now()}
+	e.now = c.Now
+	srv := e.facadeServer()
+	ctx := t.Context()
+
+	st := e.claim(forgetest.Task(42))
+	_, tok := e.start(st)
+	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
+	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
+	require.NoError(t, err)
+	uuid, token := reg.Msg.GetRunner().GetUuid(), reg.Msg.GetRunner().GetToken()
+	_, err = runnerClient(hc, srv.URL, uuid, token).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.NoError(t, err)
+	running, err := e.log.Get(ctx, 42)
+	require.NoError(t, err)
+	require.Equal(t, assignment.Running, running.Phase)
+
+	// The other facade's view stops at the fetch.
+	stale := eventlog.NewView()
+	stale.Observe(running)
+	e.view = stale
+	behind := e.facadeServer()
+
+	c.set(running.LeaseExpires.Add(-time.Minute))
+	_, err = dynrunnerv1connect.NewLeaseServiceClient(hc, srv.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))
+	require.NoError(t, err)
+
+	// Past the lease the stale view knows, within the renewed one.
+	c.set(running.LeaseExpires.Add(time.Second))
+	ren, err := dynrunnerv1connect.NewLeaseServiceClient(hc, behind.URL).Renew(ctx, connect.NewRequest(&dynrunnerv1.RenewRequest{TaskId: 42, Epoch: uint64(st.Epoch())}))
+	require.NoError(t, err, "a renewed lease refused on a stale view")
+	require.False(t, ren.Msg.GetEnded())
+	_, err = runnerClient(hc, behind.URL, uuid, token).UpdateLog(ctx, connect.NewRequest(&runnerv1.UpdateLogRequest{TaskId: 42, Rows: []*runnerv1.LogRow{{Content: "x"}}}))
+	require.NoError(t, err, "the runner credentials of a renewed lease refused on a stale view")
+}
+
+// TestFacadeDeclaresWhileTheAssignmentCannotBeRead: the Gitea runner declares once and exits
+// when that fails; a facade that cannot read the assignment (JetStream failing over) answers a
+// Declare with valid runner credentials all the same, refuses forged ones, and hands out no
+// task until it can read the assignment.
+func TestFacadeDeclaresWhileTheAssignmentCannotBeRead(t *testing.T) {
+	e := newEnv(t)
+	l, v, js := eventlogtest.OpenJetStream(t)
+	e.log, e.view = l, v
+	srv := e.facadeServer()
+	ctx := t.Context()
+
+	st := e.claim(forgetest.Task(42))
+	_, tok := e.start(st)
+	hc := e.client(workload.AssignmentID(e.td, 42, st.Epoch()))
+	reg, err := runnerClient(hc, srv.URL, "", "").Register(ctx, connect.NewRequest(&runnerv1.RegisterRequest{Name: "env", Token: tok.Secret(), Ephemeral: true}))
+	require.NoError(t, err)
+	uuid, token := reg.Msg.GetRunner().GetUuid(), reg.Msg.GetRunner().GetToken()
+
+	// Another facade, whose view has not seen the registration, and JetStream cannot be read.
+	e.view = eventlog.NewView()
+	behind := e.facadeServer()
+	require.NoError(t, js.DeleteStream(ctx, eventlog.StreamAssignments))
+
+	got, err := runnerClient(hc, behind.URL, uuid, token).Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Labels: []string{"pod"}}))
+	require.NoError(t, err, "a runner's Declare failed on an unreadable assignment: the runner would exit")
+	require.Equal(t, uuid, got.Msg.GetRunner().GetUuid())
+	_, err = runnerClient(hc, behind.URL, uuid, "forged").Declare(ctx, connect.NewRequest(&runnerv1.DeclareRequest{Labels: []string{"pod"}}))
+	require.Equal(t, connect.CodeUnauthenticated, connect.CodeOf(err), "forged runner credentials declared")
+	_, err = runnerClient(hc, behind.URL, uuid, token).FetchTask(ctx, connect.NewRequest(&runnerv1.FetchTaskRequest{}))
+	require.Equal(t, connect.CodeUnavailable, connect.CodeOf(err), "a task handed out on an unreadable assignment")
 }

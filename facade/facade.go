@@ -211,8 +211,9 @@ func (f *Facade) runner(ctx context.Context, c caller, h http.Header) (assignmen
 		return assignment.State{}, f.refuse("bad_runner_token", connect.CodeUnauthenticated,
 			fmt.Errorf("dynrunner facade: runner credentials not issued to %s", c.id))
 	}
-	// The view may not have seen the registration yet.
-	st, err := f.load(ctx, c, func(st assignment.State) bool { return st.RunnerUUID == uuid })
+	// The view may not have seen the registration yet, nor a renewal made through another
+	// facade: a refusal is decided on the assignment read again.
+	st, err := f.load(ctx, c, func(st assignment.State) bool { return st.RunnerUUID == uuid && !f.leaseOver(st) })
 	if err != nil {
 		return st, err
 	}
@@ -457,6 +458,17 @@ func (f *Facade) Declare(ctx context.Context, req *connect.Request[runnerv1.Decl
 		return nil, err
 	}
 	st, err := f.runner(ctx, c, req.Header())
+	if err != nil && connect.CodeOf(err) == connect.CodeUnavailable {
+		// The assignment cannot be read now (JetStream fails over). The Gitea runner declares
+		// once and exits when that fails, which would fail a job that is about to run for an
+		// outage it would otherwise wait out. The credentials' HMAC, checked before the read,
+		// shows this facade issued them to this runner for this assignment; Declare grants
+		// nothing (routing was decided at the claim), and FetchTask checks the assignment.
+		f.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(c.task)).Uint64(logkey.Epoch, uint64(c.epoch)).
+			Msg("declare answered on the runner credentials alone: the assignment cannot be read now")
+		st, err = assignment.State{}, nil
+		st.RunnerUUID = req.Header().Get("x-runner-uuid")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -635,7 +647,9 @@ func (f *Facade) Renew(ctx context.Context, req *connect.Request[dynrunnerv1.Ren
 		return nil, f.refuse("wrong_task", connect.CodePermissionDenied,
 			fmt.Errorf("dynrunner facade: renewal for task %d epoch %d from %s", req.Msg.GetTaskId(), req.Msg.GetEpoch(), c.id))
 	}
-	st, err := f.load(ctx, c, nil)
+	// The view may be behind a renewal made through another facade (the environment failed
+	// over while this one was cut off from NATS): a lease it says is over is read again.
+	st, err := f.load(ctx, c, func(st assignment.State) bool { return !st.Active() || !f.leaseOver(st) })
 	if err != nil {
 		return nil, err
 	}

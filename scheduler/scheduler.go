@@ -468,6 +468,16 @@ func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now t
 			ev := a.ev
 			ev.Actor = s.cfg.Actor
 			next, err := s.log.Apply(ctx, ev, &st)
+			if errors.Is(err, assignment.ErrNotDue) {
+				// The view was behind (a renewal or the fetch it had not seen yet): the
+				// assignment, read again, met its deadline.
+				s.cfg.Log.Info().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).
+					Str("reason", ev.Reason).Msg("deadline seen passed in a stale view; the assignment met it")
+				if next.Seq > st.Seq {
+					s.view.Observe(next)
+				}
+				return nil
+			}
 			if errors.Is(err, assignment.ErrNoChange) {
 				return nil
 			}
@@ -475,7 +485,7 @@ func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now t
 				return err
 			}
 			s.view.Observe(next)
-			s.cfg.Log.Warn().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str("reason", ev.Reason).Msg("assignment failed")
+			s.cfg.Log.Warn().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str("reason", next.Reason).Msg("assignment failed")
 			st = next
 		case reconcileClose:
 			if err := s.closeFailed(ctx, st); err != nil {

@@ -203,9 +203,13 @@ func TestChaosUnderLoad(t *testing.T) {
 			log, err := bed.Forge.JobLog(ctx, p.repo, j.ID)
 			require.NoError(t, err)
 			if !assert.Equal(t, want, j.Conclusion, "%s run %d job %s", p.repo, run.ID, j.Name) {
-				t.Logf("log of %s job %s:\n%s", p.repo, j.Name, tail(log, 40))
+				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, tail(log, 40))
+				diagnose(ctx, t, bed, rec, p.repo, j)
 			}
-			assert.NoError(t, completeLog(log), "%s run %d job %s", p.repo, run.ID, j.Name)
+			if !assert.NoError(t, completeLog(log), "%s run %d job %s", p.repo, run.ID, j.Name) && j.Conclusion == want {
+				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, tail(log, 40))
+				diagnose(ctx, t, bed, rec, p.repo, j)
+			}
 		}
 	}
 	assert.Equal(t, total, jobs, "jobs run")
@@ -272,6 +276,10 @@ type records struct {
 	// epochs of each task's claims and reclaims.
 	terminal map[string][]uint64
 	claims   map[string][]uint64
+	// history holds every record of each task, one line each, for diagnosis; where the
+	// repository and job each task is for.
+	history map[string][]string
+	where   map[string]string
 	// seq is the last stream sequence seen.
 	seq uint64
 }
@@ -286,7 +294,7 @@ func watchRecords(ctx context.Context, t *testing.T, bed *fleetbed.Bed) *records
 	t.Cleanup(nc.Close)
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
-	r := &records{terminal: map[string][]uint64{}, claims: map[string][]uint64{}}
+	r := &records{terminal: map[string][]uint64{}, claims: map[string][]uint64{}, history: map[string][]string{}, where: map[string]string{}}
 	go func() {
 		for ctx.Err() == nil {
 			if err := r.follow(ctx, js); err != nil && ctx.Err() == nil {
@@ -312,6 +320,7 @@ func (r *records) follow(ctx context.Context, js jetstream.JetStream) error {
 	seen := map[uint64]bool{}
 	r.mu.Lock()
 	r.terminal, r.claims = map[string][]uint64{}, map[string][]uint64{}
+	r.history, r.where = map[string][]string{}, map[string]string{}
 	r.mu.Unlock()
 	cc, err := c.Consume(func(m jetstream.Msg) {
 		md, err := m.Metadata()
@@ -325,12 +334,27 @@ func (r *records) follow(ctx context.Context, js jetstream.JetStream) error {
 		rest := strings.TrimPrefix(m.Subject(), eventlog.SubjectAssignment)
 		task, transition, _ := strings.Cut(rest, ".")
 		var body struct {
-			Epoch uint64 `json:"epoch"`
-			Seq   uint64 `json:"seq"`
+			Epoch        uint64    `json:"epoch"`
+			Seq          uint64    `json:"seq"`
+			Phase        string    `json:"phase"`
+			Actor        string    `json:"actor"`
+			At           time.Time `json:"at"`
+			Repo         string    `json:"repo"`
+			Job          string    `json:"job"`
+			Pickup       time.Time `json:"pickup_deadline"`
+			LeaseExpires time.Time `json:"lease_expires"`
+			Result       string    `json:"result"`
+			Reason       string    `json:"reason"`
 		}
 		_ = json.Unmarshal(m.Data(), &body)
 		r.mu.Lock()
 		defer r.mu.Unlock()
+		r.history[task] = append(r.history[task], fmt.Sprintf("seq %d %s: phase %s epoch %d by %s at %s; pickup %s lease %s result %q reason %q",
+			md.Sequence.Stream, transition, body.Phase, body.Epoch, body.Actor, body.At.UTC().Format(time.RFC3339Nano),
+			body.Pickup.UTC().Format(time.TimeOnly), body.LeaseExpires.UTC().Format(time.TimeOnly), body.Result, body.Reason))
+		if transition == "claimed" {
+			r.where[task] = body.Repo + " " + body.Job
+		}
 		switch transition {
 		case "completed", "failed":
 			r.terminal[task] = append(r.terminal[task], body.Epoch)
@@ -344,6 +368,54 @@ func (r *records) follow(ctx context.Context, js jetstream.JetStream) error {
 	<-ctx.Done()
 	cc.Stop()
 	return nil
+}
+
+// tasksOf returns the tasks claimed for job of repo (owner/name), each with its records.
+func (r *records) tasksOf(repo, job string) map[string][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]string{}
+	for task, w := range r.where {
+		if w == repo+" "+job {
+			out[task] = slices.Clone(r.history[task])
+		}
+	}
+	return out
+}
+
+// diagnose prints what explains a job that did not end as on a static runner: the records of
+// its assignment (of every assignment of its repository and job name when its runner does not
+// name the task: both waves' runs have one), and every line of the dynrunner containers' logs
+// that names the task.
+func diagnose(ctx context.Context, t *testing.T, bed *fleetbed.Bed, rec *records, repo devforge.Repo, j devforge.Job) {
+	t.Helper()
+	tasks := rec.tasksOf(repo.Owner+"/"+repo.Name, j.Name)
+	// The executor registers its runner as dynrunner-<task>-<epoch>.
+	var mine string
+	if _, err := fmt.Sscanf(j.RunnerName, "dynrunner-%s", &mine); err == nil {
+		mine, _, _ = strings.Cut(mine, "-")
+	}
+	if _, ok := tasks[mine]; ok {
+		tasks = map[string][]string{mine: tasks[mine]}
+	}
+	if len(tasks) == 0 {
+		t.Logf("no assignment records for %s/%s job %s (runner %q)", repo.Owner, repo.Name, j.Name, j.RunnerName)
+	}
+	for task, lines := range tasks {
+		t.Logf("assignment records of task %s (%s/%s job %s):\n%s", task, repo.Owner, repo.Name, j.Name, strings.Join(lines, "\n"))
+		needle := fmt.Sprintf(`"task_id":%s`, task)
+		for _, c := range bed.Dynrunner {
+			var hits []string
+			for _, l := range strings.Split(c.Logs(ctx), "\n") {
+				if strings.Contains(l, needle+",") || strings.Contains(l, needle+"}") {
+					hits = append(hits, l)
+				}
+			}
+			if len(hits) > 0 {
+				t.Logf("%s lines on task %s:\n%s", c.Name, task, strings.Join(hits, "\n"))
+			}
+		}
+	}
 }
 
 // ended counts the tasks with a completed or failed record.

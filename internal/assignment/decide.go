@@ -29,6 +29,10 @@ var (
 	ErrNoChange = errors.New("no change")
 	// ErrReportClaimed: another scheduler claimed the failure report, and its claim holds.
 	ErrReportClaimed = errors.New("failure report claimed by another scheduler")
+	// ErrNotDue: a deadline's failure (Event.Deadline) for an assignment that, as it stands, has
+	// met its deadlines (its lease was renewed, its task fetched): the failure was decided on a
+	// stale state. Nothing to append.
+	ErrNotDue = errors.New("no deadline passed")
 )
 
 // Event asks for one transition. Epoch is the epoch the sender holds (zero for a claim).
@@ -66,6 +70,11 @@ type Event struct {
 	Result string
 	// Failed.
 	Reason string
+	// Failed: the failure is a deadline that passed at At (Overdue). Decide checks it again
+	// against the state it is given, so a failure decided on a stale state (a view behind a
+	// renewal or the fetch, e.g. while NATS fails over) is not appended once the compare-and-swap
+	// makes the appender read the assignment again: ErrNotDue then.
+	Deadline bool
 }
 
 // Decide computes the record that applying ev to cur appends. cur is nil when the task has no
@@ -191,6 +200,13 @@ func Decide(cur *State, ev Event) (Record, error) {
 		if cur.Phase == Failed {
 			return Record{}, ErrNoChange
 		}
+		if ev.Deadline {
+			due, ok := Overdue(*cur, ev.At)
+			if !ok {
+				return Record{}, fmt.Errorf("assignment: task %d: %s at %s: %w", cur.Task, cur.Phase, ev.At.UTC().Format(time.RFC3339), ErrNotDue)
+			}
+			ev.Reason = due.Reason // the deadline that passed, as the current state has it
+		}
 		if ev.Reason == "" {
 			return Record{}, fmt.Errorf("assignment: task %d: failed without a reason: %w", cur.Task, ErrInvalidTransition)
 		}
@@ -302,5 +318,5 @@ func Overdue(s State, now time.Time) (Event, bool) {
 	default:
 		return Event{}, false
 	}
-	return Event{Transition: Failed, Task: s.Task, Epoch: s.Epoch(), At: now, Reason: reason}, true
+	return Event{Transition: Failed, Task: s.Task, Epoch: s.Epoch(), At: now, Reason: reason, Deadline: true}, true
 }

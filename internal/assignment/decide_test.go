@@ -154,6 +154,33 @@ func TestOverdue(t *testing.T) {
 	}
 }
 
+// TestDeadlineFailureRecheckedOnCurrentState: a deadline's failure decided on a stale state (a
+// view behind the fetch or a renewal) is refused on the current one, which met the deadline;
+// on a current state still past a deadline it names that deadline.
+func TestDeadlineFailureRecheckedOnCurrentState(t *testing.T) {
+	registered := advance(t, claimed(4), evStarted, evRegistered)
+	late := t0.Add(2*time.Minute + time.Second)
+	ev, due := Overdue(*registered, late)
+	require.True(t, due, "the pickup deadline passed in the stale state")
+	running := advance(t, registered, evRunning)
+	_, err := Decide(running, ev)
+	require.ErrorIs(t, err, ErrNotDue, "a fetched task failed for its pickup deadline")
+
+	renewedAt := t0.Add(4 * time.Minute)
+	renewed := advance(t, running, Event{Transition: Renewed, At: renewedAt, Lease: 5 * time.Minute})
+	ev, due = Overdue(*running, t0.Add(6*time.Minute))
+	require.True(t, due, "the lease expired in the stale state")
+	_, err = Decide(renewed, ev)
+	require.ErrorIs(t, err, ErrNotDue, "a renewed lease failed as expired")
+
+	ev, due = Overdue(*registered, t0.Add(10*time.Minute))
+	require.True(t, due)
+	rec, err := Decide(renewed, ev)
+	require.NoError(t, err, "a lease past its renewal too is not failed")
+	require.Equal(t, Failed, rec.Phase)
+	require.Contains(t, rec.Reason, "lease expired", "the reason is the current state's deadline")
+}
+
 // TestDecideProperties drives random event sequences and checks the state machine's
 // invariants: the epoch never changes, terminal phases absorb everything, a token is redeemed
 // at most once and the task handed over at most once.

@@ -134,6 +134,39 @@ func TestStaleHintIsReread(t *testing.T) {
 	require.Equal(t, assignment.Started, got.Phase)
 }
 
+// TestDeadlineOnStaleHintIsRecheckedAfterReread: a lease expiry decided on a hint behind a
+// renewal loses the compare-and-swap, and the failure is decided again on the assignment read
+// back: its lease holds, so nothing is appended.
+func TestDeadlineOnStaleHintIsRecheckedAfterReread(t *testing.T) {
+	l, done := openLog(t, t.TempDir())
+	defer done()
+	ctx := t.Context()
+	s, err := l.Apply(ctx, claim(4), nil)
+	require.NoError(t, err)
+	e := s.Epoch()
+	for _, ev := range []assignment.Event{
+		{Transition: assignment.Started, Handle: []byte(`{}`), TokenID: "tok"},
+		{Transition: assignment.Registered, TokenID: "tok", RunnerUUID: "r"},
+		{Transition: assignment.Running, RunnerUUID: "r"},
+	} {
+		ev.Task, ev.Epoch, ev.At = 4, e, t0
+		s, err = l.Apply(ctx, ev, nil)
+		require.NoError(t, err, "%s", ev.Transition)
+	}
+	stale := s
+	_, err = l.Apply(ctx, assignment.Event{Transition: assignment.Renewed, Task: 4, Epoch: e, At: t0.Add(4 * time.Minute), Lease: 5 * time.Minute}, nil)
+	require.NoError(t, err)
+
+	ev, due := assignment.Overdue(stale, t0.Add(6*time.Minute))
+	require.True(t, due, "the stale hint's lease expired")
+	got, err := l.Apply(ctx, ev, &stale)
+	require.ErrorIs(t, err, assignment.ErrNotDue)
+	require.Equal(t, assignment.Running, got.Phase, "the assignment read back")
+	cur, err := l.Get(ctx, 4)
+	require.NoError(t, err)
+	require.Equal(t, assignment.Running, cur.Phase, "a renewed assignment failed on a stale hint")
+}
+
 func TestViewSurvivesRestart(t *testing.T) {
 	dir := t.TempDir()
 	l, done := openLog(t, dir)
