@@ -15,9 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynrunner/dynrunner/forge/gitea"
 	"github.com/dynrunner/dynrunner/internal/liveness"
-	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 )
 
@@ -33,15 +31,7 @@ func TestDrainAWorkerRunningJobs(t *testing.T) {
 	f := startForge(t, tools)
 	ctx := t.Context()
 
-	secrets := filepath.Join(t.TempDir(), "secrets")
-	require.NoError(t, os.MkdirAll(secrets, 0o700))
-	tok, err := f.RunnerRegistrationToken(ctx, "")
-	require.NoError(t, err)
-	creds, err := gitea.Register(ctx, http.DefaultClient, f.URL(), tok, "dynrunner-drain", []string{"self-hosted", "pod"}, "e2e")
-	require.NoError(t, err)
-	for name, data := range map[string]string{"runner-uuid": creds.UUID, "runner-token": creds.Token, "task.key": randomKey(t), "capability.key": randomKey(t)} {
-		require.NoError(t, secretfile.WriteNew(filepath.Join(secrets, name), []byte(data)))
-	}
+	secrets := splitSecrets(t, f, "dynrunner-drain")
 	natsURL := startPermissionedNATS(t, secrets).ClientURL()
 	component := func(name, kind string) *controller {
 		c := newComponent(t, name, kind, f.URL(), natsURL, secrets, tools)

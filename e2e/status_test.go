@@ -153,22 +153,13 @@ func hostname(t *testing.T) string {
 func TestStatusOfSplitDeployment(t *testing.T) {
 	tools := needTools(t)
 	f := startForge(t, tools)
-	ctx := t.Context()
 
-	secrets := filepath.Join(t.TempDir(), "secrets")
-	require.NoError(t, os.MkdirAll(secrets, 0o700))
-	tok, err := f.RunnerRegistrationToken(ctx, "")
-	require.NoError(t, err)
-	creds, err := gitea.Register(ctx, http.DefaultClient, f.URL(), tok, "dynrunner-split", []string{"self-hosted", "pod"}, "e2e")
-	require.NoError(t, err)
-	for name, data := range map[string]string{"runner-uuid": creds.UUID, "runner-token": creds.Token, "task.key": randomKey(t), "capability.key": randomKey(t)} {
-		require.NoError(t, secretfile.WriteNew(filepath.Join(secrets, name), []byte(data)))
-	}
+	secrets := splitSecrets(t, f, "dynrunner-split")
 	ns := startPermissionedNATS(t, secrets)
 	natsURL := ns.ClientURL()
 
 	// Before anything runs, status says what is missing and fails.
-	_, err = status(t, natsURL, secrets)
+	_, err := status(t, natsURL, secrets)
 	require.Error(t, err, "status of an empty fleet")
 	assert.Contains(t, err.Error(), "no scheduler is alive")
 	assert.Contains(t, err.Error(), "no facade is alive")
@@ -267,4 +258,21 @@ func TestStatusOfSplitDeployment(t *testing.T) {
 	assert.Contains(t, err.Error(), "no facade is alive")
 	assert.NotContains(t, err.Error(), "no scheduler is alive")
 	assert.Equal(t, []string{liveness.KindFacade}, r.Missing)
+}
+
+// splitSecrets registers one runner named name on f and writes what every component process of
+// a split deployment shares into a new directory: the runner's credentials and the two keys.
+func splitSecrets(t *testing.T, f *devforge.Forge, name string) string {
+	t.Helper()
+	ctx := t.Context()
+	secrets := filepath.Join(t.TempDir(), "secrets")
+	require.NoError(t, os.MkdirAll(secrets, 0o700))
+	tok, err := f.RunnerRegistrationToken(ctx, "")
+	require.NoError(t, err)
+	creds, err := gitea.Register(ctx, http.DefaultClient, f.URL(), tok, name, []string{"self-hosted", "pod"}, "e2e")
+	require.NoError(t, err)
+	for file, data := range map[string]string{"runner-uuid": creds.UUID, "runner-token": creds.Token, "task.key": randomKey(t), "capability.key": randomKey(t)} {
+		require.NoError(t, secretfile.WriteNew(filepath.Join(secrets, file), []byte(data)))
+	}
+	return secrets
 }
