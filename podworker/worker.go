@@ -76,6 +76,11 @@ type Worker struct {
 	slots chan struct{}
 	// draining: cordoned; the worker takes no new dispatch and finishes what it has.
 	draining atomic.Bool
+	// handling counts dispatches fetched and not yet handled: from the moment one is taken
+	// off the consumer (before the drain check) until handle returns, by when an environment
+	// it starts is in envs. InFlight counts them, so a drained worker never reports itself
+	// safe to remove while a dispatch it took is still becoming an environment.
+	handling atomic.Int64
 	mu       sync.Mutex
 	envs     map[assignment.TaskID]*env
 	wg       sync.WaitGroup
@@ -119,10 +124,13 @@ func New(cfg Config, backend Backend, log EventLog, view View) *Worker {
 
 // InFlight counts the environments the worker watches or is starting now: what its heartbeat
 // reports beside its Concurrency.
+// A dispatch being handled counts too (at most once more than it should, while its
+// environment is already in envs): read after Draining, an InFlight of zero means nothing can
+// still start.
 func (w *Worker) InFlight() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return len(w.envs)
+	return len(w.envs) + int(w.handling.Load())
 }
 
 // SetDraining cordons the worker (true) or lifts its cordon: a draining worker fetches no new
@@ -194,9 +202,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		msg, err := cons.Next(jetstream.FetchContext(fctx))
 		cancel()
+		if err == nil {
+			w.handling.Add(1) // before the drain check: see handling
+		}
 		if err == nil && w.draining.Load() {
 			// Cordoned while it waited: hand the dispatch back for another worker.
 			_ = msg.Nak()
+			w.handling.Add(-1)
 			<-w.slots
 			continue
 		}
@@ -214,6 +226,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		// Starting an environment can take seconds (a container, a Pod); dispatches are
 		// handled concurrently, as many as there are slots.
 		w.wg.Go(func() {
+			defer w.handling.Add(-1)
 			if !w.handle(ctx, msg) {
 				<-w.slots // no environment holds the slot
 			}

@@ -33,6 +33,11 @@ type Config struct {
 	// the fleet). The scheduler fetches no task while every enabled tier is full, so claims do
 	// not pile up behind busy environments and time out.
 	Capacity map[assignment.Backend]int
+	// CapacityOf, when set, replaces Capacity at each decision: the capacity the workers online
+	// announce (ADMIT_CAPACITY=workers), so admission follows a fleet that scales. It returns
+	// false when it cannot tell (the heartbeats could not be read); the scheduler then admits
+	// nothing and fetches nothing until it can.
+	CapacityOf func() (map[assignment.Backend]int, bool)
 	// Lease is how long an assignment lives without renewal; Pickup how long a claim may wait
 	// for its environment's runner to fetch the task (below Lease).
 	Lease, Pickup time.Duration
@@ -150,8 +155,9 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if (len(s.cfg.Capacity) > 0 || s.cfg.Admission.Enabled()) &&
-			paused(count(s.view.Live(), false), s.cfg.Capacity, s.cfg.Backends, s.cfg.Admission) {
+		capacity, known := s.capacity()
+		if !known || (len(capacity) > 0 || s.cfg.Admission.Enabled()) &&
+			paused(count(s.view.Live(), false), capacity, s.cfg.Backends, s.cfg.Admission) {
 			wait = s.cfg.FetchInterval
 			continue
 		}
@@ -221,8 +227,9 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 		return fmt.Errorf("scheduler: seal task %d: %w", id, err)
 	}
 	var queue time.Duration
-	if s.cfg.Admission.Enabled() &&
-		queueOnClaim(count(s.view.Live(), s.cfg.Admission.ShareCap > 0), s.cfg.Capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task))) {
+	capacity, known := s.capacity()
+	if s.cfg.Admission.Enabled() && (!known ||
+		queueOnClaim(count(s.view.Live(), s.cfg.Admission.ShareCap > 0), capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task)))) {
 		queue = s.cfg.Admission.Queue
 	}
 	var st assignment.State
@@ -278,11 +285,24 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 	return s.log.Dispatch(ctx, backend, id, st.Epoch())
 }
 
+// capacity is the capacity per tier decisions use now: Config.CapacityOf's when set, else
+// Config.Capacity; false when CapacityOf cannot tell.
+func (s *Scheduler) capacity() (map[assignment.Backend]int, bool) {
+	if s.cfg.CapacityOf == nil {
+		return s.cfg.Capacity, true
+	}
+	return s.cfg.CapacityOf()
+}
+
 // admit gives queued claims the capacity that freed (planAdmit) and dispatches them. A
 // failed admission is tried again at the next pass; a failed dispatch is published again by
 // the reconciler (the admitted claim is in phase claimed).
 func (s *Scheduler) admit(ctx context.Context, live []assignment.State, now time.Time) {
-	for _, st := range planAdmit(live, s.cfg.Capacity, s.cfg.Admission, now) {
+	capacity, known := s.capacity()
+	if !known {
+		return
+	}
+	for _, st := range planAdmit(live, capacity, s.cfg.Admission, now) {
 		next, err := s.log.Apply(ctx, assignment.Event{Transition: assignment.Admitted, Task: st.Task, Epoch: st.Epoch(),
 			Actor: s.cfg.Actor, At: now, Pickup: s.cfg.Pickup, Lease: s.cfg.Lease}, &st)
 		if errors.Is(err, assignment.ErrNoChange) {

@@ -336,9 +336,16 @@ func (p *plane) podTier(ctx context.Context) (podTier, error) {
 // startScheduler starts the scheduler and its heartbeat.
 func (p *plane) startScheduler() error {
 	cfg := p.cfg
+	var capacityOf func() (map[assignment.Backend]int, bool)
+	if cfg.AdmitCapacity == config.CapacityWorkers {
+		wc := &workerCapacity{stale: cfg.LivenessTTL}
+		p.g.Go(func() error { wc.follow(p.gctx, p.js, time.Second); return nil })
+		capacityOf = wc.get
+	}
 	s := scheduler.New(scheduler.Config{
 		Actor: "scheduler@" + p.actor, Backends: tierBackends(cfg), Lease: cfg.Lease, Pickup: cfg.Pickup,
 		Capacity:      map[assignment.Backend]int{assignment.BackendPod: cfg.PodConcurrency, assignment.BackendVM: cfg.VMConcurrency},
+		CapacityOf:    capacityOf,
 		Admission:     cfg.Admission,
 		FetchInterval: cfg.FetchInterval, FetchIntervalMax: 10 * cfg.FetchInterval, Keepalive: cfg.Keepalive,
 		Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Grants: cfg.Grants, Box: p.box, Log: p.log.With().Str("component", "scheduler").Logger(), Metrics: p.metrics,
@@ -346,6 +353,11 @@ func (p *plane) startScheduler() error {
 	p.g.Go(func() error { return s.Run(p.gctx) })
 	p.ready = append(p.ready, s.Ready())
 	p.g.Go(func() error { p.sweepCordons(s.LeaseHeld); return nil })
+	if cfg.Autoscale.Backend == "docker" {
+		if err := p.startActuator(p.gctx, s.LeaseHeld); err != nil {
+			return err
+		}
+	}
 	return p.heartbeat(liveness.KindScheduler, func(r *liveness.Record) { r.Scheduler.ReconcileLease = s.LeaseHeld() })
 }
 
@@ -467,7 +479,10 @@ func (p *plane) startPodWorker(pods podTier) error {
 // flight, and whether it drains.
 func workerLoad(w *podworker.Worker, capacity int) func(*liveness.Record) {
 	return func(r *liveness.Record) {
-		r.Worker.Capacity, r.Worker.InFlight, r.Worker.Draining = capacity, w.InFlight(), w.Draining()
+		// Draining first: a worker that drains starts nothing new, so an InFlight read after
+		// it can only be too high, never too low (safe_to_remove is never early).
+		r.Worker.Draining = w.Draining()
+		r.Worker.Capacity, r.Worker.InFlight = capacity, w.InFlight()
 	}
 }
 

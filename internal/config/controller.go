@@ -83,7 +83,12 @@ type Controller struct {
 	DrainTimeout time.Duration
 	// Admission is the scheduler's admission queue (MAX_QUEUED, QUEUE_SECS, FAIRNESS,
 	// FAIR_SHARE_CAP); its zero value, the default, is no queue.
-	Admission     scheduler.Admission
+	Admission scheduler.Admission
+	// AdmitCapacity is ADMIT_CAPACITY: where admission takes each tier's capacity from
+	// (CapacityStatic or CapacityWorkers).
+	AdmitCapacity string
+	// Autoscale is the built-in actuator (AUTOSCALE=docker); off by default.
+	Autoscale     Autoscale
 	VM            VM
 	FetchInterval time.Duration
 	// LivenessTTL is how long a component's heartbeat in the components bucket outlives its
@@ -345,6 +350,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 		}
 	}
 	c.Admission = loadAdmission(e)
+	c.AdmitCapacity, c.Autoscale = loadAutoscale(e, c)
 	c.DrainTimeout = e.seconds("DRAIN_SECS", 0, 0)
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}

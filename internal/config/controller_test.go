@@ -1,6 +1,7 @@
 package config
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -211,4 +212,41 @@ func TestAdmission(t *testing.T) {
 	env["QUEUE_SECS"] = "5"
 	_, err = LoadController(envOf(env))
 	require.ErrorContains(t, err, "QUEUE_SECS")
+}
+
+func TestAutoscale(t *testing.T) {
+	c, err := LoadController(envOf(base()))
+	require.NoError(t, err)
+	assert.Equal(t, CapacityStatic, c.AdmitCapacity)
+	assert.Empty(t, c.Autoscale.Backend, "the actuator is on by default")
+
+	on := func() map[string]string {
+		env := base()
+		env["MAX_QUEUED"], env["ADMIT_CAPACITY"], env["AUTOSCALE"], env["AUTOSCALE_DOCKER_TEMPLATE"] = "20", "workers", "docker", "pod-worker-template"
+		return env
+	}
+	c, err = LoadController(envOf(on()))
+	require.NoError(t, err)
+	assert.Equal(t, Autoscale{Backend: "docker", Min: 0, Max: DefaultAutoscaleMax, Cooldown: time.Minute, Template: "pod-worker-template", Socket: "/var/run/docker.sock"}, c.Autoscale)
+	assert.Equal(t, CapacityWorkers, c.AdmitCapacity)
+
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"AUTOSCALE": "k8s"}, `AUTOSCALE="k8s": want docker`},
+		{map[string]string{"ADMIT_CAPACITY": "static"}, "AUTOSCALE=docker needs ADMIT_CAPACITY=workers"},
+		{map[string]string{"ADMIT_CAPACITY": "heartbeats"}, `ADMIT_CAPACITY="heartbeats"`},
+		{map[string]string{"MAX_QUEUED": "0"}, "ADMIT_CAPACITY=workers needs an admission queue"},
+		{map[string]string{"AUTOSCALE_MIN": "5", "AUTOSCALE_MAX": "2"}, "AUTOSCALE_MIN=5 is above AUTOSCALE_MAX=2"},
+		{map[string]string{"AUTOSCALE_COOLDOWN": "10ms"}, `AUTOSCALE_COOLDOWN="10ms"`},
+		{map[string]string{"AUTOSCALE_DOCKER_TEMPLATE": ""}, "AUTOSCALE_DOCKER_TEMPLATE"},
+		{map[string]string{"AUTOSCALE_DOCKER_SOCKET": "docker.sock"}, "AUTOSCALE_DOCKER_SOCKET"},
+		{map[string]string{"COMPONENTS": "facade"}, "AUTOSCALE=docker runs in the scheduler"},
+	} {
+		env := on()
+		maps.Copy(env, tc.set)
+		_, err := LoadController(envOf(env))
+		require.ErrorContains(t, err, tc.want, "%v", tc.set)
+	}
 }
