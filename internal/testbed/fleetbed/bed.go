@@ -56,12 +56,20 @@ type Options struct {
 	// ExecutorImage is the docker pod backend's executor image (scripts/executor-image.sh).
 	ExecutorImage string
 	// Schedulers, Facades and PodWorkers are how many of each run, each in its own container
-	// (default 2 each).
+	// (default 2 each; a negative count starts none).
 	Schedulers, Facades, PodWorkers int
 	// PodConcurrency is each pod worker's POD_CONCURRENCY (default 2).
 	PodConcurrency int
 	// Env is added to every dynrunner container's environment (LEASE_SECS, PICKUP_SECS, ...).
 	Env []string
+	// SchedulerEnv is added to the schedulers' environment after Env; SchedulerDocker mounts
+	// the Docker engine's socket into them (for AUTOSCALE=docker).
+	SchedulerEnv    []string
+	SchedulerDocker bool
+	// PodWorkerTemplate, when not nil, has Start create (never start) a pod-worker container
+	// configured as the bed's pod workers are, with these variables added, before the
+	// schedulers, and name it to them as AUTOSCALE_DOCKER_TEMPLATE (Bed.Template).
+	PodWorkerTemplate []string
 	// Output receives the bed's progress lines; nil discards them.
 	Output io.Writer
 	// NATSOnly starts the network and the NATS cluster alone: no Gitea, no dynrunner
@@ -94,6 +102,8 @@ type Bed struct {
 	Dynrunner []*Container
 	// Scope is POD_DOCKER_SCOPE of the pod workers: the label of their job containers.
 	Scope string
+	// Template is the name at the engine of the pod-worker template (Options.PodWorkerTemplate).
+	Template string
 	// PodStateDir is the pod workers' STATE_DIR (one directory, the same path in the host and
 	// in every pod worker: the engine mounts each job's secrets from it).
 	PodStateDir string
@@ -342,6 +352,13 @@ func (b *Bed) startDynrunner(ctx context.Context) error {
 		}
 	}
 	facades := strings.Join(b.FacadeURLs(), ",")
+	if b.opts.PodWorkerTemplate != nil {
+		var err error
+		if b.Template, err = b.podWorkerTemplate(ctx, "pod-worker-template", b.opts.PodWorkerTemplate...); err != nil {
+			return err
+		}
+		b.opts.SchedulerEnv = append(b.opts.SchedulerEnv, "AUTOSCALE_DOCKER_TEMPLATE="+b.Template)
+	}
 	for _, c := range b.Dynrunner {
 		if err := b.runDynrunner(ctx, c, facades); err != nil {
 			return err
@@ -356,12 +373,41 @@ func (b *Bed) startDynrunner(ctx context.Context) error {
 }
 
 func (b *Bed) runDynrunner(ctx context.Context, c *Container, facades string) error {
+	args, err := b.dynrunnerArgs(c, facades)
+	if err != nil {
+		return err
+	}
+	_, err = docker(ctx, b.runArgs(c, args...)...)
+	return err
+}
+
+// podWorkerTemplate creates (never starts) a pod-worker container called name, configured as
+// the bed's pod workers are, with env added, and returns its name at the engine: the template
+// of AUTOSCALE=docker. Its copies carry its labels, so Close removes them too.
+func (b *Bed) podWorkerTemplate(ctx context.Context, name string, env ...string) (string, error) {
+	c := &Container{Name: name, Role: RolePodWorker, docker: b.dockerName(name), bed: b}
+	args, err := b.dynrunnerArgs(c, strings.Join(b.FacadeURLs(), ","))
+	if err != nil {
+		return "", err
+	}
+	for _, e := range env {
+		args = append(args[:len(args)-1], "-e", e, args[len(args)-1])
+	}
+	create := append([]string{"create", "--name", c.docker, "--network", b.Network, "--tmpfs", "/tmp:rw,mode=1777"}, append(labels(b.ID), args...)...)
+	if _, err := docker(ctx, create...); err != nil {
+		return "", err
+	}
+	return c.docker, nil
+}
+
+// dynrunnerArgs are the docker run flags and image of dynrunner container c.
+func (b *Bed) dynrunnerArgs(c *Container, facades string) ([]string, error) {
 	state := filepath.Join(b.opts.Dir, "state", c.Name)
 	if c.Role == RolePodWorker {
 		state = b.PodStateDir
 	}
 	if err := os.MkdirAll(state, 0o700); err != nil {
-		return err
+		return nil, err
 	}
 	env := []string{
 		"COMPONENTS=" + c.Role,
@@ -402,12 +448,16 @@ func (b *Bed) runDynrunner(ctx context.Context, c *Container, facades string) er
 		args = append(args, "-v", "/var/run/docker.sock:/var/run/docker.sock")
 	}
 	env = append(env, b.opts.Env...)
+	if c.Role == RoleScheduler {
+		env = append(env, b.opts.SchedulerEnv...)
+		if b.opts.SchedulerDocker {
+			args = append(args, "-v", "/var/run/docker.sock:/var/run/docker.sock")
+		}
+	}
 	for _, e := range env {
 		args = append(args, "-e", e)
 	}
-	args = append(args, b.Images.Dynrunner)
-	_, err := docker(ctx, b.runArgs(c, args...)...)
-	return err
+	return append(args, b.Images.Dynrunner), nil
 }
 
 // scopeOf is the POD_DOCKER_SCOPE of bed id's pod workers (1 to 32 lowercase letters and digits).
