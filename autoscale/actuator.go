@@ -20,8 +20,10 @@ import (
 type Config struct {
 	Policy Policy
 	Engine Engine
-	// JetStream reads the fleet (heartbeats, live assignments); Cordons is the cordons bucket.
+	// JetStream reads the fleet (heartbeats, live assignments: fleet.Read), unless Fleet is
+	// set; Cordons is the cordons bucket.
 	JetStream jetstream.JetStream
+	Fleet     func(context.Context) (fleet.Report, error)
 	Cordons   jetstream.KeyValue
 	// PerWorker is one pod worker's capacity (POD_CONCURRENCY), for scaling from zero.
 	PerWorker int
@@ -80,7 +82,11 @@ func (a *Actuator) Run(ctx context.Context) {
 // Round reads the fleet, the containers and the cordons, plans, and carries the plan out; it
 // returns the steps planned.
 func (a *Actuator) Round(ctx context.Context, now time.Time) (Steps, error) {
-	r, err := fleet.Read(ctx, a.cfg.JetStream, time.Now)
+	read := a.cfg.Fleet
+	if read == nil {
+		read = func(ctx context.Context) (fleet.Report, error) { return fleet.Read(ctx, a.cfg.JetStream, time.Now) }
+	}
+	r, err := read(ctx)
 	if err != nil {
 		return Steps{}, fmt.Errorf("read the fleet: %w", err)
 	}

@@ -55,7 +55,7 @@ type Docker struct {
 // the template: it must exist, run only the pod worker (COMPONENTS=pod-worker) and publish no
 // host port (two copies could not both bind it).
 func NewDocker(ctx context.Context, socket, template string) (*Docker, error) {
-	cli, err := client.New(client.WithHost("unix://"+socket), client.WithAPIVersionNegotiation())
+	cli, err := client.New(client.WithHost("unix://" + socket))
 	if err != nil {
 		return nil, fmt.Errorf("autoscale: engine at %s: %w", socket, err)
 	}
