@@ -73,10 +73,10 @@ func startKube(t *testing.T) *kubeEnv {
 	kubetest.StartScheduler(t, cluster, kl.NodeName())
 	e := &kubeEnv{cluster: cluster, spire: sp, ns: cluster.Namespace(t)}
 	e.facadeID = workload.FacadeID(sp.TrustDomain)
-	// The controller and the registrar run as a user with only the Roles deploy/kubernetes
-	// grants them in the job namespace.
+	// The controller (its pod worker) and the registrar run as a user with only the Roles
+	// deploy/kubernetes grants the pod workers and the registrar in the job namespace.
 	cluster.BindUserRoles(t, e.ns, map[string][]rbacv1.PolicyRule{
-		"dynrunner-controller": kube.RBACRules(),
+		"dynrunner-pod-worker": kube.RBACRules(),
 		"dynrunner-identity":   identity.RBACRules(),
 	})
 

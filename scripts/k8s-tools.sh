@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Builds (once per version) the Kubernetes control plane the kube pod backend's tests run against:
 # kube-apiserver and etcd, from the Go module proxy, cached under
-# ${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}/tools/<name>-<version>.
-# Usage: scripts/k8s-tools.sh [kube-apiserver|etcd|all]   (prints nothing but errors and progress)
-# internal/testbed/kubetest finds the binaries there (or through KUBE_APISERVER_BIN / ETCD_BIN).
+# ${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}/tools/<name>-<version>; and caches KEDA's
+# ScaledObject CustomResourceDefinition, from the KEDA module's zip on the Go module proxy, in
+# tools/keda-crds-<version>/, for the dry run of deploy/kubernetes (deploy/deploy_test.go).
+# Usage: scripts/k8s-tools.sh [kube-apiserver|etcd|keda-crds|all]   (prints nothing but errors and progress)
+# internal/testbed/kubetest finds them there (the binaries also through KUBE_APISERVER_BIN / ETCD_BIN).
 set -euo pipefail
 
 KUBE_VERSION=${KUBE_VERSION:-v1.36.3}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+KEDA_VERSION=${KEDA_VERSION:-v2.21.1}
 CACHE=${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}
 TOOLS=$CACHE/tools
 mkdir -p "$TOOLS"
@@ -69,9 +72,98 @@ build_apiserver() {
   log "kube-apiserver $KUBE_VERSION ready at $dir/kube-apiserver"
 }
 
+# KEDA's CRDs ship in its module zip (config/crd/bases). Only the zip is wanted: the module needs a
+# newer Go than this project's, so go mod download reports an error after it has fetched the zip
+# (and checked it against the checksum database, as for any module); that error is not fatal here.
+KEDA_CRDS=(keda.sh_scaledobjects.yaml)
+
+fetch_keda_crds() {
+  local dir=$TOOLS/keda-crds-$KEDA_VERSION f missing=0
+  for f in "${KEDA_CRDS[@]}"; do [ -s "$dir/$f" ] || missing=1; done
+  [ "$missing" = 1 ] || return 0
+  log "extracting KEDA $KEDA_VERSION's CRDs from its module zip (seconds, once)"
+  local tmp zip
+  tmp=$(mktemp -d "$TOOLS/.keda-crds.XXXXXX")
+  zip=$(cd "$tmp" && { GOFLAGS=-mod=mod go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" 2>"$tmp/download.log" || true; } |
+    sed -n 's/^\t"Zip": "\(.*\)",$/\1/p')
+  if [ -z "$zip" ] || [ ! -s "$zip" ]; then
+    cat "$tmp/download.log" >&2
+    log "go mod download github.com/kedacore/keda/v2@$KEDA_VERSION gave no zip"
+    rm -rf "$tmp"
+    return 1
+  fi
+  # Go is the one unzip every machine of this project has.
+  cat >"$tmp/unzip.go" <<'GO'
+// unzip ZIP DIR MEMBER... writes each MEMBER of ZIP (its path inside the zip) into DIR, by its
+// base name.
+package main
+
+import (
+	"archive/zip"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+)
+
+func main() {
+	zr, err := zip.OpenReader(os.Args[1])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	for _, want := range os.Args[3:] {
+		if err := extract(&zr.Reader, want, filepath.Join(os.Args[2], path.Base(want))); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}
+}
+
+func extract(zr *zip.Reader, want, dst string) error {
+	for _, f := range zr.File {
+		if f.Name != want {
+			continue
+		}
+		r, err := f.Open()
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		data, err := io.ReadAll(io.LimitReader(r, 16<<20))
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(dst, data, 0o644)
+	}
+	return fmt.Errorf("%s is not in the zip", want)
+}
+GO
+  local members=()
+  for f in "${KEDA_CRDS[@]}"; do members+=("github.com/kedacore/keda/v2@$KEDA_VERSION/config/crd/bases/$f"); done
+  mkdir -p "$tmp/out"
+  if ! (cd "$tmp" && run_quiet "$tmp/unzip.log" go run unzip.go "$zip" "$tmp/out" "${members[@]}"); then
+    rm -rf "$tmp"
+    return 1
+  fi
+  for f in "${KEDA_CRDS[@]}"; do
+    if ! grep -q '^kind: CustomResourceDefinition' "$tmp/out/$f"; then
+      log "$f in github.com/kedacore/keda/v2@$KEDA_VERSION is no CustomResourceDefinition"
+      rm -rf "$tmp"
+      return 1
+    fi
+  done
+  rm -rf "$dir"
+  mv "$tmp/out" "$dir"
+  rm -rf "$tmp"
+  log "KEDA $KEDA_VERSION CRDs ready in $dir"
+}
+
 case "${1:-all}" in
   etcd) with_lock etcd build_etcd ;;
   kube-apiserver) with_lock kube-apiserver build_apiserver ;;
-  all) with_lock etcd build_etcd; with_lock kube-apiserver build_apiserver ;;
-  *) log "unknown tool ${1}: want kube-apiserver, etcd or all"; exit 2 ;;
+  keda-crds) with_lock keda-crds fetch_keda_crds ;;
+  all) with_lock etcd build_etcd; with_lock kube-apiserver build_apiserver; with_lock keda-crds fetch_keda_crds ;;
+  *) log "unknown tool ${1}: want kube-apiserver, etcd, keda-crds or all"; exit 2 ;;
 esac

@@ -79,13 +79,9 @@ type Cluster struct {
 // set, else the cache scripts/k8s-tools.sh fills ($DYNRUNNER_CACHE or $HOME/.cache/dynrunner,
 // tools/kube-apiserver-<version> and tools/etcd-<version>). It checks that both exist.
 func Binaries() (apiserver, etcd string, err error) {
-	root := os.Getenv("DYNRUNNER_CACHE")
-	if root == "" {
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return "", "", fmt.Errorf("kubetest: locate cache: %w", err)
-		}
-		root = filepath.Join(home, ".cache", "dynrunner")
+	root, err := cacheRoot()
+	if err != nil {
+		return "", "", err
 	}
 	apiserver = os.Getenv("KUBE_APISERVER_BIN")
 	if apiserver == "" {
@@ -105,6 +101,19 @@ func Binaries() (apiserver, etcd string, err error) {
 		}
 	}
 	return apiserver, etcd, nil
+}
+
+// cacheRoot is the cache scripts/k8s-tools.sh fills: $DYNRUNNER_CACHE, else
+// $HOME/.cache/dynrunner.
+func cacheRoot() (string, error) {
+	if root := os.Getenv("DYNRUNNER_CACHE"); root != "" {
+		return root, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("kubetest: locate cache: %w", err)
+	}
+	return filepath.Join(home, ".cache", "dynrunner"), nil
 }
 
 // Start runs etcd and kube-apiserver on free loopback ports with their files in a temporary

@@ -24,6 +24,10 @@
 // not scheduled (they must name their node in spec.nodeName), nodes are never marked
 // NotReady and nothing evicts.
 //
+// Cluster.InstallCRDs creates CustomResourceDefinitions from a file and waits until they are
+// served; KEDACRD finds KEDA's in the same cache (scripts/k8s-tools.sh keda-crds), for tests
+// that submit KEDA objects.
+//
 // # Kubelet
 //
 // StartKubelet registers a Node (Ready, InternalIP 127.0.0.1, the port of its API) and plays
