@@ -410,10 +410,14 @@ func TestScaledObjectScalesPodWorkersThroughDrain(t *testing.T) {
 			_, httpPort, err := net.SplitHostPort(p.env["HTTP_LISTEN"])
 			require.NoError(t, err, "%s: HTTP_LISTEN", p.m)
 			assert.Equal(t, httpPort, p.containerPort(svc.Spec.Ports[port].TargetPort), "%s: Service port %s does not lead to HTTP_LISTEN", m, u.Port())
-			// The scheduler's capacity is the pod tier's room: as many jobs as the most
-			// workers take.
-			assert.Equal(t, strconv.Itoa(int(*so.Spec.MaxReplicaCount)*perWorker), p.env["POD_CONCURRENCY"],
-				"%s: POD_CONCURRENCY of %s must be maxReplicaCount x the workers' POD_CONCURRENCY", m, p.m)
+			// Admission follows the workers KEDA runs, and the demand beyond them is queued
+			// where the decision sees it; the scheduler's POD_CONCURRENCY is one worker's, for
+			// deciding from zero.
+			assert.Equal(t, config.CapacityWorkers, p.env["ADMIT_CAPACITY"], "%s: %s must take its capacity from the workers KEDA runs", m, p.m)
+			queued, err := strconv.Atoi(p.env["MAX_QUEUED"])
+			assert.True(t, err == nil && queued > 0, "%s: %s needs MAX_QUEUED: demand beyond the workers online must be visible to the decision", m, p.m)
+			assert.Equal(t, strconv.Itoa(perWorker), p.env["POD_CONCURRENCY"],
+				"%s: POD_CONCURRENCY of %s must be one worker's (the workers' POD_CONCURRENCY)", m, p.m)
 		}
 		assert.Positive(t, selected, "%s: Service %s selects no dynrunner Deployment", m, svc.Name)
 	}
