@@ -233,3 +233,35 @@ func TestStartJobOnNamedRunner(t *testing.T) {
 	require.ErrorIs(t, err, githubtest.ErrUnknownJob)
 	assert.Equal(t, []githubtest.Runner{{ID: ids[0], Name: "slot-a", ScaleSetID: set.ID}}, srv.Runners())
 }
+
+// TestCloseEndsLongPoll shows Close answering an open long poll instead of waiting out its
+// timeout.
+func TestCloseEndsLongPoll(t *testing.T) {
+	ctx := testContext(t)
+	srv := newServer(t, func(o *githubtest.Options) { o.LongPollTimeout = time.Hour })
+	c := appClient(t, srv)
+	set := podScaleSet(ctx, t, c)
+	sess, err := c.MessageSessionClient(ctx, set.ID, "replica-a")
+	require.NoError(t, err)
+
+	polled := make(chan error, 1)
+	go func() {
+		_, err := sess.GetMessage(ctx, 0, 1)
+		polled <- err
+	}()
+	require.Eventually(t, func() bool { return srv.Requests(githubtest.OpGetMessage) == 1 }, 5*time.Second, time.Millisecond)
+	closed := make(chan struct{})
+	go func() { srv.Close(); close(closed) }()
+	select {
+	case err := <-polled:
+		require.NoError(t, err, "the open poll is answered 202")
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "Close left the long poll open")
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "Close did not return")
+	}
+	srv.Close() // idempotent
+}
