@@ -3,6 +3,8 @@ package githubtest_test
 import (
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/x509"
+	"encoding/json"
 	"net/http"
 	"strconv"
 	"strings"
@@ -209,4 +211,57 @@ func do(t *testing.T, method, url, auth, body string) int {
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	return resp.StatusCode
+}
+
+// TestInstallationTokensExpire shows an expired installation token refused for a registration
+// token, as after its hour on GitHub.
+func TestInstallationTokensExpire(t *testing.T) {
+	srv := newServer(t, nil)
+	now := time.Now()
+	appJWT, err := jwt.NewWithClaims(jwt.SigningMethodRS256, jwt.RegisteredClaims{
+		Issuer: testClientID, IssuedAt: jwt.NewNumericDate(now.Add(-time.Minute)), ExpiresAt: jwt.NewNumericDate(now.Add(5 * time.Minute)),
+	}).SignedString(appKey())
+	require.NoError(t, err)
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL()+"/api/v3/app/installations/"+strconv.Itoa(testInstallationID)+"/access_tokens", nil)
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+appJWT)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	var tok struct {
+		Token string `json:"token"`
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&tok))
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+
+	regURL := srv.URL() + "/api/v3/repos/octo/hello/actions/runners/registration-token"
+	assert.Equal(t, http.StatusCreated, post(t, regURL, "Bearer "+tok.Token, ""))
+	srv.ExpireInstallationTokens()
+	assert.Equal(t, http.StatusUnauthorized, post(t, regURL, "Bearer "+tok.Token, ""))
+}
+
+// TestTLS runs the client over HTTPS with the fake's certificate, and shows it refusing the
+// fake without that certificate.
+func TestTLS(t *testing.T) {
+	ctx := testContext(t)
+	srv := newServer(t, func(o *githubtest.Options) { o.TLS = true })
+	require.True(t, strings.HasPrefix(srv.URL(), "https://"))
+
+	untrusting := patClient(t, srv, testPAT)
+	_, err := untrusting.GetRunnerGroupByName(ctx, scaleset.DefaultRunnerGroup)
+	var unknownCA x509.UnknownAuthorityError
+	require.ErrorAs(t, err, &unknownCA)
+
+	c, err := scaleset.NewClientWithPersonalAccessToken(scaleset.NewClientWithPersonalAccessTokenConfig{
+		GitHubConfigURL: srv.RepoURL("octo", "hello"), PersonalAccessToken: testPAT,
+	}, fastRetries(0), scaleset.WithRootCAs(srv.RootCAs()))
+	require.NoError(t, err)
+	set := podScaleSet(ctx, t, c)
+	sess, err := c.MessageSessionClient(ctx, set.ID, "replica-a")
+	require.NoError(t, err)
+	_, err = srv.QueueJob(githubtest.JobSpec{Labels: podLabels})
+	require.NoError(t, err)
+	msg := nextMessage(ctx, t, sess, 0)
+	require.Len(t, msg.JobAvailableMessages, 1)
+	require.NoError(t, sess.Close(ctx))
 }

@@ -45,6 +45,9 @@
 //   - Tokens are random strings (the admin token a JWT signed with a per-server HMAC key), not
 //     GitHub's formats; a session never times out for want of polling; messages are kept per scale
 //     set, so a new session receives what an earlier one left undeleted.
+//   - Statistics: TotalAssignedJobs counts jobs assigned to the scale set and not finished
+//     (running ones included), which is what the listener scales to; the other totals count jobs
+//     or runners in the state they name. GitHub's exact accounting is not documented.
 //   - Status codes and exception names for cases the client does not distinguish (a duplicate
 //     scale set name, a malformed request body) are plausible guesses, not recorded from GitHub.
 //   - The JIT configuration has the shape the real runner reads (base64 of a JSON object of

@@ -3,7 +3,10 @@ package githubtest
 import (
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/x509"
 	"encoding/hex"
+	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -37,6 +40,8 @@ type Options struct {
 	AssignOnAcquire bool
 	// RunnerGroups are extra runner groups beside "Default" (id 1), numbered from 2.
 	RunnerGroups []string
+	// TLS serves HTTPS with a test certificate; give the client RootCAs.
+	TLS bool
 }
 
 // Counts is how many credentials of each kind the fake has issued.
@@ -111,7 +116,13 @@ func New(tb testing.TB, opts Options) *Server {
 	for i, name := range opts.RunnerGroups {
 		s.groups = append(s.groups, runnerGroup{ID: i + 2, Name: name})
 	}
-	s.srv = httptest.NewServer(s.routes())
+	s.srv = httptest.NewUnstartedServer(s.routes())
+	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // refused handshakes are what TLS tests want
+	if opts.TLS {
+		s.srv.StartTLS()
+	} else {
+		s.srv.Start()
+	}
 	tb.Cleanup(s.Close)
 	return s
 }
@@ -124,8 +135,19 @@ func (s *Server) Close() {
 	})
 }
 
-// URL is the server's base URL, http://127.0.0.1:port.
+// URL is the server's base URL, http://127.0.0.1:port (https with Options.TLS).
 func (s *Server) URL() string { return s.srv.URL }
+
+// RootCAs is a pool holding the certificate the server presents with Options.TLS, for
+// scaleset.WithRootCAs; nil without TLS.
+func (s *Server) RootCAs() *x509.CertPool {
+	if s.srv.Certificate() == nil {
+		return nil
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(s.srv.Certificate())
+	return pool
+}
 
 // RepoURL is the configuration URL of repository owner/repo, for the client's GitHubConfigURL.
 func (s *Server) RepoURL(owner, repo string) string { return s.srv.URL + "/" + owner + "/" + repo }

@@ -1,10 +1,12 @@
 package githubtest
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -29,7 +31,7 @@ type Session struct {
 	MaxCapacity int
 }
 
-// Sessions returns the open message sessions.
+// Sessions returns the open message sessions, by scale set id.
 func (s *Server) Sessions() []Session {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -37,6 +39,7 @@ func (s *Server) Sessions() []Session {
 	for _, sess := range s.sessions {
 		out = append(out, Session{ID: sess.id, ScaleSetID: sess.scaleSetID, Owner: sess.owner, MaxCapacity: sess.maxCapacity})
 	}
+	slices.SortFunc(out, func(a, b Session) int { return cmp.Compare(a.ScaleSetID, b.ScaleSetID) })
 	return out
 }
 
