@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -83,7 +84,7 @@ func (s *Server) Job(id int64) (Job, error) {
 	if !ok {
 		return Job{}, fmt.Errorf("githubtest: job %d: %w", id, ErrUnknownJob)
 	}
-	return Job{ID: j.id, ScaleSetID: j.scaleSetID, Labels: j.spec.Labels, State: j.state, RunnerID: j.runnerID, RunnerName: j.runnerName, Result: j.result}, nil
+	return Job{ID: j.id, ScaleSetID: j.scaleSetID, Labels: slices.Clone(j.spec.Labels), State: j.state, RunnerID: j.runnerID, RunnerName: j.runnerName, Result: j.result}, nil
 }
 
 // QueueJob queues a job for spec.Labels in the first scale set that carries all of them and
@@ -109,6 +110,7 @@ func (s *Server) QueueJob(spec JobSpec) (int64, error) {
 	if spec.EventName == "" {
 		spec.EventName = "push"
 	}
+	spec.Labels = slices.Clone(spec.Labels)
 	j := &job{id: s.nextJob, scaleSetID: target.id, spec: spec, state: JobQueued, queued: time.Now().UTC()}
 	s.nextJob++
 	if j.spec.WorkflowRunID == 0 {
@@ -244,20 +246,20 @@ func (s *Server) handleAcquireJobs(w http.ResponseWriter, r *http.Request) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	set, ok := s.scaleSetFromPath(w, r)
-	if !ok {
-		return
-	}
 	tok, _ := bearer(r, "Bearer")
 	authorised := false
 	for _, sess := range s.sessions {
-		if sess.scaleSetID == set.id && sess.tokenValid && sess.token == tok {
+		if strconv.Itoa(sess.scaleSetID) == r.PathValue("id") && sess.tokenValid && sess.token == tok {
 			authorised = true
 		}
 	}
 	if !authorised {
 		s.counts.RejectedAuth++
 		writeException(w, http.StatusUnauthorized, "TaskAgentSessionExpiredException", "githubtest: acquirejobs needs the scale set's current message-queue token; refresh the session")
+		return
+	}
+	set, ok := s.scaleSetFromPath(w, r)
+	if !ok {
 		return
 	}
 	out := wireAcquired{Value: []int64{}}
