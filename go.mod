@@ -5,8 +5,11 @@ go 1.26.8
 require (
 	code.gitea.io/actions-proto-go v0.4.1
 	connectrpc.com/connect v1.21.1
+	github.com/actions/scaleset v0.4.0
 	github.com/containerd/errdefs v1.0.0
+	github.com/golang-jwt/jwt/v4 v4.5.2
 	github.com/google/uuid v1.6.0
+	github.com/hashicorp/go-retryablehttp v0.7.8
 	github.com/moby/moby/api v1.57.0
 	github.com/moby/moby/client v0.6.3
 	github.com/nats-io/nats-server/v2 v2.15.3

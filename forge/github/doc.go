@@ -1,0 +1,31 @@
+// Package github will be dynrunner's second forge: GitHub (github.com and GitHub Enterprise
+// Server) workflows that target [self-hosted, pod] or [self-hosted, vm], served by the same
+// one-shot tiers as Gitea's, through runner scale sets (issue 14). Only its test fake exists
+// yet, in githubtest; this comment records the plan.
+//
+// GitHub has no call through which a resident runner fetches a task. A runner scale set is its
+// way to serve jobs on demand: a listener holds a message session, long-polls for JobAvailable,
+// JobAssigned, JobStarted and JobCompleted messages and statistics, acquires available jobs and
+// creates one single-use JIT runner configuration per environment; GitHub then gives some queued
+// job of the scale set to that runner, and cannot be told which. The package will use GitHub's
+// own client, github.com/actions/scaleset, pinned at v0.4.0 (it has AcquireJobs, which GitHub
+// Enterprise Server still needs).
+//
+//   - One scale set per tier (labels self-hosted + pod, self-hosted + vm), created or adopted at
+//     start, so a vm job can only ever reach the vm scale set's environments.
+//   - Each environment slot is persisted in JetStream before GitHub is called: the intent, then
+//     the JIT configuration sealed like a Gitea task, then started. The GitHub runner id is
+//     recorded and cleanup removes that runner by id, so a controller that dies midway neither
+//     leaks runners nor starts two environments for one slot. JobStarted records, after the fact,
+//     which job the slot's runner took: the binding is the forge's, not dynrunner's.
+//   - Inside the environment the real GitHub Actions runner runs once with --jitconfig and talks
+//     to GitHub itself; the JIT configuration is the only credential it gets. The App key and
+//     installation tokens never leave the controller.
+//   - Credentials come only from files: a GitHub App (id, installation id, private key file) or
+//     a token file; tokens are refreshed before they expire and a failed refresh fails closed.
+//   - Scaling follows the session's statistics (assigned jobs), never above capacity; one message
+//     session per scale set across all scheduler replicas, owned through a lease in JetStream
+//     (GitHub refuses a second session with 409).
+//   - A job whose environment was lost is rerun through rerun-failed-jobs once its run has
+//     finished, bounded as for Gitea.
+package github

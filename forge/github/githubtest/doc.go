@@ -1,0 +1,56 @@
+// Package githubtest is a fake of the GitHub and Actions-service side of runner scale sets, for
+// tests: an httptest server that speaks the wire protocol of github.com/actions/scaleset v0.4.0
+// exactly as that client sends and parses it, with a Go API through which a test plays GitHub
+// (queue a job, assign it, start it on a runner, complete it) and injects faults.
+//
+// # What it models
+//
+//   - GitHub's REST API under /api/v3 (the GitHub Enterprise Server layout the client uses for any
+//     host other than github.com): a GitHub App's JWT (RS256, verified against the App's public
+//     key, issuer = the App's client ID or numeric ID, lifetime at most ten minutes) exchanged at
+//     POST /app/installations/{id}/access_tokens for an installation token (201); that token or a
+//     personal access token exchanged at POST /repos|orgs|enterprises/.../actions/runners/registration-token
+//     for a registration token (201); and POST /actions/runner-registration with
+//     "Authorization: RemoteAuth <registration token>" for the Actions-service URL and an admin
+//     token, a JWT whose exp the client reads to decide when to refresh.
+//   - The Actions service under that URL, every call carrying api-version and the admin token:
+//     runner groups by name, scale set CRUD (_apis/runtime/runnerscalesets), one message session
+//     per scale set (create 200, a second one 409 TaskAgentSessionConflictException, refresh with
+//     PATCH for a new message-queue token, delete 204), acquirejobs (authorised by the session's
+//     message-queue token), generatejitconfig (409 AgentExistsException on a duplicate name) and
+//     runners by id and by name (_apis/distributedtask/pools/0/agents; 404 AgentNotFoundException,
+//     400 JobStillRunningException when removing a busy runner).
+//   - The message queue: a long poll that answers 200 with the oldest undeleted message whose id
+//     is above lastMessageId, or 202 with no body when its timeout passes; a message's body is a
+//     JSON string holding an array of JobAvailable / JobAssigned / JobStarted / JobCompleted
+//     messages, batched while nobody has fetched the message yet; every message and every session
+//     carries the scale set's statistics; a message stays until it is deleted (the
+//     acknowledgement); an expired message-queue token gets 401, on which the client refreshes the
+//     session. The client's X-ScaleSetMaxCapacity header is recorded.
+//   - A job's life: queued for labels (it goes to the scale set whose labels include all of them),
+//     available, acquired by the listener, assigned to the scale set, started on a runner of that
+//     scale set, completed with a result; a JIT runner is single-use and is gone once its job has
+//     completed.
+//
+// # Where it simplifies
+//
+//   - Which runner takes a job: GitHub decides and cannot be told; the fake gives it to the oldest
+//     idle runner of the scale set unless the test names one (Server.StartJob). Assignment to the
+//     scale set happens when the test calls AssignJob, or on acquisition with
+//     Options.AssignOnAcquire, not on GitHub's schedule.
+//   - The long poll's timeout is Options.LongPollTimeout (about 50 s on GitHub, short in tests).
+//   - One tenant: the owner, repository or enterprise in the configuration URL only selects the
+//     registration-token path; every scope sees the same runner groups, scale sets and runners.
+//     Registration tokens are reusable until they expire. No rate limits, no pagination.
+//   - Tokens are random strings (the admin token a JWT signed with a per-server HMAC key), not
+//     GitHub's formats; a session never times out for want of polling; messages are kept per scale
+//     set, so a new session receives what an earlier one left undeleted.
+//   - Statistics: TotalAssignedJobs counts jobs assigned to the scale set and not finished
+//     (running ones included), which is what the listener scales to; the other totals count jobs
+//     or runners in the state they name. GitHub's exact accounting is not documented.
+//   - Status codes and exception names for cases the client does not distinguish (a duplicate
+//     scale set name, a malformed request body) are plausible guesses, not recorded from GitHub.
+//   - The JIT configuration has the shape the real runner reads (base64 of a JSON object of
+//     base64 files .runner and .credentials) but holds fake values and no RSA parameters; no
+//     runner-facing endpoints exist: the test drives the runner's side through the Go API.
+package githubtest
