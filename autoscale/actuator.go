@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,7 +30,7 @@ type Config struct {
 	PerWorker int
 	// Held reports whether this scheduler holds the reconcile lease: only its holder acts.
 	Held func() bool
-	// Actor names this process in the cordons it writes.
+	// Actor names this process in the cordons it writes; it begins with ActorPrefix.
 	Actor string
 	// Interval is the pause between rounds.
 	Interval time.Duration
@@ -147,22 +148,34 @@ func (a *Actuator) Round(ctx context.Context, now time.Time) (Steps, error) {
 	return s, errors.Join(errs...)
 }
 
-// cordoned returns the worker keys with a cordon.
-func (a *Actuator) cordoned(ctx context.Context) (map[string]bool, error) {
+// cordoned returns the cordons by worker key. One that cannot be read counts as an
+// operator's: the actuator neither lifts it nor removes its worker.
+func (a *Actuator) cordoned(ctx context.Context) (map[string]liveness.Cordon, error) {
 	keys, err := a.cfg.Cordons.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("list the cordons: %w", err)
 	}
-	out := map[string]bool{}
+	out := map[string]liveness.Cordon{}
 	for k := range keys.Keys() {
-		out[k] = true
+		c, err := liveness.GetCordon(ctx, a.cfg.Cordons, k)
+		if errors.Is(err, liveness.ErrNoCordon) {
+			continue
+		}
+		if err != nil {
+			c = liveness.Cordon{By: "unreadable"}
+		}
+		out[k] = c
 	}
 	return out, nil
 }
 
+// ActorPrefix begins the By of every cordon the actuator writes (Config.Actor): the cordons
+// it may lift and whose workers it may remove.
+const ActorPrefix = "autoscale@"
+
 // Members joins the containers with their workers' heartbeats (by host name; the newest
 // heartbeat when the engine restarted a worker inside its container) and cordons.
-func Members(containers []Container, components []liveness.Record, cordoned map[string]bool) []Member {
+func Members(containers []Container, components []liveness.Record, cordoned map[string]liveness.Cordon) []Member {
 	byHost := map[string]liveness.Record{}
 	for _, r := range components {
 		if r.Kind != liveness.KindPodWorker || r.Worker == nil {
@@ -176,8 +189,10 @@ func Members(containers []Container, components []liveness.Record, cordoned map[
 	for _, c := range containers {
 		m := Member{Name: c.Name, Host: c.Host, Running: c.Running, Created: c.Created}
 		if r, ok := byHost[c.Host]; ok && c.Host != "" {
-			m.Worker, m.InFlight, m.Draining = r.Key(), r.Worker.InFlight, r.Worker.Draining
-			m.Cordoned = cordoned[m.Worker]
+			m.Worker, m.InFlight, m.Draining, m.Beat = r.Key(), r.Worker.InFlight, r.Worker.Draining, r.LastBeat
+			if c, ok := cordoned[m.Worker]; ok {
+				m.Cordoned, m.CordonedAt, m.Ours = true, c.At, strings.HasPrefix(c.By, ActorPrefix)
+			}
 		}
 		out = append(out, m)
 	}

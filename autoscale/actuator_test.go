@@ -75,8 +75,9 @@ func TestRoundDrainsBeforeRemoving(t *testing.T) {
 	a := New(Config{Policy: Policy{Max: 3, Cooldown: time.Minute}, Engine: eng, Fleet: readFleet, Cordons: l.Cordons(),
 		PerWorker: 2, Held: func() bool { return held }, Actor: "autoscale@test", Log: zerolog.Nop(), Registerer: reg})
 
-	beat := func(host string, inFlight int, draining bool) string {
-		r := liveness.Record{Kind: liveness.KindPodWorker, Instance: host + "/1/ab", Host: host, Version: "test", StartedAt: time.Now(),
+	now := time.Now()
+	beat := func(host string, inFlight int, draining bool, at time.Time) string {
+		r := liveness.Record{Kind: liveness.KindPodWorker, Instance: host + "/1/ab", Host: host, Version: "test", StartedAt: now, LastBeat: at,
 			Worker: &liveness.WorkerInfo{Capacity: 2, InFlight: inFlight, Draining: draining}}
 		b, err := json.Marshal(r)
 		require.NoError(t, err)
@@ -84,7 +85,6 @@ func TestRoundDrainsBeforeRemoving(t *testing.T) {
 		require.NoError(t, err)
 		return r.Key()
 	}
-	now := time.Now()
 
 	// Idle and empty: nothing to do.
 	s, err := a.Round(ctx, now)
@@ -99,7 +99,7 @@ func TestRoundDrainsBeforeRemoving(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, s.Start, s.Reason)
 	require.Len(t, eng.byName, 2)
-	w1, w2 := beat("w1", 2, false), beat("w2", 1, false)
+	w1, w2 := beat("w1", 2, false, now), beat("w2", 1, false, now)
 
 	// The work ends; the surplus waits a cooldown, then both are cordoned.
 	live = nil
@@ -114,10 +114,16 @@ func TestRoundDrainsBeforeRemoving(t *testing.T) {
 		require.NoError(t, err, "cordon of %s", w)
 	}
 
+	// A heartbeat from before the cordon proves nothing.
+	beat("w2", 0, true, now.Add(3*time.Minute))
+	s, err = a.Round(ctx, now.Add(4*time.Minute+30*time.Second))
+	require.NoError(t, err)
+	assert.Empty(t, eng.removed, "removed on a heartbeat older than its cordon: %s", s.Reason)
+
 	// w1 still finishes a job, w2 has none: only w2 goes.
-	beat("w1", 1, true)
-	beat("w2", 0, true)
-	s, err = a.Round(ctx, now.Add(5*time.Minute))
+	beat("w1", 1, true, now.Add(5*time.Minute))
+	beat("w2", 0, true, now.Add(5*time.Minute))
+	s, err = a.Round(ctx, now.Add(5*time.Minute+time.Second))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"w2"}, eng.removed, s.Reason)
 	_, err = liveness.GetCordon(ctx, l.Cordons(), w2)
@@ -125,7 +131,7 @@ func TestRoundDrainsBeforeRemoving(t *testing.T) {
 
 	// Another scheduler holds the lease: this one does nothing.
 	held = false
-	beat("w1", 0, true)
+	beat("w1", 0, true, now.Add(6*time.Minute))
 	runCtx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	a.cfg.Interval = 100 * time.Millisecond
 	a.Run(runCtx)
@@ -133,10 +139,22 @@ func TestRoundDrainsBeforeRemoving(t *testing.T) {
 	assert.Equal(t, []string{"w2"}, eng.removed, "acted without the lease")
 
 	held = true
-	s, err = a.Round(ctx, now.Add(6*time.Minute))
+	s, err = a.Round(ctx, now.Add(7*time.Minute))
 	require.NoError(t, err)
 	assert.Equal(t, []string{"w2", "w1"}, eng.removed, s.Reason)
 	assert.True(t, slices.Equal([]string{"w2", "w1"}, eng.removed))
 	assert.Equal(t, 2.0, testutil.ToFloat64(a.actions.WithLabelValues("remove")))
 	assert.Equal(t, 2.0, testutil.ToFloat64(a.actions.WithLabelValues("start")))
+
+	// An operator's cordon: its worker is neither lifted back into work nor removed.
+	_, err = eng.Start(ctx) // w3
+	require.NoError(t, err)
+	w3 := beat("w3", 0, true, now.Add(9*time.Minute))
+	require.NoError(t, liveness.PutCordon(ctx, l.Cordons(), w3, liveness.Cordon{By: "drain@operator", At: now.Add(8 * time.Minute)}))
+	live = append(live, assignment.State{Record: assignment.Record{Backend: assignment.BackendPod, Phase: assignment.Queued}})
+	s, err = a.Round(ctx, now.Add(10*time.Minute))
+	require.NoError(t, err)
+	assert.Empty(t, s.Uncordon, s.Reason)
+	assert.Equal(t, 1, s.Start, s.Reason)
+	assert.NotContains(t, eng.removed, "w3")
 }

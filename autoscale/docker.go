@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,8 +48,9 @@ type Engine interface {
 // limits, restart policy, networks and their aliases), with a host name of its own and the
 // actuator's labels.
 type Docker struct {
-	cli      *client.Client
-	template string
+	cli       *client.Client
+	template  string
+	perWorker int
 }
 
 // NewDocker returns the Engine of the Docker engine at socket, copying template, and checks
@@ -69,7 +71,23 @@ func NewDocker(ctx context.Context, socket, template string) (*Docker, error) {
 		_ = cli.Close()
 		return nil, err
 	}
+	d.perWorker = envInt(t.Config.Env, "POD_CONCURRENCY")
 	return d, nil
+}
+
+// PerWorker is the template's POD_CONCURRENCY (one new worker's capacity), or 0 when it does
+// not set it or sets no number.
+func (d *Docker) PerWorker() int { return d.perWorker }
+
+// envInt is the integer value of name in env (KEY=value entries), or 0.
+func envInt(env []string, name string) int {
+	n := 0
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			n, _ = strconv.Atoi(v)
+		}
+	}
+	return max(n, 0)
 }
 
 // Close closes the engine's client.
@@ -103,8 +121,11 @@ func checkTemplate(name string, t container.InspectResponse) error {
 	if len(t.HostConfig.PortBindings) > 0 || t.HostConfig.PublishAllPorts {
 		return fmt.Errorf("autoscale: the template %s publishes host ports: its copies cannot all bind them; reach the workers on a Docker network instead", name)
 	}
-	if t.HostConfig.NetworkMode.IsHost() {
-		return fmt.Errorf("autoscale: the template %s uses the host network: its copies would share one HTTP_LISTEN port; put it on a Docker network", name)
+	if t.HostConfig.NetworkMode.IsHost() || t.HostConfig.NetworkMode.IsContainer() {
+		return fmt.Errorf("autoscale: the template %s uses the network of the host or of another container (%s): its copies would share one HTTP_LISTEN port and host name; put it on a Docker network", name, t.HostConfig.NetworkMode)
+	}
+	if t.HostConfig.UTSMode.IsHost() {
+		return fmt.Errorf("autoscale: the template %s shares the host's UTS namespace: its copies need host names of their own (their workers' heartbeats carry them)", name)
 	}
 	return nil
 }
@@ -147,13 +168,19 @@ func (d *Docker) Start(ctx context.Context) (string, error) {
 	}
 	cfg := *t.Config
 	cfg.Hostname, cfg.Domainname = host, ""
+	// The template's image itself, not whatever its tag names by now.
+	cfg.Image = t.Image
 	cfg.Labels = maps.Clone(cfg.Labels)
 	if cfg.Labels == nil {
 		cfg.Labels = map[string]string{}
 	}
+	// Compose would take copies of a compose-made template for its own replicas and scale
+	// them away without a drain.
+	maps.DeleteFunc(cfg.Labels, func(k, _ string) bool { return strings.HasPrefix(k, "com.docker.compose.") })
 	cfg.Labels[LabelGroup], cfg.Labels[LabelHost] = d.template, host
 	cfg.Env = slices.Clone(cfg.Env)
 	hc := *t.HostConfig
+	hc.ContainerIDFile = "" // the template's --cidfile exists already
 	// The template's other networks, with their aliases (never its addresses).
 	nc := &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{}}
 	if t.NetworkSettings != nil {
@@ -161,7 +188,9 @@ func (d *Docker) Start(ctx context.Context) (string, error) {
 			if ep == nil {
 				continue
 			}
-			nc.EndpointsConfig[name] = &network.EndpointSettings{Aliases: slices.Clone(ep.Aliases), DriverOpts: maps.Clone(ep.DriverOpts), GwPriority: ep.GwPriority}
+			// Engines before API 1.45 list the template's short id among its aliases.
+			aliases := slices.DeleteFunc(slices.Clone(ep.Aliases), func(a string) bool { return strings.HasPrefix(t.ID, a) })
+			nc.EndpointsConfig[name] = &network.EndpointSettings{Aliases: aliases, DriverOpts: maps.Clone(ep.DriverOpts), GwPriority: ep.GwPriority}
 		}
 	}
 	created, err := d.cli.ContainerCreate(ctx, client.ContainerCreateOptions{Name: name, Config: &cfg, HostConfig: &hc, NetworkingConfig: nc})

@@ -18,30 +18,46 @@ type Member struct {
 	Running bool
 	Created time.Time
 	// Worker is its worker's heartbeat key (pod-worker.<instance>), empty before the first
-	// heartbeat; InFlight and Draining are from that heartbeat.
+	// heartbeat; InFlight, Draining and Beat (when it was written) are from that heartbeat.
 	Worker   string
 	InFlight int
 	Draining bool
-	// Cordoned: a cordon names Worker.
-	Cordoned bool
+	Beat     time.Time
+	// Cordoned: a cordon names Worker, written at CordonedAt; Ours: by the actuator (one an
+	// operator wrote with `dynrunner drain` it neither lifts nor acts on).
+	Cordoned   bool
+	CordonedAt time.Time
+	Ours       bool
 }
 
 // active: the member takes new environments, or will once it has booted.
 func (m Member) active() bool { return m.Running && !m.Cordoned && !m.Draining }
 
-// drained: cordoned, and its worker says it drains with nothing in flight (read after it
-// drains, so it can only be too high): safe to remove.
+// drained: cordoned by the actuator, and its worker says, in a heartbeat written after the
+// cordon, that it drains with nothing in flight (read after it drains, so it can only be too
+// high): safe to remove.
 func (m Member) drained() bool {
-	return m.Running && m.Cordoned && m.Worker != "" && m.Draining && m.InFlight == 0
+	return m.Running && m.Cordoned && m.Ours && m.Worker != "" && m.Draining && m.InFlight == 0 && m.Beat.After(m.CordonedAt)
+}
+
+// stuck: running, yet no heartbeat names it long after it was created (a worker that cannot
+// boot or reach NATS): it holds no environment this actuator can see, and a slot of Max.
+func (m Member) stuck(now time.Time, boot time.Duration) bool {
+	return m.Running && m.Worker == "" && boot > 0 && now.Sub(m.Created) > boot
 }
 
 // Policy bounds the actuator: AUTOSCALE_MIN, AUTOSCALE_MAX (containers, draining ones
-// included) and AUTOSCALE_COOLDOWN (at most one step up per cooldown; a surplus must last a
-// cooldown before a step down).
+// included) and AUTOSCALE_COOLDOWN (at most one start per cooldown; a surplus must last a
+// cooldown before a step down). Boot is how long a container may run without a heartbeat
+// before it is taken for stuck and removed (zero: never).
 type Policy struct {
 	Min, Max int
 	Cooldown time.Duration
+	Boot     time.Duration
 }
+
+// DefaultBoot is the Boot the actuator runs with: far above a pod worker's start (seconds).
+const DefaultBoot = 10 * time.Minute
 
 // Memory is what the actuator remembers between rounds.
 type Memory struct {
@@ -70,23 +86,23 @@ func (s Steps) Empty() bool {
 }
 
 // Plan decides one round: desired is the tier's desired_workers (fleet.Decide), members the
-// containers the actuator started. It removes exited containers and drained ones; below the
-// target it lifts cordons first (a draining worker is already running) and then starts new
-// containers, within Max and at most once per cooldown; above it, once the surplus has lasted
-// a cooldown, it cordons the surplus, the workers with the least in flight first. It never
-// removes a worker that is not drained. mem is updated.
+// containers the actuator started. It removes exited and stuck containers and drained ones;
+// below the target it lifts its own cordons first (a draining worker is already running) and
+// then starts new containers, within Max and at most once per cooldown; above it, once the
+// surplus has lasted a cooldown, it cordons the surplus, the workers with the least in flight
+// first. It never removes a running worker that is not drained or stuck. mem is updated.
 func Plan(desired int, members []Member, p Policy, mem *Memory, now time.Time) Steps {
 	s := Steps{Target: min(max(desired, p.Min), p.Max)}
 	var active, cordoned []Member
 	running := 0
 	for _, m := range members {
 		switch {
-		case !m.Running:
+		case !m.Running, m.stuck(now, p.Boot):
 			s.Remove = append(s.Remove, m)
 			continue
 		case m.active():
 			active = append(active, m)
-		case m.Cordoned && m.Worker != "":
+		case m.Cordoned && m.Ours && m.Worker != "":
 			cordoned = append(cordoned, m)
 		}
 		running++
@@ -95,23 +111,24 @@ func Plan(desired int, members []Member, p Policy, mem *Memory, now time.Time) S
 	switch {
 	case have < s.Target:
 		mem.Surplus = time.Time{}
-		if wait := mem.LastUp.Add(p.Cooldown).Sub(now); !mem.LastUp.IsZero() && wait > 0 {
-			s.Reason = fmt.Sprintf("%d of %d workers active: want %d more, cooling down for %s", have, s.Target, s.Target-have, wait.Round(time.Second))
-			break
-		}
 		need := s.Target - have
-		// Lift the cordons of the busiest draining workers first: they run already.
+		// Lift the cordons of the busiest draining workers first: they run already, and
+		// lifting costs nothing, so no cooldown holds it back.
 		slices.SortFunc(cordoned, func(a, b Member) int { return cmp.Compare(b.InFlight, a.InFlight) })
 		for _, m := range cordoned[:min(need, len(cordoned))] {
 			s.Uncordon = append(s.Uncordon, m.Worker)
 			need--
+		}
+		if wait := mem.LastUp.Add(p.Cooldown).Sub(now); need > 0 && !mem.LastUp.IsZero() && wait > 0 {
+			s.Reason = fmt.Sprintf("%d of %d workers active: lift %d cordons; start %d more after the cooldown, in %s", have, s.Target, len(s.Uncordon), need, wait.Round(time.Second))
+			break
 		}
 		s.Start = max(min(need, p.Max-running), 0)
 		s.Reason = fmt.Sprintf("%d of %d workers active: lift %d cordons, start %d", have, s.Target, len(s.Uncordon), s.Start)
 		if s.Start < need {
 			s.Reason += fmt.Sprintf(" (AUTOSCALE_MAX=%d containers)", p.Max)
 		}
-		if s.Start > 0 || len(s.Uncordon) > 0 {
+		if s.Start > 0 {
 			mem.LastUp = now
 		}
 	case have > s.Target:
@@ -139,6 +156,7 @@ func Plan(desired int, members []Member, p Policy, mem *Memory, now time.Time) S
 		mem.Surplus = time.Time{}
 		s.Reason = fmt.Sprintf("%d of %d workers active", have, s.Target)
 	}
+	// A drained worker goes unless its cordon is lifted (busier ones are lifted first).
 	for _, m := range cordoned {
 		if m.drained() && !slices.Contains(s.Uncordon, m.Worker) {
 			s.Remove = append(s.Remove, m)

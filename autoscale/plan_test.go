@@ -14,8 +14,20 @@ func worker(name string, inFlight int) Member {
 	return Member{Name: name, Host: name, Running: true, Created: t0, Worker: "pod-worker." + name, InFlight: inFlight}
 }
 
+// cordoned is m cordoned by the actuator before its last heartbeat.
 func cordoned(m Member, draining bool) Member {
-	m.Cordoned, m.Draining = true, draining
+	m.Cordoned, m.Ours, m.Draining = true, true, draining
+	m.CordonedAt, m.Beat = t0.Add(-time.Minute), t0.Add(-time.Second)
+	return m
+}
+
+func operators(m Member) Member {
+	m.Ours = false
+	return m
+}
+
+func stale(m Member) Member {
+	m.Beat = m.CordonedAt.Add(-time.Second)
 	return m
 }
 
@@ -61,6 +73,14 @@ func TestPlan(t *testing.T) {
 		{name: "a cordoned worker that has not begun draining is kept", desired: 0, members: []Member{cordoned(worker("a", 0), false)}},
 		{name: "an exited container is removed", desired: 1, members: []Member{{Name: "a", Host: "a", Worker: "pod-worker.a"}}, remove: []string{"a"}, start: 1},
 		{name: "a drained worker is reused rather than removed", desired: 1, members: []Member{cordoned(worker("a", 0), true)}, uncordon: []string{"pod-worker.a"}},
+		{name: "a cordon is lifted during the cooldown", desired: 2, members: []Member{worker("a", 2), cordoned(worker("b", 0), true)},
+			mem: Memory{LastUp: t0.Add(-time.Second)}, uncordon: []string{"pod-worker.b"}},
+		{name: "an operator's cordon is neither lifted nor acted on", desired: 1, members: []Member{operators(cordoned(worker("a", 0), true))}, start: 1},
+		{name: "a heartbeat from before the cordon does not count", desired: 0, members: []Member{stale(cordoned(worker("a", 0), true))}},
+		{name: "a container without a heartbeat after the boot time is stuck", desired: 1, policy: &Policy{Max: 3, Cooldown: time.Minute, Boot: 10 * time.Minute},
+			members: []Member{{Name: "a", Running: true, Created: t0.Add(-11 * time.Minute)}}, remove: []string{"a"}, start: 1},
+		{name: "a booting container is not stuck", desired: 1, policy: &Policy{Max: 3, Cooldown: time.Minute, Boot: 10 * time.Minute},
+			members: []Member{{Name: "a", Running: true, Created: t0.Add(-time.Minute)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pol := p
@@ -102,7 +122,7 @@ func TestPlanNeverRemovesAWorkerWithWork(t *testing.T) {
 				}
 				after := running + s.Start
 				for _, m := range s.Remove {
-					require.True(t, !m.Running || (m.Cordoned && m.Draining && m.InFlight == 0), "removed %+v (%s)", m, s.Reason)
+					require.True(t, !m.Running || (m.Cordoned && m.Ours && m.Draining && m.InFlight == 0 && m.Beat.After(m.CordonedAt)), "removed %+v (%s)", m, s.Reason)
 					if m.Running {
 						after--
 					}

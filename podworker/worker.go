@@ -674,6 +674,11 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 		switch planSweep(e) {
 		case sweepMine, sweepYoung:
 		case sweepAdopt:
+			if w.draining.Load() {
+				// A draining worker takes nothing new, orphans included: it may be removed
+				// as soon as it holds nothing. A worker that takes work adopts them.
+				continue
+			}
 			if expires, left := w.adopt(ctx, e.st, h); left && (recheck.IsZero() || expires.Before(recheck)) {
 				recheck = expires
 			}

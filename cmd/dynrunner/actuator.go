@@ -15,7 +15,7 @@ import (
 )
 
 // workerCapacity follows the capacity the workers online announce (ADMIT_CAPACITY=workers):
-// per tier, the slots of the workers taking work plus what draining ones still hold. It reads
+// per tier, the slots of the workers taking work. It reads
 // the heartbeats every interval; a reading older than stale does not count (the scheduler then
 // admits nothing until the heartbeats read again).
 type workerCapacity struct {
@@ -25,7 +25,11 @@ type workerCapacity struct {
 	stale time.Duration
 }
 
-// capacityOfWorkers returns the tiers' capacity from the heartbeats in components.
+// capacityOfWorkers returns the tiers' capacity from the heartbeats in components: the
+// slots of the workers that take work. A draining worker adds none: what it still holds counts
+// against the others' slots until it ends, so admission errs on the side of too few. (Its
+// heartbeat's in-flight count lags the jobs that end on it, and counting that would admit
+// claims no worker takes before their pickup deadline.)
 func capacityOfWorkers(components []liveness.Record) map[assignment.Backend]int {
 	out := map[assignment.Backend]int{assignment.BackendPod: 0, assignment.BackendVM: 0}
 	for _, r := range components {
@@ -36,9 +40,7 @@ func capacityOfWorkers(components []liveness.Record) map[assignment.Backend]int 
 		if r.Kind == liveness.KindVMWorker {
 			tier = assignment.BackendVM
 		}
-		if r.Worker.Draining {
-			out[tier] += r.Worker.InFlight // it finishes those and takes nothing new
-		} else {
+		if !r.Worker.Draining {
 			out[tier] += r.Worker.Capacity
 		}
 	}
@@ -79,10 +81,14 @@ func (p *plane) startActuator(ctx context.Context, held func() bool) error {
 		return err
 	}
 	p.onExit(func() { _ = engine.Close() })
+	perWorker := p.cfg.PodConcurrency
+	if n := engine.PerWorker(); n > 0 {
+		perWorker = n // the template's own POD_CONCURRENCY
+	}
 	a := autoscale.New(autoscale.Config{
-		Policy: autoscale.Policy{Min: cfg.Min, Max: cfg.Max, Cooldown: cfg.Cooldown},
-		Engine: engine, JetStream: p.js, Cordons: p.evlog.Cordons(), PerWorker: p.cfg.PodConcurrency,
-		Held: held, Actor: "autoscale@" + p.actor, Interval: time.Second, StopGrace: 30 * time.Second,
+		Policy: autoscale.Policy{Min: cfg.Min, Max: cfg.Max, Cooldown: cfg.Cooldown, Boot: autoscale.DefaultBoot},
+		Engine: engine, JetStream: p.js, Cordons: p.evlog.Cordons(), PerWorker: perWorker,
+		Held: held, Actor: autoscale.ActorPrefix + p.actor, Interval: time.Second, StopGrace: 10 * time.Second,
 		Log: p.log.With().Str("component", "autoscale").Logger(), Registerer: p.reg,
 	})
 	p.g.Go(func() error { a.Run(p.gctx); return nil })

@@ -17,10 +17,13 @@ func TestCapacityOfWorkers(t *testing.T) {
 	got := capacityOfWorkers([]liveness.Record{
 		{Kind: liveness.KindScheduler},
 		w(liveness.KindPodWorker, 4, 1, false),
-		w(liveness.KindPodWorker, 4, 3, true), // draining: only what it still holds
+		w(liveness.KindPodWorker, 4, 3, true), // draining: no slot
 		w(liveness.KindPodWorker, 2, 0, true),
+		w(liveness.KindVMWorker, 1, 0, false),
 	})
-	assert.Equal(t, map[assignment.Backend]int{assignment.BackendPod: 7, assignment.BackendVM: 0}, got,
+	assert.Equal(t, map[assignment.Backend]int{assignment.BackendPod: 4, assignment.BackendVM: 1}, got,
+		"draining workers add no slot")
+	assert.Equal(t, map[assignment.Backend]int{assignment.BackendPod: 0, assignment.BackendVM: 0}, capacityOfWorkers(nil),
 		"a tier without workers has capacity 0, so its claims queue instead of dispatching unbounded")
 
 	wc := &workerCapacity{stale: time.Minute}

@@ -67,7 +67,7 @@ func TestActuatorScalesThroughDrain(t *testing.T) {
 		Schedulers: 1, Facades: 1, PodWorkers: -1, PodConcurrency: 2,
 		Env: []string{"LEASE_SECS=90", "PICKUP_SECS=60", "KEEPALIVE_SECS=5"},
 		SchedulerEnv: []string{"MAX_QUEUED=20", "ADMIT_CAPACITY=workers", "POD_CONCURRENCY=2",
-			"AUTOSCALE=docker", "AUTOSCALE_MAX=3", "AUTOSCALE_COOLDOWN=5s"},
+			"AUTOSCALE=docker", "AUTOSCALE_MAX=3", "AUTOSCALE_COOLDOWN=15s"},
 		SchedulerDocker: true, PodWorkerTemplate: []string{"DRAIN_SECS=120"},
 		Output: logWriter{t},
 	})

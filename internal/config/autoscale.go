@@ -78,6 +78,9 @@ func loadAutoscale(e *env, c Controller) (string, Autoscale) {
 	if !c.Has(Scheduler) {
 		e.fail("AUTOSCALE=docker runs in the scheduler: add scheduler to COMPONENTS, or set AUTOSCALE on the scheduler's process")
 	}
+	if c.Has(PodWorker) {
+		e.fail("AUTOSCALE=docker with pod-worker in COMPONENTS: the actuator counts only the pod workers it starts, so this process's own would be one too many and the tier could never scale to zero; run COMPONENTS=scheduler,facade (or scheduler) beside it")
+	}
 	if capacity != CapacityWorkers {
 		e.fail("AUTOSCALE=docker needs ADMIT_CAPACITY=workers: admission must follow the workers the actuator starts, or no job runs on them")
 	}

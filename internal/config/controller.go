@@ -15,6 +15,7 @@ import (
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/grants"
+	"github.com/dynrunner/dynrunner/internal/liveness"
 	"github.com/dynrunner/dynrunner/scheduler"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
@@ -378,6 +379,9 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	if err != nil || c.LivenessTTL < MinLivenessTTL || c.LivenessTTL > MaxLivenessTTL {
 		e.fail("LIVENESS_TTL=%q: want a Go duration from %s to %s (every process beats every third of it)", lt, MinLivenessTTL, MaxLivenessTTL)
 		c.LivenessTTL = DefaultLivenessTTL
+	}
+	if c.Autoscale.Backend != "" && c.Autoscale.Cooldown <= c.LivenessTTL/liveness.BeatsPerTTL {
+		e.fail("AUTOSCALE_COOLDOWN=%s is not above a heartbeat's interval (LIVENESS_TTL/%d = %s): the actuator would act again before the workers report its last step", c.Autoscale.Cooldown, liveness.BeatsPerTTL, c.LivenessTTL/liveness.BeatsPerTTL)
 	}
 	return c, errors.Join(e.errs...)
 }

@@ -223,6 +223,7 @@ func TestAutoscale(t *testing.T) {
 	on := func() map[string]string {
 		env := base()
 		env["MAX_QUEUED"], env["ADMIT_CAPACITY"], env["AUTOSCALE"], env["AUTOSCALE_DOCKER_TEMPLATE"] = "20", "workers", "docker", "pod-worker-template"
+		env["COMPONENTS"] = "scheduler,facade"
 		return env
 	}
 	c, err = LoadController(envOf(on()))
@@ -243,6 +244,8 @@ func TestAutoscale(t *testing.T) {
 		{map[string]string{"AUTOSCALE_DOCKER_TEMPLATE": ""}, "AUTOSCALE_DOCKER_TEMPLATE"},
 		{map[string]string{"AUTOSCALE_DOCKER_SOCKET": "docker.sock"}, "AUTOSCALE_DOCKER_SOCKET"},
 		{map[string]string{"COMPONENTS": "facade"}, "AUTOSCALE=docker runs in the scheduler"},
+		{map[string]string{"COMPONENTS": "all"}, "AUTOSCALE=docker with pod-worker in COMPONENTS"},
+		{map[string]string{"AUTOSCALE_COOLDOWN": "5s"}, "AUTOSCALE_COOLDOWN=5s is not above a heartbeat's interval"},
 	} {
 		env := on()
 		maps.Copy(env, tc.set)
