@@ -148,6 +148,10 @@ func (w *Worker) Draining() bool { return w.draining.Load() }
 // drainPoll is how often a draining worker looks whether its cordon was lifted.
 const drainPoll = 200 * time.Millisecond
 
+// orphanRecheck is how soon a draining worker that left an orphaned environment alone sweeps
+// again, to adopt it if its cordon was lifted meanwhile.
+const orphanRecheck = 5 * time.Second
+
 // Ready is closed once the worker recovered its environments and consumes dispatches.
 func (w *Worker) Ready() <-chan struct{} { return w.ready }
 
@@ -676,7 +680,11 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 		case sweepAdopt:
 			if w.draining.Load() {
 				// A draining worker takes nothing new, orphans included: it may be removed
-				// as soon as it holds nothing. A worker that takes work adopts them.
+				// as soon as it holds nothing. A worker that takes work adopts them; this
+				// one looks again soon, in case its cordon is lifted.
+				if soon := w.cfg.Now().Add(orphanRecheck); recheck.IsZero() || soon.Before(recheck) {
+					recheck = soon
+				}
 				continue
 			}
 			if expires, left := w.adopt(ctx, e.st, h); left && (recheck.IsZero() || expires.Before(recheck)) {

@@ -788,3 +788,31 @@ func TestWorkerTakesWorkAgainOnceUncordoned(t *testing.T) {
 	w.SetDraining(false)
 	eventually(t, "started once uncordoned", func() bool { return r.phase(1).Phase == assignment.Started })
 }
+
+// TestDrainingWorkerAdoptsNothing: a draining worker takes nothing new, orphans included, so
+// that it can be removed once it holds nothing. The environment of a crashed worker waits for
+// a worker that takes work: here the same one, once its cordon is lifted.
+func TestDrainingWorkerAdoptsNothing(t *testing.T) {
+	r := newRigHeartbeat(t, 500*time.Millisecond)
+	mem := newMem()
+	const a, b = "pod-worker@a/1", "pod-worker@b/2"
+	nc, la := r.replica()
+	stopA := r.runWorker(la, mem, podworker.Config{Actor: a, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	st := r.claim(7)
+	id := fmt.Sprintf("7-%d", st.Epoch())
+	eventually(t, "worker a watches its environment", func() bool { return mem.watchers(id) == 1 })
+
+	wb, _ := r.startWorker(r.log, mem, podworker.Config{Actor: b, Reap: time.Hour, Heartbeat: 500 * time.Millisecond})
+	wb.SetDraining(true)
+	kv := workersBucket(t, r)
+	nc.Close() // a crashes
+	stopA()
+	eventually(t, "a's liveness key expires", func() bool { return !liveActors(t, kv)[a] })
+	assert.Never(t, func() bool { return mem.watchers(id) > 0 }, 3*time.Second, 100*time.Millisecond,
+		"the draining worker adopted the crashed worker's environment")
+	assert.Zero(t, wb.InFlight(), "a draining worker's in-flight count")
+
+	wb.SetDraining(false)
+	eventually(t, "worker b adopts the environment once it takes work", func() bool { return mem.watchers(id) == 1 })
+	require.Equal(t, b, watcherOf(t, kv, 7, st.Epoch()), "the environment's key names")
+}
