@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -55,8 +54,7 @@ func TestActuatorScalesThroughDrain(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a multi-host deployment")
 	}
-	tools := needTools(t)
-	needDocker(t)
+	tools := fleetbed.Need(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Minute)
 	defer cancel()
 
@@ -69,13 +67,13 @@ func TestActuatorScalesThroughDrain(t *testing.T) {
 		SchedulerEnv: []string{"MAX_QUEUED=20", "ADMIT_CAPACITY=workers", "POD_CONCURRENCY=2",
 			"AUTOSCALE=docker", "AUTOSCALE_MAX=3", "AUTOSCALE_COOLDOWN=15s"},
 		SchedulerDocker: true, PodWorkerTemplate: []string{"DRAIN_SECS=120"},
-		Output: logWriter{t},
+		Output: fleetbed.TestOutput{T: t},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, c := range bed.Dynrunner {
-				t.Logf("%s:\n%s", c.Name, tail(c.Logs(context.Background()), 80))
+				t.Logf("%s:\n%s", c.Name, fleetbed.Tail(c.Logs(context.Background()), 80))
 			}
 		}
 		assert.NoError(t, bed.Close(), "remove the bed")
@@ -101,7 +99,7 @@ func TestActuatorScalesThroughDrain(t *testing.T) {
 	for _, j := range run.Jobs {
 		if !assert.Equal(t, devforge.ConclusionSuccess, j.Conclusion, "job %s", j.Name) {
 			log, _ := bed.Forge.JobLog(ctx, repo, j.ID)
-			t.Logf("log of %s:\n%s", j.Name, tail(log, 30))
+			t.Logf("log of %s:\n%s", j.Name, fleetbed.Tail(log, 30))
 		}
 	}
 
@@ -324,41 +322,4 @@ func summary(jobs map[string][]job) string {
 		parts = append(parts, fmt.Sprintf("%s:%d", h, len(jobs[h])))
 	}
 	return strings.Join(parts, " ")
-}
-
-type logWriter struct{ t *testing.T }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func needTools(t *testing.T) devforge.Tools {
-	t.Helper()
-	tools, err := devforge.FindTools()
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%v", err)
-		}
-		t.Skip(err)
-	}
-	return tools
-}
-
-func needDocker(t *testing.T) {
-	t.Helper()
-	if err := fleetbed.NeedDocker(t.Context()); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
 }

@@ -76,8 +76,7 @@ func TestChaosUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a multi-host deployment")
 	}
-	tools := needTools(t)
-	needDocker(t)
+	tools := fleetbed.Need(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Minute)
 	defer cancel()
 
@@ -88,16 +87,16 @@ func TestChaosUnderLoad(t *testing.T) {
 	bed, err := fleetbed.Start(ctx, fleetbed.Options{
 		Dir: t.TempDir(), Tools: tools, ExecutorImage: image, PodConcurrency: 4,
 		Env:    []string{"LEASE_SECS=90", "PICKUP_SECS=60", "KEEPALIVE_SECS=5"},
-		Output: logWriter{t},
+		Output: fleetbed.TestOutput{T: t},
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, c := range bed.Role(fleetbed.RoleScheduler) {
-				t.Logf("%s:\n%s", c.Name, tail(c.Logs(context.Background()), 60))
+				t.Logf("%s:\n%s", c.Name, fleetbed.Tail(c.Logs(context.Background()), 60))
 			}
 			for _, c := range append(bed.Role(fleetbed.RoleFacade), bed.Role(fleetbed.RolePodWorker)...) {
-				t.Logf("%s:\n%s", c.Name, tail(c.Logs(context.Background()), 60))
+				t.Logf("%s:\n%s", c.Name, fleetbed.Tail(c.Logs(context.Background()), 60))
 			}
 		}
 		assert.NoError(t, bed.Close(), "remove the bed")
@@ -203,11 +202,11 @@ func TestChaosUnderLoad(t *testing.T) {
 			log, err := bed.Forge.JobLog(ctx, p.repo, j.ID)
 			require.NoError(t, err)
 			if !assert.Equal(t, want, j.Conclusion, "%s run %d job %s", p.repo, run.ID, j.Name) {
-				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, tail(log, 40))
+				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, fleetbed.Tail(log, 40))
 				diagnose(ctx, t, bed, rec, p.repo, j)
 			}
 			if !assert.NoError(t, completeLog(log), "%s run %d job %s", p.repo, run.ID, j.Name) && j.Conclusion == want {
-				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, tail(log, 40))
+				t.Logf("log of %s job %s (runner %s):\n%s", p.repo, j.Name, j.RunnerName, fleetbed.Tail(log, 40))
 				diagnose(ctx, t, bed, rec, p.repo, j)
 			}
 		}
@@ -493,41 +492,4 @@ func jobContainers(ctx context.Context, t *testing.T, bed *fleetbed.Bed) []strin
 		t.Logf("list job containers: %v", err)
 	}
 	return names
-}
-
-type logWriter struct{ t *testing.T }
-
-func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
-
-func needTools(t *testing.T) devforge.Tools {
-	t.Helper()
-	tools, err := devforge.FindTools()
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatalf("%v", err)
-		}
-		t.Skip(err)
-	}
-	return tools
-}
-
-func needDocker(t *testing.T) {
-	t.Helper()
-	if err := fleetbed.NeedDocker(t.Context()); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
 }

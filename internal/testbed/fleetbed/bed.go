@@ -570,7 +570,7 @@ func (c *Container) waitHTTP(ctx context.Context, port int, path string, limit t
 			return ctx.Err()
 		}
 		if running, err := docker(ctx, "inspect", "-f", "{{.State.Running}}", c.docker); err == nil && running != "true" {
-			return fmt.Errorf("fleetbed: %s exited:\n%s", c.Name, tail(c.Logs(ctx), 40))
+			return fmt.Errorf("fleetbed: %s exited:\n%s", c.Name, Tail(c.Logs(ctx), 40))
 		}
 		ip, err := c.Addr(ctx)
 		if err == nil {
@@ -587,15 +587,7 @@ func (c *Container) waitHTTP(ctx context.Context, port int, path string, limit t
 		last = err
 		time.Sleep(250 * time.Millisecond)
 	}
-	return fmt.Errorf("fleetbed: %s not ready at %s after %s: %w\n%s", c.Name, path, limit, last, tail(c.Logs(ctx), 40))
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return fmt.Errorf("fleetbed: %s not ready at %s after %s: %w\n%s", c.Name, path, limit, last, Tail(c.Logs(ctx), 40))
 }
 
 // WaitRecovered waits, for at most limit, until every container of the bed runs and is ready

@@ -17,11 +17,11 @@ func ExecutorImage(ctx context.Context, root string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("scripts/executor-image.sh: %w\n%s", err, tail(stderr.String(), 40))
+		return "", fmt.Errorf("scripts/executor-image.sh: %w\n%s", err, Tail(stderr.String(), 40))
 	}
 	id := strings.TrimSpace(stdout.String())
 	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(id) {
-		return "", fmt.Errorf("scripts/executor-image.sh printed %q, want an image ID\n%s", id, tail(stderr.String(), 40))
+		return "", fmt.Errorf("scripts/executor-image.sh printed %q, want an image ID\n%s", id, Tail(stderr.String(), 40))
 	}
 	return id, nil
 }
