@@ -53,14 +53,14 @@ func TestFairAdmissionAcrossOwners(t *testing.T) {
 
 			shaA, err := f.PushWorkflow(ctx, alpha, ".gitea/workflows/many.yml", manyJobs(alphaJobs))
 			require.NoError(t, err)
+			if tc.name == "fifo" {
+				assertAutoscaleWhileQueued(t, c)
+			}
 			// Beta pushes once dynrunner holds all of alpha's jobs, so the order is dynrunner's.
 			deadline := time.Now().Add(3 * time.Minute)
 			for claims(readRecords(t, c), alpha.String()) < alphaJobs {
 				require.False(t, time.Now().After(deadline), "dynrunner did not claim alpha's %d jobs within 3 minutes", alphaJobs)
 				time.Sleep(500 * time.Millisecond)
-			}
-			if tc.name == "fifo" {
-				assertAutoscaleWhileQueued(t, c)
 			}
 			shaB, err := f.PushWorkflow(ctx, beta, ".gitea/workflows/many.yml", manyJobs(betaJobs))
 			require.NoError(t, err)
@@ -189,23 +189,39 @@ func orderOf(t *testing.T, recs []record, alpha, beta string) admissionOrder {
 // jobs wait for one pod worker of two slots: the pod tier wants more workers, and says why.
 func assertAutoscaleWhileQueued(t *testing.T, c *controller) {
 	t.Helper()
-	resp, err := http.Get(c.httpURL + "/v1/fleet/autoscale")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	var answer struct {
-		Tiers map[string]struct {
-			DesiredWorkers int    `json:"desired_workers"`
-			Reason         string `json:"reason"`
-			Queued         int    `json:"queued"`
-			InFlight       int    `json:"in_flight"`
-			Workers        int    `json:"workers"`
-			Slots          int    `json:"slots"`
-		} `json:"tiers"`
+	type tier struct {
+		DesiredWorkers int    `json:"desired_workers"`
+		Reason         string `json:"reason"`
+		Queued         int    `json:"queued"`
+		InFlight       int    `json:"in_flight"`
+		Workers        int    `json:"workers"`
+		Slots          int    `json:"slots"`
 	}
-	require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
-	pod, ok := answer.Tiers["pod"]
-	require.True(t, ok, "no pod tier in %+v", answer)
+	read := func() (tier, bool) {
+		resp, err := http.Get(c.httpURL + "/v1/fleet/autoscale")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		var answer struct {
+			Tiers map[string]tier `json:"tiers"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&answer))
+		pod, ok := answer.Tiers["pod"]
+		return pod, ok
+	}
+	// Read while alpha's jobs queue: the endpoint is polled from the first claims on, so a
+	// slow machine that lags reading the records does not miss the queue.
+	var pod tier
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		var ok bool
+		pod, ok = read()
+		require.True(t, ok, "no pod tier in the autoscaling decision")
+		if pod.Queued >= 12 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	t.Logf("GET /v1/fleet/autoscale while queued: pod %+v", pod)
 	// Jobs end meanwhile: of the twenty, most wait, at most two hold the slots.
 	assert.GreaterOrEqual(t, pod.Queued, 12, "the jobs past the two slots do not show as queued")
@@ -221,7 +237,7 @@ func assertAutoscaleWhileQueued(t *testing.T, c *controller) {
 	defer m.Body.Close()
 	body, err := io.ReadAll(m.Body)
 	require.NoError(t, err)
-	assert.Regexp(t, `dynrunner_autoscale_desired_workers\{backend="pod"\} ([6-9]|10)\n`, string(body))
+	assert.Regexp(t, `dynrunner_autoscale_desired_workers\{backend="pod"\} ([5-9]|1[0-9])\n`, string(body))
 	assert.Contains(t, string(body), `dynrunner_assignments_queued{backend="pod"}`)
 }
 
