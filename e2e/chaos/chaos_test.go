@@ -147,7 +147,7 @@ func TestChaosUnderLoad(t *testing.T) {
 		require.NoError(t, err, "recover from: %s", name)
 		d := time.Since(at)
 		recoveries = append(recoveries, recovery{name, d})
-		t.Logf("fault %q: recovered (every container ready, a job claimed since ended) after %s", name, d.Round(100*time.Millisecond))
+		t.Logf("fault %q: recovered (every container ready; a job claimed since, or every job pushed, ended) after %s", name, d.Round(100*time.Millisecond))
 	}
 	podWorker := bed.Container("pod-worker-1")
 	fault("docker kill pod-worker-1 mid-job, then start it", func() error {
