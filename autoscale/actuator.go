@@ -21,11 +21,11 @@ import (
 type Config struct {
 	Policy Policy
 	Engine Engine
-	// JetStream reads the fleet (heartbeats, live assignments: fleet.Read), unless Fleet is
-	// set; Cordons is the cordons bucket.
-	JetStream jetstream.JetStream
-	Fleet     func(context.Context) (fleet.Report, error)
-	Cordons   jetstream.KeyValue
+	// Fleet reads the fleet: the workers' heartbeats and the live assignments (the
+	// controller's own view holds those, so no round reads them from JetStream again).
+	Fleet func(context.Context) (fleet.Report, error)
+	// Cordons is the cordons bucket.
+	Cordons jetstream.KeyValue
 	// PerWorker is one pod worker's capacity (POD_CONCURRENCY), for scaling from zero.
 	PerWorker int
 	// Held reports whether this scheduler holds the reconcile lease: only its holder acts.
@@ -83,11 +83,7 @@ func (a *Actuator) Run(ctx context.Context) {
 // Round reads the fleet, the containers and the cordons, plans, and carries the plan out; it
 // returns the steps planned.
 func (a *Actuator) Round(ctx context.Context, now time.Time) (Steps, error) {
-	read := a.cfg.Fleet
-	if read == nil {
-		read = func(ctx context.Context) (fleet.Report, error) { return fleet.Read(ctx, a.cfg.JetStream, time.Now) }
-	}
-	r, err := read(ctx)
+	r, err := a.cfg.Fleet(ctx)
 	if err != nil {
 		return Steps{}, fmt.Errorf("read the fleet: %w", err)
 	}

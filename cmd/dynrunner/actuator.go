@@ -87,7 +87,7 @@ func (p *plane) startActuator(ctx context.Context, held func() bool) error {
 	}
 	a := autoscale.New(autoscale.Config{
 		Policy: autoscale.Policy{Min: cfg.Min, Max: cfg.Max, Cooldown: cfg.Cooldown, Boot: autoscale.DefaultBoot},
-		Engine: engine, JetStream: p.js, Cordons: p.evlog.Cordons(), PerWorker: perWorker,
+		Engine: engine, Fleet: p.fleet, Cordons: p.evlog.Cordons(), PerWorker: perWorker,
 		Held: held, Actor: autoscale.ActorPrefix + p.actor, Interval: time.Second, StopGrace: 10 * time.Second,
 		Log: p.log.With().Str("component", "autoscale").Logger(), Registerer: p.reg,
 	})
