@@ -16,6 +16,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/eventlog/eventlogtest"
+	"github.com/dynrunner/dynrunner/internal/lease"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
 )
@@ -34,7 +35,7 @@ func newReplicas(t *testing.T) *replicas {
 	_, js := eventlogtest.Connect(t)
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
 	require.NoError(t, err)
-	return &replicas{t: t, js: js, ttl: MinLeaseTTL, box: box}
+	return &replicas{t: t, js: js, ttl: lease.MinTTL, box: box}
 }
 
 // replica is one scheduler process: its log, view and Scheduler, not yet running.
@@ -184,8 +185,8 @@ func TestOnlyTheHolderKeepsTasksAlive(t *testing.T) {
 	fa, fb := forgetest.New(), forgetest.New()
 	a, b := rs.open("scheduler@a", fa), rs.open("scheduler@b", fb)
 	ctx := t.Context()
-	a.s.lease.renew(ctx)
-	b.s.lease.renew(ctx)
+	a.s.lease.Renew(ctx)
+	b.s.lease.Renew(ctx)
 	require.True(t, a.s.lease.Held(), "the first replica did not take the free lease")
 	require.False(t, b.s.lease.Held(), "the second replica took a held lease")
 
@@ -209,12 +210,12 @@ func TestLeaseHandsOverWhenTheHolderStops(t *testing.T) {
 	stopA := a.run(t)
 	eventually(t, "the first replica holding the lease", func() bool { return a.held() == 1 })
 	ctx := t.Context()
-	b.s.lease.renew(ctx)
+	b.s.lease.Renew(ctx)
 	require.False(t, b.s.lease.Held(), "the second replica took a held lease")
 
 	stopA()
 	assert.Zero(t, a.held(), "the stopped replica still reports the lease held")
-	b.s.lease.renew(ctx)
+	b.s.lease.Renew(ctx)
 	require.True(t, b.s.lease.Held(), "the second replica did not take the released lease")
 
 	b.run(t)
@@ -233,12 +234,12 @@ func TestLeaseHandsOverWhenTheHolderDies(t *testing.T) {
 	rs := newReplicas(t)
 	a, b := rs.open("scheduler@a", forgetest.New()), rs.open("scheduler@b", forgetest.New())
 	ctx := t.Context()
-	a.s.lease.renew(ctx)
+	a.s.lease.Renew(ctx)
 	require.True(t, a.s.lease.Held())
 	took := time.Now()
-	b.s.lease.renew(ctx)
+	b.s.lease.Renew(ctx)
 	require.False(t, b.s.lease.Held(), "taken while the holder's key lives")
-	require.Eventually(t, func() bool { b.s.lease.renew(ctx); return b.s.lease.Held() }, 3*rs.ttl+5*time.Second, 100*time.Millisecond,
+	require.Eventually(t, func() bool { b.s.lease.Renew(ctx); return b.s.lease.Held() }, 3*rs.ttl+5*time.Second, 100*time.Millisecond,
 		"the lease of a dead holder was not taken over")
 	assert.GreaterOrEqual(t, time.Since(took), rs.ttl, "the lease was taken over before it expired")
 }
@@ -251,9 +252,9 @@ func TestPausedHolderDoesNotAct(t *testing.T) {
 	f := forgetest.New()
 	a, b := rs.open("scheduler@a", f), rs.open("scheduler@b", f)
 	clk := &fakeClock{now: time.Now()}
-	a.s.lease.now = clk.Now
+	a.s.lease = lease.New(a.log.Leases(), LeaseReconcile, "scheduler@a", rs.ttl, zerolog.Nop(), nil, lease.WithClock(clk.Now))
 	ctx := t.Context()
-	a.s.lease.renew(ctx)
+	a.s.lease.Renew(ctx)
 	require.True(t, a.s.lease.Held())
 
 	failed(t, b.log, 6)
@@ -264,7 +265,7 @@ func TestPausedHolderDoesNotAct(t *testing.T) {
 	assert.Zero(t, f.Results(6), "the paused holder reported the failure")
 	assert.Zero(t, f.Reports(6), "the paused holder called the forge")
 
-	require.Eventually(t, func() bool { b.s.lease.renew(ctx); return b.s.lease.Held() }, 3*rs.ttl+5*time.Second, 100*time.Millisecond,
+	require.Eventually(t, func() bool { b.s.lease.Renew(ctx); return b.s.lease.Held() }, 3*rs.ttl+5*time.Second, 100*time.Millisecond,
 		"the other replica did not take the lease over")
 	b.seen(t, 6, assignment.Failed)
 	b.s.reconcile(ctx)

@@ -18,6 +18,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/grants"
+	"github.com/dynrunner/dynrunner/internal/lease"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
 	"github.com/dynrunner/dynrunner/internal/sealedtask"
@@ -74,7 +75,7 @@ type Scheduler struct {
 	log   EventLog
 	view  View
 	// lease is the reconcile lease: only its holder among the scheduler replicas reconciles.
-	lease *Lease
+	lease *lease.Lease
 
 	started time.Time // when Run began; deadlines wait a grace period after it
 
@@ -100,7 +101,7 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 		cfg.Metrics = NewMetrics(nil)
 	}
 	held := cfg.Metrics.LeaseHeld
-	lease := NewLease(log.Leases(), LeaseReconcile, cfg.Actor, log.Config().LeasesTTL,
+	reconcile := lease.New(log.Leases(), LeaseReconcile, cfg.Actor, log.Config().LeasesTTL,
 		cfg.Log.With().Str("lease", LeaseReconcile).Logger(), func(h bool) {
 			if h {
 				held.Set(1)
@@ -112,7 +113,7 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 		cfg.Sweep = DefaultSweep
 	}
 	return &Scheduler{
-		cfg: cfg, forge: forge, log: log, view: view, lease: lease,
+		cfg: cfg, forge: forge, log: log, view: view, lease: reconcile,
 		keptAlive: make(map[assignment.TaskID]time.Time),
 		dropped:   make(map[assignment.TaskID]bool),
 		ready:     make(chan struct{}),

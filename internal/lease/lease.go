@@ -1,4 +1,7 @@
-package scheduler
+// Package lease is a single owner of a piece of work among replicas, decided in JetStream: a key
+// of the KV bucket eventlog.BucketLeases held by compare-and-swap and renewed on a timer. The
+// scheduler's reconcile loop and the GitHub forge's message sessions each hold one.
+package lease
 
 import (
 	"context"
@@ -10,18 +13,13 @@ import (
 	"github.com/rs/zerolog"
 )
 
-// LeaseReconcile is the key of the reconcile lease in eventlog.BucketLeases: the one scheduler
-// replica that holds it runs the reconcile loop (deadlines, failure reports, keepalives,
-// redispatch, dropping sealed tasks). Every replica fetches and claims tasks.
-const LeaseReconcile = "reconcile"
-
-// MinLeaseTTL is the shortest lease a Lease accepts: it renews every third of it.
-const MinLeaseTTL = 3 * time.Second
+// MinTTL is the shortest lease a Lease accepts: it renews every third of it.
+const MinTTL = 3 * time.Second
 
 // renewalsPerTTL is how often a holder renews its lease within the lease's TTL.
 const renewalsPerTTL = 3
 
-// Lease is one scheduler replica's hold on a key of eventlog.BucketLeases. Which replica holds
+// Lease is one replica's hold on a key of eventlog.BucketLeases. Which replica holds
 // it is decided in JetStream, never by timing between replicas: a replica takes the key with a
 // KV create (only if absent) and renews it with an update on the revision it last wrote, so two
 // replicas never both succeed. The key expires the bucket's TTL after its last write; the
@@ -49,15 +47,26 @@ type Lease struct {
 	held  bool // last reported to onChange
 }
 
-// NewLease returns a lease on key in kv (eventlog.BucketLeases), held under the name holder (a
-// scheduler's actor, unique per process). ttl is the bucket's TTL (eventlog.Config.LeasesTTL),
-// at least MinLeaseTTL. onChange, when set, hears every change of Held that Run notices.
-func NewLease(kv jetstream.KeyValue, key, holder string, ttl time.Duration, log zerolog.Logger, onChange func(held bool)) *Lease {
+// New returns a lease on key in kv (eventlog.BucketLeases), held under the name holder (a
+// component's actor, unique per process). ttl is the bucket's TTL (eventlog.Config.LeasesTTL),
+// at least MinTTL. onChange, when set, hears every change of Held that Run notices.
+func New(kv jetstream.KeyValue, key, holder string, ttl time.Duration, log zerolog.Logger, onChange func(held bool), opts ...Option) *Lease {
 	if onChange == nil {
 		onChange = func(bool) {}
 	}
-	return &Lease{kv: kv, key: key, holder: holder, ttl: max(ttl, MinLeaseTTL), log: log, now: time.Now, onChange: onChange}
+	l := &Lease{kv: kv, key: key, holder: holder, ttl: max(ttl, MinTTL), log: log, now: time.Now, onChange: onChange}
+	for _, o := range opts {
+		o(l)
+	}
+	return l
 }
+
+// Option configures a Lease.
+type Option func(*Lease)
+
+// WithClock makes the lease measure its belief with now instead of time.Now (tests pause a
+// holder with it).
+func WithClock(now func() time.Time) Option { return func(l *Lease) { l.now = now } }
 
 // Held reports whether this replica holds the lease now.
 func (l *Lease) Held() bool {
@@ -89,7 +98,7 @@ func (l *Lease) Run(ctx context.Context) error {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		l.renew(ctx)
+		l.Renew(ctx)
 		select {
 		case <-ctx.Done():
 			l.release()
@@ -99,9 +108,9 @@ func (l *Lease) Run(ctx context.Context) error {
 	}
 }
 
-// renew writes the key once: an update on the revision this replica last wrote, or a create
-// when it holds none.
-func (l *Lease) renew(ctx context.Context) {
+// Renew writes the key once: an update on the revision this replica last wrote, or a create
+// when it holds none. Run calls it every third of the TTL; tests call it to take a step.
+func (l *Lease) Renew(ctx context.Context) {
 	l.mu.Lock()
 	rev := l.rev
 	l.mu.Unlock()
