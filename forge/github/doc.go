@@ -1,7 +1,11 @@
 // Package github will be dynrunner's second forge: GitHub (github.com and GitHub Enterprise
 // Server) workflows that target [self-hosted, pod] or [self-hosted, vm], served by the same
-// one-shot tiers as Gitea's, through runner scale sets (issue 14). Only its test fake exists
-// yet, in githubtest; this comment records the plan.
+// one-shot tiers as Gitea's, through runner scale sets (issue 14). What exists: the
+// controller's clients of GitHub (Clients: a GitHub App or a token file, refreshed before the
+// tokens age out, on rotation and after GitHub refused them), the scale sets per tier
+// (EnsureScaleSets), the one message session per scale set across all scheduler replicas
+// (Session, owned through a lease in JetStream), and the test fake in githubtest. The slots
+// (below) and the environments' runner are not built yet; this comment records the plan.
 //
 // GitHub has no call through which a resident runner fetches a task. A runner scale set is its
 // way to serve jobs on demand: a listener holds a message session, long-polls for JobAvailable,

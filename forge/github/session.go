@@ -1,0 +1,214 @@
+package github
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/actions/scaleset"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/lease"
+)
+
+// Handler handles the messages of one scale set's session. It is called by the replica holding
+// the session only, one message at a time, under a context that ends with that replica's
+// belief in the session's lease; a message is deleted (acknowledged) only after Handle
+// returned nil. Handle must be idempotent: after a failover the new holder receives again
+// every message the old one did not delete.
+type Handler interface {
+	Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScaleSetMessage) error
+}
+
+// SessionLeaseKey is the key in eventlog.BucketLeases of scale set id's message session: the
+// replica holding it is the only one with a session of that scale set (GitHub refuses a second
+// with 409 TaskAgentSessionConflictException).
+func SessionLeaseKey(scaleSetID int) string { return fmt.Sprintf("github-session-%d", scaleSetID) }
+
+// DefaultRetry is how long a Session waits after a failed call before it tries again.
+const DefaultRetry = 5 * time.Second
+
+// SessionConfig configures a Session.
+type SessionConfig struct {
+	Set     ScaleSet
+	Clients *Clients
+	// Leases is eventlog.BucketLeases; TTL its TTL (eventlog.Config.LeasesTTL).
+	Leases jetstream.KeyValue
+	TTL    time.Duration
+	// Holder names this replica (its actor); GitHub shows it as the session's owner.
+	Holder string
+	// Capacity is how many runners the scale set may have now, sent with every poll
+	// (X-ScaleSetMaxCapacity).
+	Capacity func() int
+	Handler  Handler
+	// Retry is the wait after a failure; DefaultRetry if zero.
+	Retry time.Duration
+	// Options are the session client's HTTP options (tests shorten the retries).
+	Options []scaleset.HTTPOption
+	Log     zerolog.Logger
+	Metrics *Metrics
+}
+
+// Session keeps the one message session of a scale set across all scheduler replicas: the
+// replica holding the session's lease in JetStream opens it, long-polls its message queue and
+// hands each message to the Handler; when it loses the lease (it stops, pauses past the lease,
+// or is cut off from NATS) it stops acting at once and closes the session if GitHub can still
+// be reached, so the next holder can open one.
+type Session struct {
+	cfg   SessionConfig
+	lease *lease.Lease
+	// client is the open session while held; only Run's goroutine uses it.
+	client *scaleset.MessageSessionClient
+	last   int // the id of the last message handled
+}
+
+// NewSession returns a Session; Run runs it.
+func NewSession(cfg SessionConfig) *Session {
+	if cfg.Retry <= 0 {
+		cfg.Retry = DefaultRetry
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Capacity == nil {
+		cfg.Capacity = func() int { return 0 }
+	}
+	label := scaleSetLabel(cfg.Set.ID)
+	held := cfg.Metrics.SessionHeld.WithLabelValues(label)
+	held.Set(0)
+	l := lease.New(cfg.Leases, SessionLeaseKey(cfg.Set.ID), cfg.Holder, cfg.TTL,
+		cfg.Log.With().Str("lease", SessionLeaseKey(cfg.Set.ID)).Logger(), nil)
+	return &Session{cfg: cfg, lease: l}
+}
+
+// Set is the scale set this session serves.
+func (s *Session) Set() ScaleSet { return s.cfg.Set }
+
+// Client is the open message session, for the Handler (AcquireJobs); nil when none is open.
+func (s *Session) Client() *scaleset.MessageSessionClient { return s.client }
+
+// Clients are the GitHub clients, for the Handler (JIT configurations, runners).
+func (s *Session) Clients() *Clients { return s.cfg.Clients }
+
+// Held reports whether this replica holds the session's lease now.
+func (s *Session) Held() bool { return s.lease.Held() }
+
+// Run takes part in the election for the session until ctx ends, and serves the session while
+// it holds it. It returns nil when ctx ends.
+func (s *Session) Run(ctx context.Context) error {
+	leaseDone := make(chan struct{})
+	leaseCtx, stopLease := context.WithCancel(context.WithoutCancel(ctx))
+	go func() { defer close(leaseDone); _ = s.lease.Run(leaseCtx) }()
+	defer func() {
+		s.close()
+		stopLease() // releases the lease after the session is closed
+		<-leaseDone
+	}()
+	wait := time.NewTimer(0)
+	defer wait.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wait.C:
+		}
+		next := s.step(ctx)
+		wait.Reset(next)
+	}
+}
+
+// step does one thing: opens the session, polls and handles one message, or closes the
+// session when the lease is gone. It returns how long to wait before the next step.
+func (s *Session) step(ctx context.Context) time.Duration {
+	hctx, cancel, held := s.lease.Context(ctx)
+	defer cancel()
+	if !held {
+		s.close()
+		return s.cfg.TTL / 6
+	}
+	if s.client == nil {
+		if err := s.open(hctx); err != nil {
+			return s.cfg.Retry
+		}
+	}
+	msg, err := s.client.GetMessage(hctx, s.last, max(s.cfg.Capacity(), 0))
+	if err != nil {
+		if ctx.Err() != nil || hctx.Err() != nil {
+			return 0 // the lease's belief ended mid-poll: the next step looks again
+		}
+		s.failed("poll the message queue", err)
+		return s.cfg.Retry
+	}
+	if msg == nil {
+		return 0 // the long poll ended with nothing
+	}
+	if msg.Statistics == nil {
+		msg.Statistics = &scaleset.RunnerScaleSetStatistic{} // the library's own listener dereferences it
+	}
+	if err := s.cfg.Handler.Handle(hctx, s, msg); err != nil {
+		s.cfg.Log.Warn().Err(err).Int("message", msg.MessageID).Int("scale_set", s.cfg.Set.ID).
+			Msg("github: handling a message failed; it stays in the queue and is handled again")
+		return s.cfg.Retry
+	}
+	if err := s.client.DeleteMessage(hctx, msg.MessageID); err != nil {
+		s.failed("acknowledge a message", err)
+		return s.cfg.Retry
+	}
+	s.last = msg.MessageID
+	return 0
+}
+
+// open creates the message session. GitHub refuses a second session of a scale set (409): a
+// previous holder's that was not closed (it died) blocks the next until GitHub times it out.
+func (s *Session) open(ctx context.Context) error {
+	client, err := s.cfg.Clients.Client().MessageSessionClient(ctx, s.cfg.Set.ID, s.cfg.Holder, s.cfg.Options...)
+	if err != nil {
+		if isSessionConflict(err) {
+			s.cfg.Metrics.SessionConflicts.WithLabelValues(scaleSetLabel(s.cfg.Set.ID)).Inc()
+			s.cfg.Log.Warn().Int("scale_set", s.cfg.Set.ID).
+				Msg("github: the scale set has another message session (an earlier holder that did not close it); retrying until GitHub times it out")
+			return err
+		}
+		s.failed("open the message session", err)
+		return err
+	}
+	s.client, s.last = client, 0
+	s.cfg.Metrics.SessionHeld.WithLabelValues(scaleSetLabel(s.cfg.Set.ID)).Set(1)
+	s.cfg.Log.Info().Int("scale_set", s.cfg.Set.ID).Str("scale_set_name", s.cfg.Set.Name).Msg("github: holding the message session")
+	return nil
+}
+
+// close closes the open session, if any, with a short deadline of its own (the lease may be
+// gone already; GitHub may not be reachable).
+func (s *Session) close() {
+	if s.client == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := s.client.Close(ctx); err != nil {
+		s.cfg.Log.Warn().Err(err).Int("scale_set", s.cfg.Set.ID).Msg("github: close the message session; GitHub times it out")
+	}
+	s.client = nil
+	s.cfg.Metrics.SessionHeld.WithLabelValues(scaleSetLabel(s.cfg.Set.ID)).Set(0)
+	s.cfg.Log.Info().Int("scale_set", s.cfg.Set.ID).Msg("github: closed the message session")
+}
+
+// failed logs a failed call; when GitHub refused the credentials, the clients make a new one
+// and the session is opened again with it.
+func (s *Session) failed(what string, err error) {
+	s.cfg.Log.Warn().Err(err).Int("scale_set", s.cfg.Set.ID).Msg("github: " + what)
+	if refusedCredentials(err) {
+		s.cfg.Clients.Refused()
+		s.close() // it came from the refused client; the next step opens one with a new client
+	}
+}
+
+// isSessionConflict reports GitHub's 409 for a second session; the client exports no error for
+// it, only the exception's name in the text.
+func isSessionConflict(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "TaskAgentSessionConflictException")
+}
+
