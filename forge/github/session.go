@@ -211,4 +211,3 @@ func (s *Session) failed(what string, err error) {
 func isSessionConflict(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "TaskAgentSessionConflictException")
 }
-
