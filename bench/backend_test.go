@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -185,10 +187,8 @@ func (n *noopBackend) List(context.Context) ([]podworker.Handle, error) {
 // slot leaks, and with every slot in use the worker stops taking dispatches.
 func (n *noopBackend) checkDoubles(b *testing.B) {
 	b.Helper()
-	if d := n.doubles.Load(); d > 0 {
-		b.Fatalf("the pod worker watched %d environment(s) twice, each leaking a concurrency slot: its reaper adopted "+
-			"environments it was still starting (podworker.Worker.sweep vs handle)", d)
-	}
+	require.Zero(b, n.doubles.Load(), "environments the pod worker watched twice, each leaking a concurrency slot: its reaper adopted "+
+		"environments it was still starting (podworker.Worker.sweep vs handle)")
 }
 
 // launchErr returns how many environments failed and the first failure.

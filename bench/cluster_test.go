@@ -20,6 +20,8 @@ import (
 	"code.gitea.io/actions-proto-go/runner/v1/runnerv1connect"
 	"connectrpc.com/connect"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -89,26 +91,18 @@ func newClusterBench(b *testing.B) *clusterBench {
 	ctx := b.Context()
 	began := time.Now()
 	bin, err := staticTestBinary(b)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	image, err := fleetbed.ImportImage(ctx, bin, planeHostImage)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	bed, err := fleetbed.Start(ctx, fleetbed.Options{Dir: b.TempDir(), NATSOnly: true, Output: benchWriter{b}})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { _ = bed.Close() })
 	c := &clusterBench{bed: bed, image: image, forge: &countingForge{fakeForge: newFakeForge(), succ: map[int64]int{}},
 		seen: map[assignment.Transition]int{}, changed: make(chan struct{}, 1)}
 
 	// The forge, on the gateway: every replica fetches from this one.
 	ln, err := net.Listen("tcp", net.JoinHostPort(bed.Gateway.String(), "0"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	c.url = "http://" + ln.Addr().String()
 	mux := http.NewServeMux()
 	path, h := runnerv1connect.NewRunnerServiceHandler(c.forge)
@@ -119,30 +113,21 @@ func newClusterBench(b *testing.B) *clusterBench {
 
 	c.secrets = b.TempDir()
 	for name, data := range map[string]string{"runner-uuid": "bench-runner", "runner-token": "bench-runner-token"} {
-		if err := secretfile.WriteNew(filepath.Join(c.secrets, name), []byte(data)); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, secretfile.WriteNew(filepath.Join(c.secrets, name), []byte(data)))
 	}
-	if _, err := workload.LoadOrCreateDevCA(filepath.Join(c.secrets, "ca"), clusterTD); err != nil {
-		b.Fatal(err)
-	}
+	_, err = workload.LoadOrCreateDevCA(filepath.Join(c.secrets, "ca"), clusterTD)
+	require.NoError(b, err)
 
 	// This process's view counts the transitions; opening the event log here first creates
 	// the R3 streams and buckets before any replica races to.
 	url, err := bed.NATSHostURL(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	user, pass := bed.NATSCredentials()
 	conn, err := natsconn.Connect(natsconn.Config{URL: url, User: user, Password: pass, Name: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(conn.Close)
 	js, err := jetstream.New(conn.NC)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Key = clusterTaskKey
 	elCfg.Replicas = 3
@@ -209,9 +194,7 @@ func (c *clusterBench) run(b *testing.B, n int) {
 		var sum time.Duration
 		for _, ct := range cs {
 			d, err := ct.CPUTime(ctx)
-			if err != nil {
-				b.Fatal(err)
-			}
+			require.NoError(b, err)
 			sum += d
 		}
 		return sum
@@ -250,19 +233,11 @@ func (c *clusterBench) run(b *testing.B, n int) {
 		res := r.stop(b)
 		procCPU += res.CPU
 		retries += res.RegisterRetries
-		if res.Doubles > 0 {
-			b.Fatalf("replica %s: the pod worker watched %d environment(s) twice", r.ctr.Name, res.Doubles)
-		}
-		if res.Failed > 0 {
-			b.Fatalf("replica %s: %d environments failed; first: %s", r.ctr.Name, res.Failed, res.FirstErr)
-		}
+		require.Zero(b, res.Doubles, "replica %s: environments the pod worker watched twice", r.ctr.Name)
+		require.Zero(b, res.Failed, "replica %s: environments failed; first: %s", r.ctr.Name, res.FirstErr)
 	}
-	if failed := c.n(assignment.Failed) - baseFailed; failed > 0 {
-		b.Fatalf("%d assignment(s) failed; replica logs:\n%s", failed, tails(reps))
-	}
-	if err := c.forge.exactlyOnce(firstTask, firstTask+int64(done)-1); err != nil {
-		b.Fatal(err)
-	}
+	require.Zero(b, c.n(assignment.Failed)-baseFailed, "assignments failed; replica logs:\n%s", tails(reps))
+	require.NoError(b, c.forge.exactlyOnce(firstTask, firstTask+int64(done)-1))
 	restarts := c.n(assignment.Started) - baseStarted - done
 	if retries > 0 {
 		b.Logf("%d Register(s) refused as an invalid transition and sent again; replica logs:\n%s", retries, tails(reps))
@@ -280,10 +255,8 @@ func (c *clusterBench) run(b *testing.B, n int) {
 	b.ReportMetric((repCPU+natsCPU+selfCPU).Seconds()/elapsed.Seconds(), "cpu-cores")
 	b.ReportMetric(float64(restarts)/f, "restarts/lifecycle")
 	b.ReportMetric(float64(retries), "register-retries")
-	if retries > 0 {
-		// Measured above; still a failure: the executor does not retry this refusal.
-		b.Errorf("%d Register(s) refused as an invalid transition (a stale read of the assignment; see docs/benchmarks.md)", retries)
-	}
+	// Measured above; still a failure: the executor does not retry this refusal.
+	assert.Zero(b, retries, "Registers refused as an invalid transition (a stale read of the assignment; see docs/benchmarks.md)")
 }
 
 func (c *clusterBench) seenCopy() map[assignment.Transition]int {
@@ -333,32 +306,22 @@ func (c *clusterBench) startReplica(b *testing.B, profile string) *replica {
 		SecretsDir: "/secrets", Concurrency: lifecycleConcurrency}
 	flags := []string{"-v", c.secrets + ":/secrets:ro"}
 	if profile != "" {
-		if err := os.MkdirAll(filepath.Dir(profile), 0o755); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, os.MkdirAll(filepath.Dir(profile), 0o755))
 		cfg.Profile = "/profile/" + filepath.Base(profile)
 		flags = append(flags, "-v", filepath.Dir(profile)+":/profile")
 	}
 	js, err := json.Marshal(cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	flags = append(flags, "-e", planeHostVar+"="+string(js))
 	cmd, ctr := c.bed.Command(context.Background(), name, "controller", flags, c.image)
 	r := &replica{ctr: ctr, cmd: cmd, logPath: filepath.Join(b.TempDir(), name+".log"),
 		ready: make(chan struct{}), result: make(chan hostResult, 1), exited: make(chan struct{})}
 	logf, err := os.Create(r.logPath)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
+	require.NoError(b, cmd.Start())
 	go func() {
 		defer close(r.exited)
 		defer logf.Close()
@@ -406,9 +369,7 @@ func (r *replica) stop(b *testing.B) hostResult {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := r.ctr.Stop(ctx, 30*time.Second); err != nil {
-		b.Fatalf("stop %s: %v", r.ctr.Name, err)
-	}
+	require.NoError(b, r.ctr.Stop(ctx, 30*time.Second), "stop %s", r.ctr.Name)
 	select {
 	case <-r.exited: // the result, if any, was sent before
 	case <-ctx.Done():
@@ -416,9 +377,7 @@ func (r *replica) stop(b *testing.B) hostResult {
 	}
 	select {
 	case res := <-r.result:
-		if res.Err != "" {
-			b.Fatalf("replica %s: %s; log: %s", r.ctr.Name, res.Err, r.tail())
-		}
+		require.Empty(b, res.Err, "replica %s; log: %s", r.ctr.Name, r.tail())
 		return res
 	default:
 		b.Fatalf("replica %s exited without a result: %s", r.ctr.Name, r.tail())

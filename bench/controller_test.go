@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 )
@@ -28,9 +30,7 @@ func needTools(b *testing.B) devforge.Tools {
 	if errors.Is(err, devforge.ErrToolsMissing) && os.Getenv("CI") == "" {
 		b.Skipf("%v (outside CI this benchmark skips; in CI it fails)", err)
 	}
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return tools
 }
 
@@ -39,9 +39,7 @@ func buildDynrunner(b *testing.B) string {
 	b.Helper()
 	bin := filepath.Join(b.TempDir(), "dynrunner")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/dynrunner/dynrunner/cmd/dynrunner").CombinedOutput()
-	if err != nil {
-		b.Fatalf("go build: %v\n%s", err, out)
-	}
+	require.NoError(b, err, "go build:\n%s", out)
 	return bin
 }
 
@@ -60,23 +58,15 @@ func startController(b *testing.B, bin string, tools devforge.Tools, forge *devf
 	dir := b.TempDir()
 	// As root, local environments run under uids of their own, which must pass through every
 	// directory above STATE_DIR; b.TempDir's parent is 0700.
-	if err := os.Chmod(filepath.Dir(dir), 0o711); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, os.Chmod(filepath.Dir(dir), 0o711))
 	tok, err := forge.RunnerRegistrationToken(b.Context(), scope)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	regFile := filepath.Join(dir, "registration-token")
-	if err := secretfile.WriteNew(regFile, []byte(tok)); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, secretfile.WriteNew(regFile, []byte(tok)))
 	ports := freePorts(b, 3)
 	c := &controllerProc{logPath: filepath.Join(dir, "controller.log"), done: make(chan struct{})}
 	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	defer logf.Close()
 	c.cmd = exec.Command(bin, "controller")
 	c.cmd.Env = append([]string{
@@ -94,9 +84,7 @@ func startController(b *testing.B, bin string, tools devforge.Tools, forge *devf
 		fmt.Sprintf("NATS_EMBEDDED_LISTEN=127.0.0.1:%d", ports[2]),
 	}, extra...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	if err := c.cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, c.cmd.Start())
 	go func() { _ = c.cmd.Wait(); close(c.done) }()
 	b.Cleanup(c.stop)
 
@@ -154,9 +142,7 @@ func freePorts(b *testing.B, n int) []int {
 	ports := make([]int, 0, n)
 	for range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		defer l.Close() // held until all are picked, so no port repeats
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/require"
 )
 
 // Environment variables of the environment host process.
@@ -82,28 +83,18 @@ type envHost struct {
 func startEnvHost(b *testing.B, target facadeTarget, notify func()) *envHost {
 	b.Helper()
 	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	logf, err := os.Create(filepath.Join(b.TempDir(), "envhost.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { _ = logf.Close() })
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), envHostVar+"=1", envHostURL+"="+target.URL, envHostTD+"="+target.TD.Name())
 	cmd.Stderr = logf
 	in, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
+	require.NoError(b, cmd.Start())
 	h := &envHost{cmd: cmd, queue: make(chan envSpec, 1<<15), done: make(chan struct{})}
 	go func() {
 		// The writer: one spec per line, until close closes the queue; then stdin.

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
@@ -60,12 +62,9 @@ func BenchmarkLifecycles(b *testing.B) {
 	cpu := cpuTime() - cpu0
 	rtt, probes := probe.end()
 	b.Logf("load average after: %s", loadAvg())
-	if n, err := backend.launchErr(); n > 0 {
-		b.Fatalf("%d environments failed; first: %v", n, err)
-	}
-	if got := p.forge.successes.Load(); got != int64(done) {
-		b.Fatalf("forge saw %d successes, want %d", got, done)
-	}
+	failed, first := backend.launchErr()
+	require.Zero(b, failed, "environments failed; first: %v", first)
+	require.Equal(b, int64(done), p.forge.successes.Load(), "successes the forge saw")
 	d := p.counts().sub(before)
 	d.api -= uint64(probes)
 	_, kinds := p.apiReqs.snapshot()

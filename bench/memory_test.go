@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
@@ -36,9 +38,8 @@ func BenchmarkMemory10k(b *testing.B) {
 	began := time.Now()
 	p.forge.release(inFlight)
 	p.waitFor(5*time.Minute, func() bool {
-		if n, first := host.failure(); n > 0 {
-			b.Fatalf("%d environments failed; first: %s", n, first)
-		}
+		n, first := host.failure()
+		require.Zero(b, n, "environments failed; first: %s", first)
 		backend.checkDoubles(b)
 		return host.fetch.Load() >= inFlight && p.n(assignment.Running) >= inFlight
 	}, func() string {
@@ -50,9 +51,7 @@ func BenchmarkMemory10k(b *testing.B) {
 	after := memNow(b)
 	writeHeapProfile(b)
 	child, err := rssBytes(host.pid())
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.StopTimer()
 	b.Logf("load average after: %s; %d in flight after %s; controller %+v, before %+v", loadAvg(), inFlight, up.Round(time.Millisecond), after, before)
 
@@ -82,9 +81,7 @@ func memNow(b *testing.B) memSample {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	rss, err := rssBytes("self")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	return memSample{heapInuse: ms.HeapInuse, stackInuse: ms.StackInuse, rss: rss, goroutines: runtime.NumGoroutine()}
 }
 
@@ -96,11 +93,7 @@ func writeHeapProfile(b *testing.B) {
 		return
 	}
 	f, err := os.Create(path)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	defer f.Close()
-	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, pprof.Lookup("heap").WriteTo(f, 0))
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/facade"
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -76,29 +77,19 @@ type plane struct {
 func newPlane(b *testing.B) *plane {
 	b.Helper()
 	c, err := natsconn.Connect(natsconn.Config{StoreDir: b.TempDir(), Name: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(c.Close)
 	js, err := jetstream.New(c.NC)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
 	l, err := eventlog.Open(b.Context(), js, elCfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	td := spiffeid.RequireTrustDomainFromString("bench.dynrunner")
 	ca, err := workload.LoadOrCreateDevCA(b.TempDir(), td)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	p := &plane{b: b, nc: c, js: js, log: l, view: eventlog.NewView(), forge: newFakeForge(), ca: ca, ln: ln,
 		target: facadeTarget{URL: "https://" + ln.Addr().String(), TD: td}, changed: make(chan struct{}, 1),
 		seen: make(map[assignment.Transition]int), lastT: make(map[assignment.Transition]time.Time)}
@@ -106,9 +97,7 @@ func newPlane(b *testing.B) *plane {
 	// A plain subscriber sees every JetStream API request (reads: last-message lookups, KV
 	// gets, consumer pulls), which publishes and acks are not.
 	sub, err := c.NC.Subscribe("$JS.API.>", p.apiReqs.count)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { _ = sub.Unsubscribe() })
 	return p
 }
@@ -165,20 +154,14 @@ func (p *plane) waitFor(limit time.Duration, cond func() bool, diag func() strin
 func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 	p.b.Helper()
 	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
-	if err != nil {
-		p.b.Fatal(err)
-	}
+	require.NoError(p.b, err)
 	capKey := []byte("fedcba9876543210fedcba9876543210")
 	issuer, err := captoken.NewIssuer(capKey)
-	if err != nil {
-		p.b.Fatal(err)
-	}
+	require.NoError(p.b, err)
 	// Info level, as the controller logs: every line is formatted; warnings and errors are
 	// kept in a file for the failure message, the rest is discarded.
 	logf, err := os.Create(filepath.Join(p.b.TempDir(), "controller.log"))
-	if err != nil {
-		p.b.Fatal(err)
-	}
+	require.NoError(p.b, err)
 	p.b.Cleanup(func() { _ = logf.Close() })
 	p.logPath = logf.Name()
 	logw := zerolog.MultiLevelWriter(
@@ -208,9 +191,7 @@ func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 		Log: logger.With().Str("component", "facade").Logger(),
 	}, p.forge, p.log, p.view)
 	src, err := p.ca.ServerSource(workload.FacadeID(p.target.TD), 24*time.Hour, workload.LocalHosts())
-	if err != nil {
-		p.b.Fatal(err)
-	}
+	require.NoError(p.b, err)
 	srv := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src),
 		ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 
@@ -275,13 +256,9 @@ func (p *plane) counts() jsCounts {
 	js := p.js
 	last := func(name string) uint64 {
 		s, err := js.Stream(context.Background(), name)
-		if err != nil {
-			p.b.Fatal(err)
-		}
+		require.NoError(p.b, err)
 		info, err := s.Info(context.Background())
-		if err != nil {
-			p.b.Fatal(err)
-		}
+		require.NoError(p.b, err)
 		return info.State.LastSeq
 	}
 	api, _ := p.apiReqs.snapshot()

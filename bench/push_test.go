@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
@@ -43,27 +45,17 @@ func BenchmarkPushToSuccess(b *testing.B) {
 	bin := buildDynrunner(b)
 	ctx := b.Context()
 	forge, err := devforge.Start(ctx, tools, devforge.Options{Dir: b.TempDir()})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { _ = forge.Close() })
 	static, err := forge.CreateRepo(ctx, "static")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	dyn, err := forge.CreateRepo(ctx, "dynrunner")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	tok, err := forge.RunnerRegistrationToken(ctx, static.String())
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	sr, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), tok, executor.Labels(assignment.BackendPod),
 		filepath.Join(b.TempDir(), "static"), nil)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(func() { _ = sr.Close() })
 	ctl := startController(b, bin, tools, forge, dyn.String(), "FETCH_INTERVAL="+fetchInterval)
 
@@ -75,9 +67,7 @@ func BenchmarkPushToSuccess(b *testing.B) {
 		defer cancel()
 		began := time.Now()
 		sha, err := forge.PushWorkflow(wctx, repo, ".gitea/workflows/bench.yml", pushWorkflow(push))
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		run, err := forge.WaitRun(wctx, repo, sha)
 		took := time.Since(began)
 		if err != nil || !run.Succeeded() {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -75,44 +76,31 @@ func restartWithHistory(b *testing.B, n int) {
 	port := freePorts(b, 1)[0]
 	c, err := natsconn.Connect(natsconn.Config{StoreDir: b.TempDir(), Listen: fmt.Sprintf("127.0.0.1:%d", port),
 		User: "bench", Password: restartPassword, Name: "bench"})
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	b.Cleanup(c.Close)
 	js, err := jetstreamOf(c)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	cfg := eventlog.DefaultConfig()
 	cfg.Key = restartKey
 	ctx := b.Context()
 	l, err := eventlog.Open(ctx, js, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	began := time.Now()
-	if err := l.GenerateEnded(ctx, 1_000_000, n, time.Now().Add(-time.Hour)); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, l.GenerateEnded(ctx, 1_000_000, n, time.Now().Add(-time.Hour)))
 	generated := time.Since(began)
 	for task := assignment.TaskID(1); task <= restartLive; task++ {
-		if _, err := l.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: task, Actor: "bench", At: time.Now(),
-			Backend: assignment.BackendPod, TaskDigest: "d", Lease: time.Hour, Pickup: 30 * time.Minute}, nil); err != nil {
-			b.Fatal(err)
-		}
+		_, err := l.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: task, Actor: "bench", At: time.Now(),
+			Backend: assignment.BackendPod, TaskDigest: "d", Lease: time.Hour, Pickup: 30 * time.Minute}, nil)
+		require.NoError(b, err)
 	}
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	first, firstReady := runRestart(b, url)
 	r, ready := runRestart(b, url)
 	b.StopTimer()
 	for _, res := range []restartResult{first, r} {
-		if res.Live != restartLive {
-			b.Fatalf("the restarted view holds %d live assignments, want %d", res.Live, restartLive)
-		}
+		require.Equal(b, restartLive, res.Live, "live assignments in the restarted view")
 	}
-	if r.Len != restartLive {
-		b.Fatalf("the restarted view holds %d assignments, want only the %d live ones", r.Len, restartLive)
-	}
+	require.Equal(b, restartLive, r.Len, "assignments in the restarted view, want only the live ones")
 	b.Logf("%d ended assignments generated in %s; load average %s; first start %s (view %d), restart %s (view %d)",
 		n, generated.Round(time.Millisecond), loadAvg(), firstReady.Round(time.Millisecond), first.Len, ready.Round(time.Millisecond), r.Len)
 	const mib = 1 << 20
@@ -130,25 +118,17 @@ func restartWithHistory(b *testing.B, n int) {
 func runRestart(b *testing.B, url string) (restartResult, time.Duration) {
 	b.Helper()
 	exe, err := os.Executable()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	logf, err := os.Create(filepath.Join(b.TempDir(), "restart.log"))
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	defer logf.Close()
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), restartVar+"="+url)
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	start := time.Now()
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, cmd.Start())
 	defer func() { _ = cmd.Wait() }()
 	sc := bufio.NewScanner(out)
 	var ready time.Duration
@@ -158,9 +138,7 @@ func runRestart(b *testing.B, url string) (restartResult, time.Duration) {
 			ready = time.Since(start)
 			continue
 		}
-		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
-			b.Fatalf("restarted controller: %q: %v", sc.Text(), err)
-		}
+		require.NoError(b, json.Unmarshal(sc.Bytes(), &r), "restarted controller: %q", sc.Text())
 	}
 	if r.Err != "" || ready == 0 {
 		log, _ := os.ReadFile(logf.Name())

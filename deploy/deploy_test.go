@@ -71,9 +71,8 @@ func resources(t *testing.T) []string {
 		Resources  []string `json:"resources"`
 	}
 	require.NoError(t, yaml.UnmarshalStrict(data, &k), "kustomization.yaml")
-	if k.Kind != "Kustomization" || len(k.Resources) == 0 {
-		t.Fatalf("kustomization.yaml: kind %q with %d resources", k.Kind, len(k.Resources))
-	}
+	require.Equal(t, "Kustomization", k.Kind, "kustomization.yaml: kind")
+	require.NotEmpty(t, k.Resources, "kustomization.yaml: resources")
 	return k.Resources
 }
 
@@ -109,9 +108,7 @@ func load(t *testing.T) []manifest {
 		}
 	}
 	require.NoError(t, errors.Join(errs...))
-	if len(out) == 0 {
-		t.Fatal("no objects")
-	}
+	require.NotEmpty(t, out, "no objects")
 	return out
 }
 
@@ -134,18 +131,14 @@ func TestKustomizationListsEveryFile(t *testing.T) {
 		if e.IsDir() || name == "kustomization.yaml" || (!strings.HasSuffix(name, ".yaml") && !strings.HasSuffix(name, ".yml")) {
 			continue
 		}
-		if !slices.Contains(listed, name) {
-			t.Errorf("%s is not in kustomization.yaml's resources", name)
-		}
+		assert.Contains(t, listed, name, "%s is not in kustomization.yaml's resources", name)
 	}
 	for _, name := range listed {
-		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
-			t.Errorf("kustomization.yaml lists %s: %v", name, err)
-		}
+		_, err := os.Stat(filepath.Join(dir, name))
+		assert.NoError(t, err, "kustomization.yaml lists %s", name)
 	}
-	if len(listed) != len(slices.Compact(slices.Sorted(slices.Values(listed)))) {
-		t.Errorf("kustomization.yaml lists a file twice: %v", listed)
-	}
+	sorted := slices.Sorted(slices.Values(listed))
+	assert.Equal(t, sorted, slices.Compact(slices.Clone(sorted)), "kustomization.yaml lists a file twice: %v", listed)
 }
 
 // TestManifestsDryRun submits every object to a real kube-apiserver with a server-side dry
@@ -159,9 +152,7 @@ func TestManifestsDryRun(t *testing.T) {
 	// pod-worker-keda.yaml is a KEDA ScaledObject: its CRD, which operators install with KEDA,
 	// comes from the cache scripts/k8s-tools.sh fills.
 	crd, err := kubetest.KEDACRD("keda.sh_scaledobjects.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	c.InstallCRDs(t, crd)
 
 	dc, err := discovery.NewDiscoveryClientForConfig(c.Config)
@@ -240,13 +231,12 @@ func TestRoleIsRBACRules(t *testing.T) {
 			found = true
 			var role rbacv1.Role
 			require.NoError(t, runtime.DefaultUnstructuredConverter.FromUnstructured(m.obj.Object, &role), "%s", m)
+			// Semantic equality (a nil list equals an empty one); Equal only to show the diff.
 			if !equality.Semantic.DeepEqual(role.Rules, want) {
-				t.Errorf("%s: rules %+v, want %+v", m, role.Rules, want)
+				assert.Equal(t, want, role.Rules, "%s: rules", m)
 			}
 		}
-		if !found {
-			t.Errorf("no Role dynrunner-jobs/%s", name)
-		}
+		assert.True(t, found, "no Role dynrunner-jobs/%s", name)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -112,10 +111,11 @@ func TestDockerSource(t *testing.T) {
 	poll(t, "the running container has an entry", func() bool { _, ok := e.owned(t)[entryID]; return ok })
 	en := e.owned(t)[entryID]
 	wantSel := []string{"docker:label:dynrunner.epoch:2", "docker:label:dynrunner.scope:" + scope, "docker:label:dynrunner.task:5"}
-	if got := idOf(en.SpiffeId); got != want || idOf(en.ParentId) != e.parent.String() ||
-		!slices.Equal(selectorStrings(en), wantSel) || en.X509SvidTtl != 300 || en.Hint != "dynrunner-identity-docker-"+scope {
-		t.Errorf("entry %s: %v; want SPIFFE ID %s, parent %s, selectors %q", entryID, en, want, e.parent, wantSel)
-	}
+	assert.Equal(t, want, idOf(en.SpiffeId), "entry %s: SPIFFE ID", entryID)
+	assert.Equal(t, e.parent.String(), idOf(en.ParentId), "entry %s: parent", entryID)
+	assert.Equal(t, wantSel, selectorStrings(en), "entry %s: selectors", entryID)
+	assert.EqualValues(t, 300, en.X509SvidTtl, "entry %s: X.509-SVID TTL", entryID)
+	assert.Equal(t, "dynrunner-identity-docker-"+scope, en.Hint, "entry %s: hint", entryID)
 	// The agent's docker workload attestor matches the entry: the container has its SVID.
 	poll(t, "the container received its SVID", func() bool {
 		return strings.Contains(spiretest.ContainerLogs(t, mine), svidPrefix+want+"\n")
@@ -131,8 +131,7 @@ func TestDockerSource(t *testing.T) {
 func randomHex(t *testing.T, n int) string {
 	t.Helper()
 	b := make([]byte, n)
-	if _, err := rand.Read(b); err != nil {
-		t.Fatal(err)
-	}
+	_, err := rand.Read(b)
+	require.NoError(t, err)
 	return hex.EncodeToString(b)
 }

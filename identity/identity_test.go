@@ -87,7 +87,7 @@ func (e *env) run(t *testing.T, cfg identity.Config) (*identity.Registrar, func(
 		case err := <-done:
 			assert.NoError(t, err, "registrar")
 		case <-time.After(30 * time.Second):
-			t.Errorf("registrar did not stop within 30s")
+			assert.Fail(t, "registrar did not stop within 30s")
 		}
 	}
 	t.Cleanup(stop)

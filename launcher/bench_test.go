@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
 )
 
 // benchImage writes a raw base image of size bytes, a quarter of it data: 1 MiB of random
@@ -19,23 +20,16 @@ func benchImage(b *testing.B, dir string, size int64) string {
 	b.Helper()
 	p := filepath.Join(dir, fmt.Sprintf("base-%dg.raw", size>>30))
 	f, err := os.Create(p)
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	defer f.Close()
 	chunk := make([]byte, 1<<20)
 	for off := int64(0); off < size; off += 4 << 20 {
 		_, _ = rand.Read(chunk)
-		if _, err := f.WriteAt(chunk, off); err != nil {
-			b.Fatal(err)
-		}
+		_, err := f.WriteAt(chunk, off)
+		require.NoError(b, err)
 	}
-	if err := f.Truncate(size); err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Sync(); err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, f.Truncate(size))
+	require.NoError(b, f.Sync())
 	return p
 }
 
@@ -53,15 +47,11 @@ func BenchmarkPrepare(b *testing.B) {
 				c := e.config(b, "")
 				c.Image, c.DiskGiB = image, 20
 				inst, err := Prepare(context.Background(), c, zerolog.Nop())
-				if err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, err)
 				tm := inst.Timings()
 				disk, seed, network, total = disk+tm.Disk, seed+tm.Seed, network+tm.Network, total+tm.Total
 				b.StopTimer()
-				if err := inst.Close(); err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, inst.Close())
 				b.StartTimer()
 			}
 			n := time.Duration(b.N)
@@ -81,23 +71,17 @@ func BenchmarkBootToPing(b *testing.B) {
 	for b.Loop() {
 		c := e.config(b, "ping")
 		inst, err := Prepare(context.Background(), c, zerolog.Nop())
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		start := time.Now()
-		if err := inst.Run(context.Background()); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, inst.Run(context.Background()))
 		off += time.Since(start)
 		select {
 		case at := <-e.pings:
 			ping += at.Sub(start)
 		default:
-			b.Fatal("no ping")
+			require.FailNow(b, "no ping")
 		}
-		if err := inst.Close(); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, inst.Close())
 	}
 	b.ReportMetric(float64(ping/time.Duration(b.N))/1e6, "boot-to-ping-ms")
 	b.ReportMetric(float64(off/time.Duration(b.N))/1e6, "boot-to-poweroff-ms")

@@ -136,9 +136,8 @@ func reach(g *netnstest.Host, addr string) (string, error) {
 // own, in namespaces the test created.
 func TestFirewallFromAGuest(t *testing.T) {
 	netnstest.Need(t)
-	if _, err := exec.LookPath("nft"); err != nil {
-		t.Fatal("nft is missing: bash scripts/vm-deps.sh")
-	}
+	_, err := exec.LookPath("nft")
+	require.NoError(t, err, "nft is missing: bash scripts/vm-deps.sh")
 	var b [1]byte
 	_, _ = rand.Read(b[:])
 	bridge := fmt.Sprintf("drfw%02x", b[0])

@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -21,6 +20,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // vmEnv is the integration environment: the test guest image, a bridge of its own and a nonce
@@ -81,9 +82,7 @@ func testImage(t testing.TB) string {
 		}
 		imageDir = dir
 	})
-	if imageErr != nil {
-		t.Fatal(imageErr)
-	}
+	require.NoError(t, imageErr)
 	return imageDir
 }
 
@@ -92,9 +91,7 @@ func newVMEnv(t testing.TB) *vmEnv {
 	requireVM(t)
 	img := testImage(t)
 	cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var rnd [3]byte
 	_, _ = rand.Read(rnd[:])
 	e := &vmEnv{
@@ -108,18 +105,13 @@ func newVMEnv(t testing.TB) *vmEnv {
 		pings:     make(chan time.Time, 16),
 	}
 	ctx := context.Background()
-	if err := ensureBridge(ctx, e.root, e.bridge, e.cidr); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, ensureBridge(ctx, e.root, e.bridge, e.cidr))
 	t.Cleanup(func() {
-		if _, err := run(context.Background(), "ip", "link", "delete", "dev", e.bridge); err != nil {
-			t.Errorf("delete the test bridge: %v", err)
-		}
+		_, err := run(context.Background(), "ip", "link", "delete", "dev", e.bridge)
+		assert.NoError(t, err, "delete the test bridge")
 	})
 	ln, err := net.Listen("tcp", netip.AddrPortFrom(e.cidr.Addr(), 0).String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	e.endpoint = Endpoint{Addr: netip.MustParseAddrPort(ln.Addr().String())}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/ping", func(w http.ResponseWriter, r *http.Request) {
@@ -177,17 +169,13 @@ type launcherProc struct {
 func startLauncher(t *testing.T, c Config) *launcherProc {
 	t.Helper()
 	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	p := &launcherProc{stderr: new(bytes.Buffer), done: make(chan struct{})}
 	p.cmd = exec.Command(self)
 	p.cmd.Env = c.env()
 	p.cmd.Stderr = &lockedWriter{w: p.stderr}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, p.cmd.Start())
 	go func() { _ = p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
@@ -254,33 +242,25 @@ func waitBooting(t *testing.T, dir string) {
 func assertGone(t *testing.T, c Config) {
 	t.Helper()
 	dir := filepath.Join(c.Root, c.InstanceID.String())
-	if _, err := os.Lstat(dir); !errors.Is(err, os.ErrNotExist) {
-		entries, _ := os.ReadDir(dir)
-		t.Errorf("instance directory remains (%v): %v", err, entries)
-	}
+	_, err := os.Lstat(dir)
+	left, _ := os.ReadDir(dir)
+	assert.ErrorIs(t, err, os.ErrNotExist, "instance directory remains: %v", left)
 	leases, _ := os.ReadDir(filepath.Join(c.Root, leasesDir))
 	for _, l := range leases {
-		if owner, ok := leaseOwner(filepath.Join(c.Root, leasesDir, l.Name())); ok && owner == c.InstanceID {
-			t.Errorf("lease %s remains", l.Name())
+		if owner, ok := leaseOwner(filepath.Join(c.Root, leasesDir, l.Name())); ok {
+			assert.NotEqual(t, c.InstanceID, owner, "lease %s remains", l.Name())
 		}
 	}
-	if out, err := exec.Command("ip", "link", "show", "dev", TAPName(c.InstanceID)).CombinedOutput(); err == nil {
-		t.Errorf("TAP device remains: %s", out)
-	}
-	if pids := procsWithArgPrefix(dir + "/"); len(pids) > 0 {
-		t.Errorf("processes remain: %v", pids)
-	}
+	tap, err := exec.Command("ip", "link", "show", "dev", TAPName(c.InstanceID)).CombinedOutput()
+	assert.Error(t, err, "TAP device remains: %s", tap)
+	assert.Empty(t, procsWithArgPrefix(dir+"/"), "processes remain")
 	out, _ := exec.Command("ps", "-eo", "pid,args").Output()
 	for _, l := range strings.Split(string(out), "\n") {
-		if strings.Contains(l, "qemu-system") && strings.Contains(l, c.InstanceID.String()) {
-			t.Errorf("qemu remains: %s", l)
-		}
+		assert.False(t, strings.Contains(l, "qemu-system") && strings.Contains(l, c.InstanceID.String()), "qemu remains: %s", l)
 	}
 	entries, _ := os.ReadDir(c.Root)
 	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), stagingPrefix) {
-			t.Errorf("staging directory %s remains", e.Name())
-		}
+		assert.False(t, strings.HasPrefix(e.Name(), stagingPrefix), "staging directory %s remains", e.Name())
 	}
 }
 
@@ -299,23 +279,18 @@ func TestLaunchPing(t *testing.T) {
 	p := startLauncher(t, c)
 	code := p.wait(t, 3*time.Minute)
 	console, _ := os.ReadFile(c.ConsoleLog)
-	if code != 0 {
-		t.Fatalf("launcher exit code %d; stderr:\n%s\nconsole:\n%s", code, p.stderr, console)
-	}
+	require.Equal(t, 0, code, "launcher exit code; stderr:\n%s\nconsole:\n%s", p.stderr, console)
 	select {
 	case at := <-e.pings:
 		t.Logf("launcher start to ping: %s", at.Sub(start).Round(time.Millisecond))
 	default:
-		t.Errorf("the endpoint saw no ping")
+		assert.Fail(t, "the endpoint saw no ping")
 	}
 	for _, want := range []string{"seed on /dev/vd", "ping answer: pong from", "powering off"} {
-		if !bytes.Contains(console, []byte(want)) {
-			t.Errorf("console log lacks %q:\n%s", want, console)
-		}
+		assert.Contains(t, string(console), want, "console log")
 	}
-	if bytes.Contains(p.stderr.Bytes(), []byte(c.Nonce.Reveal())) {
-		t.Errorf("the launcher logged the nonce")
-	}
+	// Not NotContains: a failure would print the nonce.
+	assert.False(t, bytes.Contains(p.stderr.Bytes(), []byte(c.Nonce.Reveal())), "the launcher logged the nonce")
 	assertGone(t, c)
 }
 
@@ -326,57 +301,50 @@ func TestPrepareRunClose(t *testing.T) {
 	c := e.config(t, "ping")
 	ctx := context.Background()
 	inst, err := Prepare(ctx, c, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = inst.Close() })
 	dir := inst.Dir()
 	for _, f := range []string{diskFile, seedFile, pidFile} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			t.Errorf("%s: %v", f, err)
-		}
+		_, err := os.Stat(filepath.Join(dir, f))
+		assert.NoError(t, err, f)
 	}
 	info, err := inspectImage(ctx, filepath.Join(dir, diskFile))
-	if err != nil || info.Format != "qcow2" || info.VirtualSize != 1<<30 || info.BackingFilename != "" {
-		t.Errorf("root disk %+v, %v", info, err)
+	if assert.NoError(t, err, "root disk") {
+		assert.Equal(t, "qcow2", info.Format, "root disk %+v", info)
+		assert.Equal(t, int64(1<<30), info.VirtualSize, "root disk %+v", info)
+		assert.Empty(t, info.BackingFilename, "root disk %+v", info)
 	}
-	if master, err := os.Readlink("/sys/class/net/" + inst.TAP() + "/master"); err != nil || filepath.Base(master) != e.bridge {
-		t.Errorf("TAP %s master %q, %v; want %s", inst.TAP(), master, err, e.bridge)
+	master, err := os.Readlink("/sys/class/net/" + inst.TAP() + "/master")
+	if assert.NoError(t, err, "TAP %s master", inst.TAP()) {
+		assert.Equal(t, e.bridge, filepath.Base(master), "TAP %s master", inst.TAP())
 	}
-	if owner, ok := leaseOwner(filepath.Join(c.Root, leasesDir, inst.IP().String())); !ok || owner != c.InstanceID {
-		t.Errorf("lease of %s: %v", inst.IP(), owner)
+	owner, ok := leaseOwner(filepath.Join(c.Root, leasesDir, inst.IP().String()))
+	if assert.True(t, ok, "lease of %s", inst.IP()) {
+		assert.Equal(t, c.InstanceID, owner, "lease of %s", inst.IP())
 	}
-	if _, err := Prepare(ctx, c, testLog(t)); !errors.Is(err, ErrInstanceExists) {
-		t.Errorf("a second Prepare of the same instance = %v, want ErrInstanceExists", err)
-	}
-	if res, err := SweepCount(ctx, c.Root, testLog(t)); err != nil || res != (SweepResult{}) {
-		t.Errorf("Sweep touched a live instance: %+v, %v", res, err)
+	_, err = Prepare(ctx, c, testLog(t))
+	assert.ErrorIs(t, err, ErrInstanceExists, "a second Prepare of the same instance")
+	res, err := SweepCount(ctx, c.Root, testLog(t))
+	if assert.NoError(t, err, "Sweep") {
+		assert.Equal(t, SweepResult{}, res, "Sweep touched a live instance")
 	}
 	tm := inst.Timings()
 	t.Logf("prepare: disk %s, seed %s, network %s, total %s", tm.Disk, tm.Seed, tm.Network, tm.Total)
 
 	start := time.Now()
-	if err := inst.Run(ctx); err != nil {
-		serial, _ := os.ReadFile(inst.SerialLog())
-		t.Fatalf("Run: %v\nserial:\n%s", err, serial)
-	}
+	err = inst.Run(ctx)
 	ran := time.Since(start)
 	serial, _ := os.ReadFile(inst.SerialLog())
-	if !bytes.Contains(serial, []byte("ping answer: pong")) {
-		t.Errorf("serial log lacks the answer:\n%s", serial)
-	}
+	require.NoError(t, err, "Run; serial:\n%s", serial)
+	assert.Contains(t, string(serial), "ping answer: pong", "serial log lacks the answer")
 	select {
 	case at := <-e.pings:
 		t.Logf("boot to ping %s, boot to power-off %s", at.Sub(start).Round(time.Millisecond), ran.Round(time.Millisecond))
 	default:
-		t.Error("the endpoint saw no ping")
+		assert.Fail(t, "the endpoint saw no ping")
 	}
-	if err := inst.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := inst.Close(); err != nil {
-		t.Errorf("second Close: %v", err)
-	}
+	require.NoError(t, inst.Close())
+	assert.NoError(t, inst.Close(), "second Close")
 	assertGone(t, c)
 }
 
@@ -389,28 +357,19 @@ func TestLaunchSIGKILLThenSweep(t *testing.T) {
 	dir := filepath.Join(c.Root, c.InstanceID.String())
 	p := startLauncher(t, c)
 	waitBooting(t, dir)
-	if _, ok := tapAlias(TAPName(c.InstanceID)); !ok {
-		t.Fatal("no TAP device while the hypervisor runs")
-	}
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
+	_, ok := tapAlias(TAPName(c.InstanceID))
+	require.True(t, ok, "no TAP device while the hypervisor runs")
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	<-p.done
 	poll(t, 20*time.Second, "the hypervisor to die with its launcher", func() bool { return len(procsWithArgPrefix(dir+"/")) == 0 })
 	// What a SIGKILLed launcher leaves behind, until the next sweep.
-	if _, err := os.Stat(filepath.Join(dir, diskFile)); err != nil {
-		t.Errorf("expected the dead instance's disk to remain before the sweep: %v", err)
-	}
-	if _, ok := tapAlias(TAPName(c.InstanceID)); !ok {
-		t.Errorf("expected the dead instance's TAP device to remain before the sweep")
-	}
+	_, err := os.Stat(filepath.Join(dir, diskFile))
+	assert.NoError(t, err, "expected the dead instance's disk to remain before the sweep")
+	_, ok = tapAlias(TAPName(c.InstanceID))
+	assert.True(t, ok, "expected the dead instance's TAP device to remain before the sweep")
 	res, err := SweepCount(context.Background(), c.Root, testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Instances != 1 {
-		t.Errorf("Sweep removed %+v, want 1 instance", res)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, 1, res.Instances, "Sweep removed %+v", res)
 	assertGone(t, c)
 }
 
@@ -423,15 +382,9 @@ func TestLaunchSIGTERM(t *testing.T) {
 	p := startLauncher(t, c)
 	waitBooting(t, dir)
 	// The whole group, as the vm worker does it; the hypervisor is in a group of its own.
-	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.wait(t, time.Minute); code != ExitStopped {
-		t.Errorf("exit code %d, want %d; stderr:\n%s", code, ExitStopped, p.stderr)
-	}
-	if !strings.Contains(p.stderr.String(), "\ndynrunner launcher: stopped") {
-		t.Errorf("stderr lacks the reason:\n%s", p.stderr)
-	}
+	require.NoError(t, syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM))
+	assert.Equal(t, ExitStopped, p.wait(t, time.Minute), "exit code; stderr:\n%s", p.stderr)
+	assert.Contains(t, p.stderr.String(), "\ndynrunner launcher: stopped", "stderr lacks the reason")
 	assertGone(t, c)
 }
 
@@ -442,12 +395,8 @@ func TestLaunchDeadline(t *testing.T) {
 	c.Deadline = 15 * time.Second
 	c.ConsoleLog = filepath.Join(t.TempDir(), "console.log")
 	p := startLauncher(t, c)
-	if code := p.wait(t, 2*time.Minute); code != ExitDeadline {
-		t.Errorf("exit code %d, want %d; stderr:\n%s", code, ExitDeadline, p.stderr)
-	}
-	if !strings.Contains(p.stderr.String(), "\ndynrunner launcher: the vm ran longer than --deadline 15s") {
-		t.Errorf("stderr lacks the reason:\n%s", p.stderr)
-	}
+	assert.Equal(t, ExitDeadline, p.wait(t, 2*time.Minute), "exit code; stderr:\n%s", p.stderr)
+	assert.Contains(t, p.stderr.String(), "\ndynrunner launcher: the vm ran longer than --deadline 15s", "stderr lacks the reason")
 	// Under a loaded TCG host the deadline may strike before the guest reaches its endless
 	// loop; the kill is the same either way.
 	if console, _ := os.ReadFile(c.ConsoleLog); !bytes.Contains(console, []byte("never powering off")) {
@@ -464,11 +413,7 @@ func TestLaunchSIGTERMDuringPreparation(t *testing.T) {
 	dir := filepath.Join(c.Root, c.InstanceID.String())
 	p := startLauncher(t, c)
 	poll(t, time.Minute, "the instance directory", func() bool { _, err := os.Stat(dir); return err == nil })
-	if err := syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	if code := p.wait(t, time.Minute); code != ExitStopped {
-		t.Errorf("exit code %d, want %d; stderr:\n%s", code, ExitStopped, p.stderr)
-	}
+	require.NoError(t, syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM))
+	assert.Equal(t, ExitStopped, p.wait(t, time.Minute), "exit code; stderr:\n%s", p.stderr)
 	assertGone(t, c)
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
@@ -27,9 +28,7 @@ func TestPlanReconcile(t *testing.T) {
 	}
 	failure := func(st assignment.State, now time.Time) reconcileAction {
 		ev, due := assignment.Overdue(st, now)
-		if !due {
-			t.Fatalf("%s at %s is not overdue", st.Phase, now)
-		}
+		require.True(t, due, "%s at %s is not overdue", st.Phase, now)
 		return reconcileAction{kind: reconcileFail, ev: ev}
 	}
 	closeIt := reconcileAction{kind: reconcileClose}

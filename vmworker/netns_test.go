@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/launcher"
 	"github.com/dynrunner/dynrunner/vmworker"
@@ -21,9 +22,8 @@ import (
 
 func ip(t *testing.T, args ...string) {
 	t.Helper()
-	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-		t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
-	}
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	require.NoError(t, err, "ip %s: %s", strings.Join(args, " "), out)
 }
 
 // TestEndpointServesOnlyTheBridge puts one network namespace on the microVM bridge and one
@@ -53,9 +53,7 @@ func TestEndpointServesOnlyTheBridge(t *testing.T) {
 		}
 	})
 	root := filepath.Join(t.TempDir(), "l")
-	if err := launcher.EnsureBridge(t.Context(), root, bridge, bridgeAddr); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, launcher.EnsureBridge(t.Context(), root, bridge, bridgeAddr))
 	// On the bridge: a veth whose host end is a bridge port, like a guest's TAP device.
 	ip(t, "netns", "add", nsIn)
 	ip(t, "link", "add", "drin-h", "type", "veth", "peer", "name", "drin-g")
@@ -77,13 +75,9 @@ func TestEndpointServesOnlyTheBridge(t *testing.T) {
 
 	r := newRig(t)
 	ln, err := net.Listen("tcp", "10.213.55.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	e, err := vmworker.NewEndpoint(vmworker.EndpointConfig{Listen: ln.Addr().String(), Allowed: bridgeAddr.Masked(), Log: zerolog.New(zerolog.NewTestWriter(t))}, r.nonces, r.log)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	srv := &http.Server{Handler: e.Handler()}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
@@ -95,10 +89,6 @@ func TestEndpointServesOnlyTheBridge(t *testing.T) {
 		out, _ := exec.CommandContext(ctx, "ip", "netns", "exec", ns, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5", url).Output()
 		return strings.TrimSpace(string(out))
 	}
-	if got := status(nsIn); got != "200" {
-		t.Fatalf("from the bridge: HTTP %q, want 200", got)
-	}
-	if got := status(nsOut); got == "200" {
-		t.Fatalf("from outside the bridge: HTTP %q, want refused", got)
-	}
+	require.Equal(t, "200", status(nsIn), "from the bridge: HTTP status")
+	require.NotEqual(t, "200", status(nsOut), "from outside the bridge: HTTP status, want refused")
 }

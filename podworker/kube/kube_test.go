@@ -2,14 +2,14 @@ package kube_test
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -46,9 +46,7 @@ func TestKube(t *testing.T) {
 	c := kubetest.Start(t)
 	image := kubetest.TestBinaryImage(t)
 	spire := t.TempDir()
-	if err := os.WriteFile(filepath.Join(spire, "agent.sock"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, os.WriteFile(filepath.Join(spire, "agent.sock"), nil, 0o644))
 	k := kubetest.StartKubelet(t, c, kubetest.KubeletConfig{CSIDrivers: map[string]string{kube.SpiffeCSIDriver: spire}})
 	e := &env{c: c, k: k, image: image, spire: spire}
 	t.Run("Conformance", e.testConformance)
@@ -81,9 +79,7 @@ func (e *env) newBackend(t *testing.T, client kubernetes.Interface, ns string, e
 		edit(&cfg)
 	}
 	b, err := kube.New(cfg)
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	require.NoError(t, err, "New")
 	return b
 }
 
@@ -103,17 +99,13 @@ func fakeSpec(task assignment.TaskID, mode string) podworker.Spec {
 func (e *env) testConformance(t *testing.T) {
 	ns := e.c.Namespace(t)
 	client := e.c.BindUserRoles(t, ns, map[string][]rbacv1.PolicyRule{"dynrunner-pods": kube.RBACRules()})
-	if err := e.newBackend(t, client, ns, nil).Check(ctxT(t)); err != nil {
-		t.Fatalf("Check with the permissions of RBACRules: %v", err)
-	}
+	require.NoError(t, e.newBackend(t, client, ns, nil).Check(ctxT(t)), "Check with the permissions of RBACRules")
 	began := time.Now()
 	podworkertest.RunConformance(t, podworkertest.Harness{
 		New: func(t *testing.T) podworker.Backend { return e.newBackend(t, client, ns, nil) },
 		Spec: func(t *testing.T, task assignment.TaskID, behavior podworkertest.Behavior) podworker.Spec {
 			mode, ok := modes[behavior]
-			if !ok {
-				t.Fatalf("no fake executor mode for %v", behavior)
-			}
+			require.True(t, ok, "no fake executor mode for %v", behavior)
 			return fakeSpec(task, mode)
 		},
 		Gone:           e.gone(ns),
@@ -131,9 +123,7 @@ func (e *env) gone(ns string) func(t *testing.T, h podworker.Handle) bool {
 		_, perr := e.c.Client.CoreV1().Pods(ns).Get(ctxT(t), h.ID, metav1.GetOptions{})
 		_, serr := e.c.Client.CoreV1().Secrets(ns).Get(ctxT(t), h.ID, metav1.GetOptions{})
 		has, err := e.k.HasContainer(ctxT(t), ns, h.ID)
-		if err != nil {
-			t.Fatalf("kubelet containers: %v", err)
-		}
+		require.NoError(t, err, "kubelet containers")
 		return apierrors.IsNotFound(perr) && apierrors.IsNotFound(serr) && !has
 	}
 }
@@ -141,13 +131,9 @@ func (e *env) gone(ns string) func(t *testing.T, h podworker.Handle) bool {
 func startT(t *testing.T, b *kube.Backend, spec podworker.Spec) podworker.Handle {
 	t.Helper()
 	h, err := b.Start(ctxT(t), spec)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	require.NoError(t, err, "Start")
 	t.Cleanup(func() {
-		if err := b.Destroy(context.Background(), h); err != nil {
-			t.Errorf("cleanup: Destroy: %v", err)
-		}
+		assert.NoError(t, b.Destroy(context.Background(), h), "cleanup: Destroy")
 	})
 	return h
 }
@@ -155,9 +141,7 @@ func startT(t *testing.T, b *kube.Backend, spec podworker.Spec) podworker.Handle
 func waitT(t *testing.T, b *kube.Backend, h podworker.Handle) podworker.Exit {
 	t.Helper()
 	exit, err := b.Wait(ctxT(t), h)
-	if err != nil {
-		t.Fatalf("Wait: %v", err)
-	}
+	require.NoError(t, err, "Wait")
 	if exit.Code != 0 {
 		why, _ := b.Diagnose(ctxT(t), h)
 		t.Logf("exit %+v; executor said %q", exit, why)
@@ -168,9 +152,7 @@ func waitT(t *testing.T, b *kube.Backend, h podworker.Handle) podworker.Exit {
 func getPod(t *testing.T, c *kubetest.Cluster, ns, name string) *corev1.Pod {
 	t.Helper()
 	p, err := c.Client.CoreV1().Pods(ns).Get(ctxT(t), name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatalf("get pod %s: %v", name, err)
-	}
+	require.NoError(t, err, "get pod %s", name)
 	return p
 }
 
@@ -188,23 +170,19 @@ func (e *env) testDeletedMidJob(t *testing.T) {
 		ch <- err
 	}()
 	pollT(t, "pod running", func() bool { return getPod(t, e.c, ns, h.ID).Status.Phase == corev1.PodRunning })
-	if err := e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}))
 	err := <-ch // bounded by Wait's context
-	if err != nil && !errors.Is(err, podworker.ErrNotFound) {
-		t.Fatalf("Wait = %+v, %v; want an exit or ErrNotFound", exit, err)
+	if err != nil {
+		require.ErrorIs(t, err, podworker.ErrNotFound, "Wait = %+v; want an exit or ErrNotFound", exit)
 	}
-	if exit.Reason != "deleted" {
-		t.Errorf("Wait = %+v, %v; want reason deleted", exit, err)
-	}
+	assert.Equal(t, "deleted", exit.Reason, "Wait = %+v, %v", exit, err)
 	pollT(t, "pod gone", func() bool {
 		_, err := e.c.Client.CoreV1().Pods(ns).Get(ctxT(t), h.ID, metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	})
-	if _, err := b.Wait(ctxT(t), h); !errors.Is(err, podworker.ErrNotFound) || !strings.Contains(err.Error(), "deleted") {
-		t.Errorf("Wait on the deleted pod = %v, want ErrNotFound saying deleted", err)
-	}
+	_, err = b.Wait(ctxT(t), h)
+	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait on the deleted pod")
+	assert.ErrorContains(t, err, "deleted", "Wait on the deleted pod")
 }
 
 // pollT polls cond until it holds, at most testTimeout.

@@ -2,7 +2,6 @@ package kube_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 
@@ -73,8 +72,8 @@ func (e *env) testPhases(t *testing.T) {
 		}()
 		pollT(t, "pod running", func() bool { return getPod(t, e.c, ns, h.ID).Status.Phase == corev1.PodRunning })
 		require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}))
-		if err := <-ch; err != nil && !errors.Is(err, podworker.ErrNotFound) {
-			t.Fatalf("Wait: %v", err)
+		if err := <-ch; err != nil {
+			require.ErrorIs(t, err, podworker.ErrNotFound, "Wait")
 		}
 		got, changes := obs.phases(h)
 		t.Logf("reported %+v", changes)
@@ -84,9 +83,7 @@ func (e *env) testPhases(t *testing.T) {
 		if ok && len(got) == 3 {
 			ok = got[1] == "Failed" || got[1] == "Succeeded"
 		}
-		if !ok {
-			t.Fatalf("phases = %v, want [Pending] Running [Failed or Succeeded] Deleted", got)
-		}
+		require.True(t, ok, "phases = %v, want [Pending] Running [Failed or Succeeded] Deleted", got)
 		last := changes[len(changes)-1]
 		assert.Equal(t, h.Data["pod_uid"], last.UID, "Deleted: uid")
 		assert.Equal(t, e.k.NodeName(), last.Node, "Deleted: node")

@@ -1,7 +1,6 @@
 package kube_test
 
 import (
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -123,9 +122,7 @@ func (e *env) testSpiffeCSI(t *testing.T) {
 			found = v.CSI.Driver == kube.SpiffeCSIDriver && v.CSI.ReadOnly != nil && *v.CSI.ReadOnly
 		}
 	}
-	if !found {
-		t.Errorf("volumes %+v, want a read-only CSI volume of %s", p.Spec.Volumes, kube.SpiffeCSIDriver)
-	}
+	assert.True(t, found, "volumes %+v, want a read-only CSI volume of %s", p.Spec.Volumes, kube.SpiffeCSIDriver)
 	exit := waitT(t, b, h)
 	assert.Zero(t, exit.Code, "the check inside the pod failed: %+v", exit)
 }
@@ -236,16 +233,11 @@ func (e *env) testNotManaged(t *testing.T) {
 	}
 	_, err := e.c.Client.CoreV1().Pods(ns).Create(ctxT(t), foreign, metav1.CreateOptions{})
 	require.NoError(t, err)
-	if _, err := b.Start(ctxT(t), fakeSpec(69, "forever")); !errors.Is(err, kube.ErrNotManaged) {
-		t.Errorf("Start over a foreign pod = %v, want ErrNotManaged", err)
-	}
+	_, err = b.Start(ctxT(t), fakeSpec(69, "forever"))
+	assert.ErrorIs(t, err, kube.ErrNotManaged, "Start over a foreign pod")
 	h := podworker.Handle{Backend: "kubernetes", ID: foreign.Name, Task: 69, Epoch: 1}
-	if err := b.Destroy(ctxT(t), h); !errors.Is(err, kube.ErrNotManaged) {
-		t.Errorf("Destroy of a foreign pod = %v, want ErrNotManaged", err)
-	}
-	if p := getPod(t, e.c, ns, foreign.Name); p.DeletionTimestamp != nil {
-		t.Error("the foreign pod is being deleted")
-	}
+	assert.ErrorIs(t, b.Destroy(ctxT(t), h), kube.ErrNotManaged, "Destroy of a foreign pod")
+	assert.Nil(t, getPod(t, e.c, ns, foreign.Name).DeletionTimestamp, "the foreign pod is being deleted")
 }
 
 // testCheck checks that Check names what a controller without the Role lacks.
@@ -253,9 +245,8 @@ func (e *env) testCheck(t *testing.T) {
 	ns := e.c.Namespace(t) // no Role bound to kubetest.User here
 	b := e.newBackend(t, kubernetes.NewForConfigOrDie(e.c.UserConfig()), ns, nil)
 	err := b.Check(ctxT(t))
-	if !errors.Is(err, kube.ErrForbidden) || !strings.Contains(err.Error(), "create pods") {
-		t.Errorf("Check without permissions = %v, want ErrForbidden naming create pods", err)
-	}
+	assert.ErrorIs(t, err, kube.ErrForbidden, "Check without permissions")
+	assert.ErrorContains(t, err, "create pods", "Check without permissions")
 }
 
 // offlineClient is a client of no cluster, for the tests that never reach one.
@@ -291,18 +282,16 @@ func TestNewValidates(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := ok
 			tt.edit(&cfg)
-			if _, err := kube.New(cfg); !errors.Is(err, kube.ErrInvalidConfig) {
-				t.Errorf("New(%+v) = %v, want ErrInvalidConfig", cfg, err)
-			}
+			_, err := kube.New(cfg)
+			assert.ErrorIs(t, err, kube.ErrInvalidConfig, "New(%+v)", cfg)
 		})
 	}
 	for _, img := range []string{image, "executor@sha256:" + strings.Repeat("0", 64),
 		"localhost:5000/executor:v1@sha256:" + strings.Repeat("0", 64)} {
 		cfg := ok
 		cfg.Image = img
-		if _, err := kube.New(cfg); err != nil {
-			t.Errorf("New with image %s: %v", img, err)
-		}
+		_, err := kube.New(cfg)
+		assert.NoError(t, err, "New with image %s", img)
 	}
 }
 
@@ -317,15 +306,11 @@ func TestRejectsBadInput(t *testing.T) {
 		{Backend: "kubernetes", ID: "Dynrunner-1-1"},
 		{Backend: "kubernetes", ID: "dynrunner-1-1", Data: map[string]string{"pod_uid": ""}},
 	} {
-		if err := b.Destroy(t.Context(), h); !errors.Is(err, kube.ErrInvalidHandle) {
-			t.Errorf("Destroy(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
-		if _, err := b.Wait(t.Context(), h); !errors.Is(err, kube.ErrInvalidHandle) {
-			t.Errorf("Wait(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
-		if _, err := b.Diagnose(t.Context(), h); !errors.Is(err, kube.ErrInvalidHandle) {
-			t.Errorf("Diagnose(%+v) = %v, want ErrInvalidHandle", h, err)
-		}
+		assert.ErrorIs(t, b.Destroy(t.Context(), h), kube.ErrInvalidHandle, "Destroy(%+v)", h)
+		_, err := b.Wait(t.Context(), h)
+		assert.ErrorIs(t, err, kube.ErrInvalidHandle, "Wait(%+v)", h)
+		_, err = b.Diagnose(t.Context(), h)
+		assert.ErrorIs(t, err, kube.ErrInvalidHandle, "Diagnose(%+v)", h)
 	}
 	for _, spec := range []podworker.Spec{
 		{Task: 0, Epoch: 1},
@@ -334,8 +319,7 @@ func TestRejectsBadInput(t *testing.T) {
 		{Task: 1, Epoch: 1, Env: map[string]string{"": "x"}},
 		{Task: 1, Epoch: 1, Files: map[string][]byte{"a b": nil}},
 	} {
-		if _, err := b.Start(t.Context(), spec); !errors.Is(err, kube.ErrInvalidSpec) {
-			t.Errorf("Start(%+v) = %v, want ErrInvalidSpec", spec, err)
-		}
+		_, err := b.Start(t.Context(), spec)
+		assert.ErrorIs(t, err, kube.ErrInvalidSpec, "Start(%+v)", spec)
 	}
 }

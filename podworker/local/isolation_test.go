@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -191,9 +190,8 @@ func TestIsolatedJobReadsNothingOfOthers(t *testing.T) {
 	spec.Env[attackKillEnv] = victim.Data["pid"]
 	spec.Files = map[string][]byte{podworker.TokenFile: []byte("own token")}
 	attacker := startT(t, b, spec)
-	if exit := waitT(t, b, attacker, root); exit.Code != 0 {
-		t.Fatalf("attacker exit = %+v", exit)
-	}
+	exit := waitT(t, b, attacker, root)
+	require.Zero(t, exit.Code, "attacker exit = %+v", exit)
 	raw, err := os.ReadFile(filepath.Join(root, attacker.ID, "work", attackReport))
 	require.NoError(t, err)
 	var got report
@@ -201,23 +199,19 @@ func TestIsolatedJobReadsNothingOfOthers(t *testing.T) {
 
 	victimUID, attackerUID := uidOf(t, pidOf(t, victim)), got.UID
 	for _, uid := range []int{victimUID, attackerUID} {
-		if uid < int(users.First) || uid >= int(users.First+users.Count) {
-			t.Errorf("environment runs as uid %d, outside the range %d+%d", uid, users.First, users.Count)
-		}
+		assert.GreaterOrEqual(t, uid, int(users.First), "environment runs as uid %d, outside the range %d+%d", uid, users.First, users.Count)
+		assert.Less(t, uid, int(users.First+users.Count), "environment runs as uid %d, outside the range %d+%d", uid, users.First, users.Count)
 	}
-	if victimUID == attackerUID {
-		t.Errorf("both environments run as uid %d", victimUID)
-	}
-	if want := strconv.Itoa(attackerUID); attacker.Data["uid"] != want || victim.Data["uid"] != strconv.Itoa(victimUID) {
-		t.Errorf("handle uids %q and %q, want %q and %d", attacker.Data["uid"], victim.Data["uid"], want, victimUID)
-	}
-	if got.GID != got.UID || len(got.Groups) != 0 {
-		t.Errorf("attacker runs with gid %d and groups %v, want gid %d and none", got.GID, got.Groups, got.UID)
-	}
+	assert.NotEqual(t, victimUID, attackerUID, "both environments run as uid %d", victimUID)
+	assert.Equal(t, strconv.Itoa(attackerUID), attacker.Data["uid"], "the attacker's handle uid")
+	assert.Equal(t, strconv.Itoa(victimUID), victim.Data["uid"], "the victim's handle uid")
+	assert.Equal(t, got.UID, got.GID, "attacker's gid, want its uid")
+	assert.Empty(t, got.Groups, "attacker's supplementary groups")
 	assert.EqualValues(t, "own token", got.Own, "own capability token: %q", got.Own)
 	for _, p := range targets {
-		if errno, ok := got.Read[p]; !ok || errno != syscall.EACCES {
-			t.Errorf("read %s: %v (errno %d), want EACCES", p, errno, errno)
+		errno, ok := got.Read[p]
+		if assert.True(t, ok, "read %s: not tried", p) {
+			assert.Equal(t, syscall.EACCES, errno, "read %s: %v (errno %d), want EACCES", p, errno, errno)
 		}
 	}
 	assert.Equal(t, syscall.EPERM, got.Signal, "signal the other job's executor: %v (errno %d), want EPERM", got.Signal, got.Signal)
@@ -241,14 +235,10 @@ func TestIsolatedDestroyKillsTheUID(t *testing.T) {
 	b := newIsolatedBackend(t, root, testUsers(), time.Second)
 	h := startT(t, b, fakeSpec(1, 1, "escape-clean"))
 	escaped := childPID(t, root, h)
-	if uid := strconv.Itoa(uidOf(t, escaped)); uid != h.Data["uid"] {
-		t.Fatalf("escaped child runs as uid %s, the environment as %s", uid, h.Data["uid"])
-	}
+	require.Equal(t, h.Data["uid"], strconv.Itoa(uidOf(t, escaped)), "the escaped child's uid, want the environment's")
 	require.NoError(t, b.Destroy(ctxT(t), h), "Destroy")
 	eventually(t, "the escaped child is gone", func() bool { return !alive(t, escaped) })
-	if !gone(root)(t, h) {
-		t.Error("something remains")
-	}
+	assert.True(t, gone(root)(t, h), "something remains")
 }
 
 // TestIsolatedUIDsAcrossBackends: a second Backend over the same root (a restarted controller)
@@ -262,16 +252,13 @@ func TestIsolatedUIDsAcrossBackends(t *testing.T) {
 	a := startT(t, first, fakeSpec(1, 1, "forever"))
 	second := newIsolatedBackend(t, root, users, time.Second)
 	list, err := second.List(ctxT(t))
-	if err != nil || !reflect.DeepEqual(list, []podworker.Handle{a}) {
-		t.Fatalf("List = %+v, %v; want [%+v]", list, err, a)
-	}
+	require.NoError(t, err, "List")
+	require.Equal(t, []podworker.Handle{a}, list, "List")
 	var hs []podworker.Handle
 	seen := map[string]bool{a.Data["uid"]: true}
 	for task := range assignment.TaskID(3) {
 		h := startT(t, second, fakeSpec(task+2, 1, "forever"))
-		if seen[h.Data["uid"]] {
-			t.Errorf("environment %s got uid %s, already held", h.ID, h.Data["uid"])
-		}
+		assert.False(t, seen[h.Data["uid"]], "environment %s got uid %s, already held", h.ID, h.Data["uid"])
 		seen[h.Data["uid"]] = true
 		hs = append(hs, h)
 	}
@@ -292,12 +279,10 @@ func TestIsolatedRangeExhausted(t *testing.T) {
 	users.Count = 1
 	b := newIsolatedBackend(t, root, users, time.Second)
 	startT(t, b, fakeSpec(1, 1, "forever"))
-	if h, err := b.Start(ctxT(t), fakeSpec(2, 1, "forever")); !errors.Is(err, local.ErrNoFreeUID) {
-		t.Fatalf("Start with the range exhausted = %+v, %v; want ErrNoFreeUID", h, err)
-	}
-	if _, err := os.Lstat(filepath.Join(root, "2-1")); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("the refused environment's directory: %v", err)
-	}
+	h, err := b.Start(ctxT(t), fakeSpec(2, 1, "forever"))
+	require.ErrorIs(t, err, local.ErrNoFreeUID, "Start with the range exhausted = %+v", h)
+	_, err = os.Lstat(filepath.Join(root, "2-1"))
+	assert.ErrorIs(t, err, fs.ErrNotExist, "the refused environment's directory")
 }
 
 func TestNewIsolatedRefuses(t *testing.T) {
@@ -333,9 +318,7 @@ func TestConformanceIsolated(t *testing.T) {
 		New: func(t *testing.T) podworker.Backend { return newIsolatedBackend(t, root, users, 5*time.Second) },
 		Spec: func(t *testing.T, task assignment.TaskID, behavior podworkertest.Behavior) podworker.Spec {
 			mode, ok := modes[behavior]
-			if !ok {
-				t.Fatalf("no fake executor mode for %v", behavior)
-			}
+			require.True(t, ok, "no fake executor mode for %v", behavior)
 			return fakeSpec(task, 0, mode)
 		},
 		Gone:           gone(root),

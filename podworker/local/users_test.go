@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -27,9 +28,12 @@ func TestIDsMapped(t *testing.T) {
 			p := filepath.Join(t.TempDir(), "uid_map")
 			require.NoError(t, os.WriteFile(p, []byte(tt.uidMap), 0o600))
 			got, err := idsMapped(p, tt.first, tt.count)
-			if got != tt.want || (err != nil) != tt.err {
-				t.Errorf("idsMapped(%q, %d, %d) = %v, %v; want %v, error %v", tt.uidMap, tt.first, tt.count, got, err, tt.want, tt.err)
+			if tt.err {
+				assert.Error(t, err, "idsMapped(%q, %d, %d)", tt.uidMap, tt.first, tt.count)
+			} else {
+				assert.NoError(t, err, "idsMapped(%q, %d, %d)", tt.uidMap, tt.first, tt.count)
 			}
+			assert.Equal(t, tt.want, got, "idsMapped(%q, %d, %d)", tt.uidMap, tt.first, tt.count)
 		})
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/rs/zerolog"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestParseRetryAfter(t *testing.T) {
@@ -30,9 +32,7 @@ func TestParseRetryAfter(t *testing.T) {
 		{"huge", "99999999999999", (1 << 20) * time.Second},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := parseRetryAfter(tt.in, now); got != tt.want {
-				t.Errorf("parseRetryAfter(%q) = %v, want %v", tt.in, got, tt.want)
-			}
+			assert.Equal(t, tt.want, parseRetryAfter(tt.in, now), "parseRetryAfter(%q)", tt.in)
 		})
 	}
 }
@@ -46,12 +46,8 @@ func TestSanitize(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got := sanitize(tt.in, key)
-			if strings.Contains(got, "0123456789") {
-				t.Errorf("sanitize(%q) = %q: holds (part of) the key", tt.in, got)
-			}
-			if strings.ContainsAny(got, "\n\x00\x1b") {
-				t.Errorf("sanitize(%q) = %q: holds control characters", tt.in, got)
-			}
+			assert.NotContains(t, got, "0123456789", "sanitize(%q): holds (part of) the key", tt.in)
+			assert.False(t, strings.ContainsAny(got, "\n\x00\x1b"), "sanitize(%q) = %q: holds control characters", tt.in, got)
 		})
 	}
 }
@@ -62,9 +58,9 @@ func FuzzParseRetryAfter(f *testing.F) {
 	}
 	now := time.Now()
 	f.Fuzz(func(t *testing.T, s string) {
-		if d := parseRetryAfter(s, now); d < 0 || d > (1<<20)*time.Second {
-			t.Errorf("parseRetryAfter(%q) = %v", s, d)
-		}
+		d := parseRetryAfter(s, now)
+		assert.GreaterOrEqual(t, d, time.Duration(0), "parseRetryAfter(%q)", s)
+		assert.LessOrEqual(t, d, (1<<20)*time.Second, "parseRetryAfter(%q)", s)
 	})
 }
 
@@ -92,9 +88,7 @@ func FuzzAnswers(f *testing.F) {
 	nonces, _ := NewTestNonces(f)
 	b, err := New(Config{BaseURL: srv.URL, APIKey: []byte(key), Nonces: nonces, Endpoint: "http://10.0.0.1:7001",
 		Retries: -1, Timeout: time.Second, Log: zerolog.Nop()})
-	if err != nil {
-		f.Fatal(err)
-	}
+	require.NoError(f, err)
 	f.Fuzz(func(t *testing.T, answer string, code int) {
 		if code < 200 || code > 599 || code == http.StatusNoContent || code == http.StatusNotModified {
 			code = 200
@@ -106,11 +100,12 @@ func FuzzAnswers(f *testing.F) {
 		_, gerr := b.get(ctx, "sb-1")
 		_, lerr := b.list(ctx, nil)
 		for _, err := range []error{gerr, lerr} {
-			if err != nil && strings.Contains(err.Error(), key) {
-				t.Errorf("error holds the key: %v", err)
+			if err == nil {
+				continue
 			}
-			if err != nil && !utf8.ValidString(err.Error()) && utf8.ValidString(answer) {
-				t.Errorf("error is not valid UTF-8: %q", err)
+			assert.NotContains(t, err.Error(), key, "the error holds the key")
+			if utf8.ValidString(answer) {
+				assert.True(t, utf8.ValidString(err.Error()), "error is not valid UTF-8: %q", err)
 			}
 		}
 	})
