@@ -84,7 +84,11 @@ func (r *Runner) Run(ctx context.Context) (Job, string, error) {
 		work = DefaultWorkFolder
 	}
 	if !filepath.IsAbs(work) {
-		work = filepath.Join(r.Dir, work)
+		abs, err := filepath.Abs(filepath.Join(r.Dir, work))
+		if err != nil {
+			return Job{}, "", fmt.Errorf("standin: work folder: %w", err)
+		}
+		work = abs
 	}
 	if err := os.MkdirAll(work, 0o755); err != nil {
 		return Job{}, "", fmt.Errorf("standin: create work folder: %w", err)
