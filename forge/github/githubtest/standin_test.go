@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -74,6 +75,7 @@ func buildStandIn(t *testing.T) string {
 
 // standInProcess is one run of the stand-in runner.
 type standInProcess struct {
+	cmd            *exec.Cmd
 	dir            string
 	stdout, stderr bytes.Buffer
 	done           chan error
@@ -84,6 +86,7 @@ func startStandIn(ctx context.Context, t *testing.T, env []string, args ...strin
 	t.Helper()
 	p := &standInProcess{dir: t.TempDir(), done: make(chan error, 1)}
 	cmd := exec.CommandContext(ctx, buildStandIn(t), args...)
+	p.cmd = cmd
 	cmd.Dir = p.dir
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = &p.stdout, &p.stderr
@@ -505,4 +508,54 @@ func otherCA(t *testing.T) []byte {
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	require.NoError(t, err)
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// TestStandInCanceled shows a job ended under the stand-in: by a signal to the runner, which
+// kills the step and reports the job canceled, and by the test through the Go API, after which
+// the runner's report is refused.
+func TestStandInCanceled(t *testing.T) {
+	ctx := testContext(t)
+	srv := newServer(t, nil)
+	c := appClient(t, srv)
+	set, sess := scaleSetWithSession(ctx, t, c)
+	running := func(job int64) func() bool {
+		return func() bool { j, err := srv.Job(job); return err == nil && j.State == githubtest.JobRunning }
+	}
+
+	t.Run("signal", func(t *testing.T) {
+		jobID := queueAcquired(ctx, t, srv, sess, githubtest.JobSpec{Run: "sleep 60"})
+		require.NoError(t, srv.AssignJob(jobID))
+		jit := jitConfig(ctx, t, c, set.ID, "slot-signal")
+		p := startStandIn(ctx, t, nil, "--jitconfig", jit.EncodedJITConfig)
+		require.Eventually(t, running(jobID), 10*time.Second, 5*time.Millisecond)
+		began := time.Now()
+		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+		assert.Equal(t, 1, p.wait(t))
+		assert.Less(t, time.Since(began), 5*time.Second, "the step is killed, not waited for")
+		assert.Contains(t, p.stderr.String(), "context canceled")
+		job, err := srv.Job(jobID)
+		require.NoError(t, err)
+		assert.Equal(t, githubtest.JobCompleted, job.State)
+		assert.Equal(t, standin.ResultCanceled, job.Result)
+	})
+
+	t.Run("go api", func(t *testing.T) {
+		jobID := queueAcquired(ctx, t, srv, sess, githubtest.JobSpec{Run: "for i in $(seq 400); do [ -e go ] && exit 0; sleep 0.05; done; exit 1"})
+		require.NoError(t, srv.AssignJob(jobID))
+		jit := jitConfig(ctx, t, c, set.ID, "slot-api")
+		p := startStandIn(ctx, t, nil, "--jitconfig", jit.EncodedJITConfig)
+		require.Eventually(t, running(jobID), 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, srv.CompleteJob(jobID, standin.ResultCanceled))
+		// The workspace exists once the job runs; the script ends when "go" appears in it.
+		workspace := filepath.Join(p.dir, "_work", "hello", "hello")
+		require.Eventually(t, func() bool { _, err := os.Stat(workspace); return err == nil }, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, os.WriteFile(filepath.Join(workspace, "go"), nil, 0o600))
+		assert.Equal(t, 1, p.wait(t))
+		assert.Contains(t, p.stderr.String(), "409")
+		assert.Contains(t, p.stderr.String(), "already completed with result canceled")
+		job, err := srv.Job(jobID)
+		require.NoError(t, err)
+		assert.Equal(t, standin.ResultCanceled, job.Result, "the test's completion stands")
+	})
+	assert.Empty(t, srv.Runners())
 }

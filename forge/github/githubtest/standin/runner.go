@@ -275,6 +275,7 @@ func (r *Runner) runStep(ctx context.Context, job Job, work string) (string, str
 	cmd.Dir = workspace
 	cmd.Env = append(append([]string(nil), r.Env...), StepEnv(r.Config, job, workspace, temp)...)
 	cmd.Stdout, cmd.Stderr = out, out
+	ownProcessGroup(cmd)
 	cmd.WaitDelay = 5 * time.Second // a child left holding the output does not hold the job
 	err := cmd.Run()
 	switch {
