@@ -64,7 +64,11 @@ func buildStandIn(t *testing.T) string {
 			return
 		}
 		b.path = filepath.Join(b.dir, "standinrunner")
-		out, err := exec.Command(goTool, "build", "-o", b.path, "github.com/dynrunner/dynrunner/forge/github/githubtest/standinrunner").CombinedOutput()
+		args := []string{"build", "-o", b.path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command(goTool, append(args, "github.com/dynrunner/dynrunner/forge/github/githubtest/standinrunner")...).CombinedOutput()
 		if err != nil {
 			b.err = errors.New("go build standinrunner: " + err.Error() + "\n" + string(out))
 		}
@@ -537,6 +541,17 @@ func TestStandInCanceled(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, githubtest.JobCompleted, job.State)
 		assert.Equal(t, standin.ResultCanceled, job.Result)
+	})
+
+	t.Run("runner removed while waiting", func(t *testing.T) {
+		jit := jitConfig(ctx, t, c, set.ID, "slot-removed")
+		p := startStandIn(ctx, t, nil, "--jitconfig", jit.EncodedJITConfig)
+		before := srv.Requests(githubtest.OpStandInTakeJob)
+		require.Eventually(t, func() bool { return srv.Requests(githubtest.OpStandInTakeJob) > before }, 10*time.Second, 5*time.Millisecond)
+		require.NoError(t, c.RemoveRunner(ctx, int64(jit.Runner.ID)), "cleanup removes an idle runner by id")
+		assert.Equal(t, 1, p.wait(t))
+		assert.Contains(t, p.stderr.String(), "404")
+		assert.Contains(t, p.stderr.String(), "removed")
 	})
 
 	t.Run("go api", func(t *testing.T) {
