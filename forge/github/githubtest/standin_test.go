@@ -527,11 +527,13 @@ func TestStandInCanceled(t *testing.T) {
 	}
 
 	t.Run("signal", func(t *testing.T) {
-		jobID := queueAcquired(ctx, t, srv, sess, githubtest.JobSpec{Run: "sleep 60"})
+		jobID := queueAcquired(ctx, t, srv, sess, githubtest.JobSpec{Run: "touch started; sleep 60"})
 		require.NoError(t, srv.AssignJob(jobID))
 		jit := jitConfig(ctx, t, c, set.ID, "slot-signal")
 		p := startStandIn(ctx, t, nil, "--jitconfig", jit.EncodedJITConfig)
-		require.Eventually(t, running(jobID), 10*time.Second, 5*time.Millisecond)
+		started := filepath.Join(p.dir, "_work", "hello", "hello", "started")
+		require.Eventually(t, func() bool { _, err := os.Stat(started); return err == nil }, 10*time.Second, 5*time.Millisecond,
+			"the step runs")
 		began := time.Now()
 		require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 		assert.Equal(t, 1, p.wait(t))
