@@ -87,5 +87,7 @@
 //     real runner could not use it; the credential in it authorises only the stand-in protocol.
 //   - A job is one shell step (JobSpec.Run) with a handful of the real runner's variables; no
 //     workflow file, no actions, no checkout, no job log upload or timeline, no cancellation sent
-//     to the runner: a test that completes a running job only makes the runner's report fail.
+//     to the runner: a test that completes a running job only makes the runner's report fail. A
+//     runner that dies after taking its job leaves the job running (GitHub fails it once the
+//     runner stops renewing its job request); the test ends it with CompleteJob.
 package githubtest

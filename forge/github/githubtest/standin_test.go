@@ -264,6 +264,7 @@ func TestStandInResults(t *testing.T) {
 	}{
 		{"failing script", "echo doomed; exit 3", standin.ResultFailed, []string{"doomed\n", "exit status 3"}},
 		{"no script", "", standin.ResultSucceeded, nil},
+		{"long output", "head -c 300000 /dev/zero | tr '\\0' x", standin.ResultSucceeded, []string{"[standinrunner: log cut at 262144 bytes, 37856 more not kept]"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			jobID := queueAcquired(ctx, t, srv, sess, githubtest.JobSpec{Run: tc.run})
@@ -280,6 +281,7 @@ func TestStandInResults(t *testing.T) {
 			for _, want := range tc.logHas {
 				assert.Contains(t, log, want)
 			}
+			assert.LessOrEqual(t, len(log), standin.MaxLogBytes+100, "the log is bounded")
 			_, completed := jobMessages(ctx, t, sess, jobID)
 			assert.Equal(t, tc.result, completed.Result)
 		})
@@ -413,6 +415,7 @@ func TestStandInRetriesTransientErrors(t *testing.T) {
 	p, code = runStandIn(ctx, t, nil, "--jitconfig", jit.EncodedJITConfig)
 	assert.Equal(t, 1, code)
 	assert.Contains(t, p.stderr.String(), "503")
+	assert.Contains(t, p.stderr.String(), "gave up after 5 attempts")
 	assert.Equal(t, 5, srv.Requests(githubtest.OpStandInComplete)-before, "five attempts, then it gives up")
 }
 

@@ -174,7 +174,7 @@ func refusal(status int, body []byte) error {
 
 // call POSTs body to u with the runner's credential, retrying transient failures (network
 // errors other than TLS verification, 429 and 5xx) a bounded number of times. It returns the
-// last answer's status and body.
+// answer's status and body, or an error if no answer came or the last one was still transient.
 func (r *Runner) call(ctx context.Context, u string, body []byte, timeout time.Duration) (int, []byte, error) {
 	attempts, wait := r.Attempts, r.RetryWait
 	if attempts <= 0 {
@@ -191,14 +191,14 @@ func (r *Runner) call(ctx context.Context, u string, body []byte, timeout time.D
 		} else {
 			transient = status == http.StatusTooManyRequests || status >= 500
 		}
+		if transient && err == nil {
+			err = refusal(status, answer)
+		}
 		if !transient || attempt >= attempts {
-			if err != nil && transient {
+			if transient {
 				err = fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 			}
 			return status, answer, err
-		}
-		if err == nil {
-			err = refusal(status, answer)
 		}
 		r.logf("%v; retrying in %s", err, wait)
 		t := time.NewTimer(wait)
