@@ -41,8 +41,8 @@ func (s *Server) standInRunnerLocked(w http.ResponseWriter, r *http.Request) (rn
 			"githubtest: no runner "+r.PathValue("id")+"; it was removed, or never registered")
 		return nil, false, false
 	}
-	cred, _ := bearer(r, "Bearer")
-	if subtle.ConstantTimeCompare([]byte(cred), []byte(rn.credential)) != 1 {
+	cred, isBearer := bearer(r, "Bearer")
+	if !isBearer || subtle.ConstantTimeCompare([]byte(cred), []byte(rn.credential)) != 1 {
 		s.counts.RejectedAuth++
 		writeException(w, http.StatusUnauthorized, "InvalidRunnerCredentialException",
 			fmt.Sprintf("githubtest: the bearer credential is not runner %d's (the clientId of its JIT configuration's .credentials)", rn.id))

@@ -434,10 +434,10 @@ func TestStandInProtocolRefuses(t *testing.T) {
 		return cfg
 	}
 	a, b := decode("slot-a"), decode("slot-b")
-	post := func(u, credential, body string) (int, string) {
+	postAs := func(u, authorization, body string) (int, string) {
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, u, strings.NewReader(body))
 		require.NoError(t, err)
-		req.Header.Set("Authorization", "Bearer "+credential)
+		req.Header.Set("Authorization", authorization)
 		resp, err := http.DefaultClient.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
@@ -445,6 +445,7 @@ func TestStandInProtocolRefuses(t *testing.T) {
 		require.NoError(t, err)
 		return resp.StatusCode, string(out)
 	}
+	post := func(u, credential, body string) (int, string) { return postAs(u, "Bearer "+credential, body) }
 	take := func(cfg standin.JITConfig) string {
 		u, err := standin.TakeJobURL(cfg.ServerURL, cfg.AgentID)
 		require.NoError(t, err)
@@ -460,6 +461,8 @@ func TestStandInProtocolRefuses(t *testing.T) {
 	assert.Equal(t, http.StatusUnauthorized, status, "another runner's credential")
 	status, _ = post(take(a), "", "")
 	assert.Equal(t, http.StatusUnauthorized, status, "no credential")
+	status, _ = postAs(take(a), a.Credential, "")
+	assert.Equal(t, http.StatusUnauthorized, status, "the credential without the Bearer scheme")
 	status, body := post(take(a), a.Credential, "")
 	require.Equal(t, http.StatusOK, status, body)
 	var got standin.Job
