@@ -53,26 +53,16 @@ func TestMain(m *testing.M) {
 // buildStandIn builds standinrunner with the go command, once.
 func buildStandIn(t *testing.T) string {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("the go command is not on PATH, so the stand-in runner cannot be built (%v); run the tests with `go test` from a Go toolchain", err)
-	}
 	b := &standInBinary
 	b.once.Do(func() {
 		b.dir, b.err = os.MkdirTemp("", "standinrunner-")
-		if b.err != nil {
-			return
-		}
-		b.path = filepath.Join(b.dir, "standinrunner")
-		args := []string{"build", "-o", b.path}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command(goTool, append(args, "github.com/dynrunner/dynrunner/forge/github/githubtest/standinrunner")...).CombinedOutput()
-		if err != nil {
-			b.err = errors.New("go build standinrunner: " + err.Error() + "\n" + string(out))
+		if b.err == nil {
+			b.path, b.err = githubtest.BuildStandInRunner(b.dir)
 		}
 	})
+	if errors.Is(b.err, githubtest.ErrNoGoCommand) {
+		t.Skip(b.err)
+	}
 	require.NoError(t, b.err)
 	return b.path
 }
