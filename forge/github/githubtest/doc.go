@@ -63,6 +63,11 @@
 //
 // StartJob and CompleteJob still play the runner's side from Go, and mix with the stand-in: a
 // job the test completes under a running stand-in has the stand-in's report refused.
+// BuildStandInRunner builds the binary for a test. Its command line, environment and exit
+// statuses are in the standinrunner command's doc; with Options.TLS it needs the certificate of
+// CertificatePEM in a file named by STANDIN_RUNNER_CA_FILE. It reaches the fake at the loopback
+// URL in the JIT configuration, so it runs on the test's host or in a namespace that shares the
+// host's network.
 //
 // # Where it simplifies
 //
