@@ -139,8 +139,12 @@ func (s *Server) handleStandInComplete(w http.ResponseWriter, r *http.Request) {
 	}
 	j, ok := s.jobs[jobID]
 	if !ok || rn.jobID != jobID || j.runnerID != rn.id {
+		took := "it has taken no job"
+		if rn.jobID != 0 {
+			took = fmt.Sprintf("it took job %d", rn.jobID)
+		}
 		writeException(w, http.StatusConflict, "JobNotOfRunnerException",
-			fmt.Sprintf("githubtest: job %d is not runner %d's (it took job %d)", jobID, rn.id, rn.jobID))
+			fmt.Sprintf("githubtest: job %d is not runner %d's: %s", jobID, rn.id, took))
 		return
 	}
 	if j.state == JobCompleted {
