@@ -1,7 +1,9 @@
 // Package githubtest is a fake of the GitHub and Actions-service side of runner scale sets, for
 // tests: an httptest server that speaks the wire protocol of github.com/actions/scaleset v0.4.0
 // exactly as that client sends and parses it, with a Go API through which a test plays GitHub
-// (queue a job, assign it, start it on a runner, complete it) and injects faults.
+// (queue a job, assign it, start it on a runner, complete it) and injects faults, and a
+// stand-in runner (package standin, command standinrunner) that takes and runs a job with a JIT
+// configuration of the fake over a protocol of the fake's own.
 //
 // # What it models
 //
@@ -31,6 +33,41 @@
 //     available, acquired by the listener, assigned to the scale set, started on a runner of that
 //     scale set, completed with a result; a JIT runner is single-use and is gone once its job has
 //     completed.
+//   - The runner's side, through a stand-in protocol (below): a runner process started with its
+//     JIT configuration takes a job assigned to its scale set, which starts on it (JobStarted with
+//     its id and name), and reports it completed (JobCompleted; the runner is gone).
+//
+// # The stand-in runner and its protocol (not GitHub's)
+//
+// The real runner (actions/runner) cannot be fetched here, and the fake does not model the
+// protocol it speaks: it signs a JWT with the RSA key of its JIT configuration, exchanges it for
+// an OAuth token, and talks to the Actions broker (sessions, job messages, job requests, logs,
+// timeline, completion). Instead the fake serves a stand-in protocol of its own, defined in
+// package standin, and standinrunner is a stand-in runner binary that speaks it; neither is, or
+// imitates the wire of, GitHub's runner protocol. Both calls are under the Actions-service URL
+// (the ServerUrl of the JIT configuration), authorised by "Authorization: Bearer <credential>"
+// with the credential the fake put into the configuration's .credentials (its clientId):
+//
+//   - POST _standin/runners/{id}/job (OpStandInTakeJob): a long poll, bounded as the message
+//     queue's, that takes the oldest job assigned to the runner's scale set and not started,
+//     starts it on the runner (as StartJob does) and answers a standin.Job: the runner request
+//     id, the job id, the repository, the display name, the workflow run id and JobSpec.Run, the
+//     shell script the stand-in runs as the job's only step. 202 when nothing came in time, 401
+//     for another credential, 404 for a runner that does not exist, 409 for a runner that already
+//     took a job, running or finished (a JIT configuration is single-use).
+//   - POST _standin/runners/{id}/jobs/{request id}/complete (OpStandInComplete) with a
+//     standin.Completion, {result, log}: completes the job as CompleteJob does and keeps the log
+//     for JobLog. 400 for an unknown result, 401, 404, 409 for a job that is not the runner's or
+//     already ended otherwise (the test's CompleteJob wins), 413 for an oversize body; a repeat
+//     of the completion that ended the job answers 200, so the runner may retry it.
+//
+// StartJob and CompleteJob still play the runner's side from Go, and mix with the stand-in: a
+// job the test completes under a running stand-in has the stand-in's report refused.
+// BuildStandInRunner builds the binary for a test. Its command line, environment and exit
+// statuses are in the standinrunner command's doc; with Options.TLS it needs the certificate of
+// CertificatePEM in a file named by STANDIN_RUNNER_CA_FILE. It reaches the fake at the loopback
+// URL in the JIT configuration, so it runs on the test's host or in a namespace that shares the
+// host's network.
 //
 // # Where it simplifies
 //
@@ -51,6 +88,11 @@
 //   - Status codes and exception names for cases the client does not distinguish (a duplicate
 //     scale set name, a malformed request body) are plausible guesses, not recorded from GitHub.
 //   - The JIT configuration has the shape the real runner reads (base64 of a JSON object of
-//     base64 files .runner and .credentials) but holds fake values and no RSA parameters; no
-//     runner-facing endpoints exist: the test drives the runner's side through the Go API.
+//     base64 files .runner and .credentials) but holds fake values and no RSA parameters, so the
+//     real runner could not use it; the credential in it authorises only the stand-in protocol.
+//   - A job is one shell step (JobSpec.Run) with a handful of the real runner's variables; no
+//     workflow file, no actions, no checkout, no job log upload or timeline, no cancellation sent
+//     to the runner: a test that completes a running job only makes the runner's report fail. A
+//     runner that dies after taking its job leaves the job running (GitHub fails it once the
+//     runner stops renewing its job request); the test ends it with CompleteJob.
 package githubtest

@@ -27,6 +27,9 @@ const (
 	OpGenerateJITConfig  Op = "generate-jit-config"
 	OpGetRunner          Op = "get-runner"
 	OpRemoveRunner       Op = "remove-runner"
+	// The stand-in protocol's calls (package standin), not GitHub's.
+	OpStandInTakeJob  Op = "standin-take-job"
+	OpStandInComplete Op = "standin-complete"
 )
 
 // Fault is one answer the fake gives instead of serving a request: Status with Body (an Actions

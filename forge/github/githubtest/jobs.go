@@ -49,6 +49,9 @@ type JobSpec struct {
 	EventName     string
 	WorkflowRunID int64
 	JobID         string
+	// Run is the shell script the stand-in runner runs as the job's single step (sh -c, in its
+	// workspace); empty means the job just succeeds. Only the stand-in protocol carries it.
+	Run string
 }
 
 type job struct {
@@ -59,6 +62,7 @@ type job struct {
 	runnerID   int
 	runnerName string
 	result     string
+	log        string // what the stand-in runner reported
 	queued     time.Time
 	assigned   time.Time
 	started    time.Time
@@ -212,10 +216,15 @@ func (s *Server) StartJob(id int64, runnerID int) (int, error) {
 	if rn == nil {
 		return 0, fmt.Errorf("githubtest: start job %d on runner %d: %w; generate a JIT config first", id, runnerID, ErrNoIdleRunner)
 	}
+	s.startLocked(j, rn)
+	return rn.id, nil
+}
+
+// startLocked starts assigned job j on idle runner rn and sends JobStarted; s.mu must be held.
+func (s *Server) startLocked(j *job, rn *runner) {
 	rn.jobID = j.id
 	j.state, j.runnerID, j.runnerName, j.started = JobRunning, rn.id, rn.name, time.Now().UTC()
 	s.enqueueLocked(j.scaleSetID, s.jobMessage(j, jobStarted))
-	return rn.id, nil
 }
 
 // CompleteJob finishes job id with result ("succeeded", "failed", "canceled") and sends
@@ -228,12 +237,32 @@ func (s *Server) CompleteJob(id int64, result string) error {
 	if err != nil {
 		return err
 	}
+	s.completeLocked(j, result)
+	return nil
+}
+
+// completeLocked finishes job j with result and sends JobCompleted; the runner of a running job
+// is retired: gone from the runners, remembered so that it is told it has run; s.mu must be held.
+func (s *Server) completeLocked(j *job, result string) {
 	if j.state == JobRunning {
-		delete(s.runners, j.runnerID)
+		if rn, ok := s.runners[j.runnerID]; ok {
+			delete(s.runners, rn.id)
+			s.retired[rn.id] = rn
+		}
 	}
 	j.state, j.result, j.finished = JobCompleted, result, time.Now().UTC()
 	s.enqueueLocked(j.scaleSetID, s.jobMessage(j, jobCompleted))
-	return nil
+}
+
+// JobLog returns the log the stand-in runner reported for job id; empty until it reports.
+func (s *Server) JobLog(id int64) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	j, ok := s.jobs[id]
+	if !ok {
+		return "", fmt.Errorf("githubtest: job %d: %w", id, ErrUnknownJob)
+	}
+	return j.log, nil
 }
 
 // handleAcquireJobs is POST .../{id}/acquirejobs with a JSON array of runner request ids,

@@ -1,13 +1,13 @@
 package githubtest
 
 import (
-	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/dynrunner/dynrunner/forge/github/githubtest/standin"
 )
 
 type runner struct {
@@ -41,81 +41,11 @@ func (s *Server) Runners() []Runner {
 	return out
 }
 
-// JITConfig is what the fake's encoded JIT configuration holds, decoded: the fields of the
-// runner's .runner file it fills, and the credential of its .credentials file.
-type JITConfig struct {
-	AgentID    int    `json:"AgentId"`
-	AgentName  string `json:"AgentName"`
-	PoolID     int    `json:"PoolId"`
-	ServerURL  string `json:"ServerUrl"`
-	GitHubURL  string `json:"GitHubUrl"`
-	WorkFolder string `json:"WorkFolder"`
-	Ephemeral  bool   `json:"Ephemeral"`
-	// Credential is the runner's secret (the clientId of the OAuth credentials in .credentials).
-	Credential string `json:"-"`
-}
+// JITConfig is what the fake's encoded JIT configuration holds, decoded (standin.JITConfig).
+type JITConfig = standin.JITConfig
 
-type jitCredentials struct {
-	Scheme string `json:"Scheme"`
-	Data   struct {
-		ClientID         string `json:"clientId"`
-		AuthorizationURL string `json:"authorizationUrl"`
-	} `json:"Data"`
-}
-
-// encodeJITConfig encodes cfg as the runner's --jitconfig argument: base64 of a JSON object
-// mapping file names to their base64 contents.
-func encodeJITConfig(cfg JITConfig, authURL string) (string, error) {
-	runnerFile, err := json.Marshal(cfg)
-	if err != nil {
-		return "", fmt.Errorf("encode .runner: %w", err)
-	}
-	var creds jitCredentials
-	creds.Scheme = "OAuth"
-	creds.Data.ClientID = cfg.Credential
-	creds.Data.AuthorizationURL = authURL
-	credFile, err := json.Marshal(creds)
-	if err != nil {
-		return "", fmt.Errorf("encode .credentials: %w", err)
-	}
-	files, err := json.Marshal(map[string]string{
-		".runner":      base64.StdEncoding.EncodeToString(runnerFile),
-		".credentials": base64.StdEncoding.EncodeToString(credFile),
-	})
-	if err != nil {
-		return "", fmt.Errorf("encode files: %w", err)
-	}
-	return base64.StdEncoding.EncodeToString(files), nil
-}
-
-// DecodeJITConfig decodes an encoded JIT configuration the fake issued.
-func DecodeJITConfig(encoded string) (JITConfig, error) {
-	var cfg JITConfig
-	raw, err := base64.StdEncoding.DecodeString(encoded)
-	if err != nil {
-		return cfg, fmt.Errorf("githubtest: decode JIT config: not base64: %w", err)
-	}
-	var files map[string]string
-	if err := json.Unmarshal(raw, &files); err != nil {
-		return cfg, fmt.Errorf("githubtest: decode JIT config: not a JSON object of files: %w", err)
-	}
-	file := func(name string, v any) error {
-		b, err := base64.StdEncoding.DecodeString(files[name])
-		if err != nil {
-			return fmt.Errorf("githubtest: decode JIT config file %s: %w", name, err)
-		}
-		if err := json.Unmarshal(b, v); err != nil {
-			return fmt.Errorf("githubtest: decode JIT config file %s: %w", name, err)
-		}
-		return nil
-	}
-	var creds jitCredentials
-	if err := errors.Join(file(".runner", &cfg), file(".credentials", &creds)); err != nil {
-		return JITConfig{}, err
-	}
-	cfg.Credential = creds.Data.ClientID
-	return cfg, nil
-}
+// DecodeJITConfig decodes an encoded JIT configuration the fake issued (standin.DecodeJITConfig).
+func DecodeJITConfig(encoded string) (JITConfig, error) { return standin.DecodeJITConfig(encoded) }
 
 func (rn *runner) wire() *wireRunnerReference {
 	return &wireRunnerReference{ID: rn.id, Name: rn.name, RunnerScaleSetID: rn.scaleSetID}
@@ -146,7 +76,7 @@ func (s *Server) handleGenerateJITConfig(w http.ResponseWriter, r *http.Request)
 		}
 	}
 	rn := &runner{id: s.nextRunner, name: in.Name, scaleSetID: set.id, workFolder: in.WorkFolder, credential: randomToken("runner_")}
-	enc, err := encodeJITConfig(JITConfig{
+	enc, err := standin.EncodeJITConfig(JITConfig{
 		AgentID: rn.id, AgentName: rn.name, PoolID: 1, ServerURL: s.ActionsServiceURL(), GitHubURL: s.srv.URL,
 		WorkFolder: rn.workFolder, Ephemeral: true, Credential: rn.credential,
 	}, s.srv.URL+actionsPrefix+"/_apis/oauth2/token")

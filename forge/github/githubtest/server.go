@@ -80,6 +80,7 @@ type Server struct {
 	nextSetID  int
 	sessions   map[string]*session // by session id
 	runners    map[int]*runner
+	retired    map[int]*runner // runners gone because their job completed, by id
 	nextRunner int
 	jobs       map[int64]*job
 	nextJob    int64
@@ -109,6 +110,7 @@ func New(tb testing.TB, opts Options) *Server {
 		nextSetID:     1,
 		sessions:      map[string]*session{},
 		runners:       map[int]*runner{},
+		retired:       map[int]*runner{},
 		nextRunner:    1,
 		jobs:          map[int64]*job{},
 		nextJob:       1,
@@ -231,6 +233,11 @@ func (s *Server) routes() http.Handler {
 	mux.Handle("POST "+sets+"/{id}/acquirejobs", s.operation(OpAcquireJobs, s.apiVersion(s.handleAcquireJobs)))
 	mux.Handle("GET "+brokerPrefix+"/sessions/{sid}/messages", s.operation(OpGetMessage, s.handleGetMessage))
 	mux.Handle("DELETE "+brokerPrefix+"/sessions/{sid}/messages/{mid}", s.operation(OpDeleteMessage, s.handleDeleteMessage))
+
+	// The stand-in protocol (package standin), authorised by the runner's JIT credential; not GitHub's.
+	const standIn = actionsPrefix + "/_standin/runners/{id}"
+	mux.Handle("POST "+standIn+"/job", s.operation(OpStandInTakeJob, s.handleStandInTakeJob))
+	mux.Handle("POST "+standIn+"/jobs/{jobid}/complete", s.operation(OpStandInComplete, s.handleStandInComplete))
 
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeException(w, http.StatusNotFound, "NotFoundException", "githubtest: no route for "+r.Method+" "+r.URL.Path)
