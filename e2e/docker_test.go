@@ -49,7 +49,7 @@ func needDocker(t testing.TB) {
 	}
 	msg := "the Docker engine at " + dockerSocket + " does not answer; start it with `systemctl start docker` and run as root"
 	if os.Getenv("CI") != "" {
-		t.Fatal(msg)
+		require.Fail(t, msg)
 	}
 	t.Skip(msg)
 }
@@ -61,13 +61,10 @@ func executorImage(t testing.TB) string {
 	cmd := exec.CommandContext(t.Context(), "bash", filepath.Join("..", "scripts", "executor-image.sh"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("scripts/executor-image.sh: %v\n%s", err, tail(stderr.String(), 40))
-	}
+	err := cmd.Run()
+	require.NoError(t, err, "scripts/executor-image.sh:\n%s", tail(stderr.String(), 40))
 	id := strings.TrimSpace(stdout.String())
-	if !regexp.MustCompile(`^sha256:[0-9a-f]{64}$`).MatchString(id) {
-		t.Fatalf("scripts/executor-image.sh printed %q, want an image ID\n%s", id, tail(stderr.String(), 40))
-	}
+	require.Regexp(t, `^sha256:[0-9a-f]{64}$`, id, "scripts/executor-image.sh printed %q, want an image ID\n%s", id, tail(stderr.String(), 40))
 	t.Logf("executor image %s built in %s", id[:19], time.Since(began).Round(100*time.Millisecond))
 	return id
 }
@@ -79,9 +76,7 @@ func jobNetworkGateway(t testing.TB, name string) string {
 	out, err := exec.CommandContext(t.Context(), "docker", "network", "inspect", "-f", "{{range .IPAM.Config}}{{.Gateway}}{{end}}", name).CombinedOutput()
 	require.NoError(t, err, "docker network inspect %s: %v\n%s", name, err, out)
 	gw := strings.TrimSpace(string(out))
-	if net.ParseIP(gw) == nil {
-		t.Fatalf("network %s has gateway %q", name, gw)
-	}
+	require.NotNil(t, net.ParseIP(gw), "network %s has gateway %q", name, gw)
 	return gw
 }
 
@@ -98,9 +93,8 @@ func removeJobNetwork(t testing.TB) {
 		defer cancel()
 		assert.NoError(t, docker.RemoveFirewall(ctx, "br-"+id[:12]), "remove the job network's firewall")
 	}
-	if out, err := exec.Command("docker", "network", "rm", "dynrunner").CombinedOutput(); err != nil {
-		t.Errorf("docker network rm dynrunner: %v\n%s", err, out)
-	}
+	out, err = exec.Command("docker", "network", "rm", "dynrunner").CombinedOutput()
+	assert.NoError(t, err, "docker network rm dynrunner:\n%s", out)
 }
 
 // assertNoContainers waits, for at most 30 s, until no container of the docker backend's
@@ -114,7 +108,7 @@ func assertNoContainers(t testing.TB) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("dynrunner containers left behind: %v", left)
+			require.Failf(t, "timed out", "dynrunner containers left behind: %v", left)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -211,9 +205,7 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 	res := runWorkflow(t, f, repo, wf, 5*time.Minute)
 	t.Logf("job ran in %s", time.Since(began).Round(100*time.Millisecond))
 	job, ok := res["hardened"]
-	if !ok {
-		t.Fatalf("no job %q in the run: %v", "hardened", keys(res))
-	}
+	require.True(t, ok, "no job %q in the run: %v", "hardened", keys(res))
 	assert.EqualValues(t, "success", job.conclusion, "job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)CapEff:\s+0000000000000000$`),
@@ -227,14 +219,10 @@ func TestDockerBackendHardenedJob(t *testing.T) {
 		regexp.MustCompile(`(?m)the secret is \*\*\*$`),
 		regexp.MustCompile(`(?m)reached ` + regexp.QuoteMeta(reach) + `$`),
 	} {
-		if !want.MatchString(job.log) {
-			t.Errorf("job log lacks %s", want)
-		}
+		assert.True(t, want.MatchString(job.log), "job log lacks %s", want)
 	}
 	for _, a := range refuse {
-		if !strings.Contains(job.log, "refused "+a+"\n") {
-			t.Errorf("the job was not refused %s (the metrics, or a service as a NATS node would be, on an address of the host)", a)
-		}
+		assert.True(t, strings.Contains(job.log, "refused "+a+"\n"), "the job was not refused %s (the metrics, or a service as a NATS node would be, on an address of the host)", a)
 	}
 	if t.Failed() {
 		t.Logf("job log:\n%s", tail(job.log, 80))
@@ -258,9 +246,8 @@ func TestDockerBackendJavaScriptAction(t *testing.T) {
 	ctx := t.Context()
 	action, err := f.CreateRepo(ctx, "greet-action")
 	require.NoError(t, err)
-	if _, err := f.PushFiles(ctx, action, greetAction); err != nil {
-		t.Fatal(err)
-	}
+	_, err = f.PushFiles(ctx, action, greetAction)
+	require.NoError(t, err)
 	repo, err := f.CreateRepo(ctx, "js-action")
 	require.NoError(t, err)
 	c := newController(t, tools, f, repo.String(), leaseEnv, pickupEnv, "POD_BACKEND=docker", "POD_EXECUTOR_IMAGE="+image)
@@ -283,18 +270,14 @@ jobs:
 `
 	res := runWorkflow(t, f, repo, wf, 5*time.Minute)
 	job, ok := res["node"]
-	if !ok {
-		t.Fatalf("no job %q in the run: %v", "node", keys(res))
-	}
+	require.True(t, ok, "no job %q in the run: %v", "node", keys(res))
 	assert.EqualValues(t, "success", job.conclusion, "job concluded %q, want success:\n%s", job.conclusion, tail(job.log, 60))
 	for _, want := range []*regexp.Regexp{
 		regexp.MustCompile(`(?m)^node ` + regexp.QuoteMeta(nodeVersion) + ` at /usr/bin/node(js)?$`),
 		regexp.MustCompile(`(?m)^input who=dynrunner$`),
 		regexp.MustCompile(`(?m)^the action said hello dynrunner!$`),
 	} {
-		if !want.MatchString(job.log) {
-			t.Errorf("job log lacks %s", want)
-		}
+		assert.True(t, want.MatchString(job.log), "job log lacks %s", want)
 	}
 	if t.Failed() {
 		t.Logf("job log:\n%s", tail(job.log, 80))
@@ -326,20 +309,16 @@ jobs:
 	waitLogged(t, f, repo, sha, "tick 10\n", 2*time.Minute)
 	out, err := exec.CommandContext(ctx, "docker", "ps", "-q", "--filter", "label=dynrunner.managed=true", "--filter", "label=dynrunner.scope=default").Output()
 	ids := strings.Fields(string(out))
-	if err != nil || len(ids) != 1 {
-		t.Fatalf("want exactly one job container, have %q (%v)", ids, err)
-	}
-	if out, err := exec.Command("docker", "rm", "-f", ids[0]).CombinedOutput(); err != nil {
-		t.Fatalf("docker rm: %v: %s", err, out)
-	}
+	require.NoError(t, err, "docker ps")
+	require.Len(t, ids, 1, "want exactly one job container, have %q", ids)
+	out, err = exec.Command("docker", "rm", "-f", ids[0]).CombinedOutput()
+	require.NoError(t, err, "docker rm: %s", out)
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	require.Len(t, run.Jobs, 1, "run after the container was removed: %+v", run.Jobs)
 	require.EqualValues(t, "failure", run.Jobs[0].Conclusion, "run after the container was removed: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
-	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
-		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
-	}
+	require.True(t, strings.Contains(log, "dynrunner: the job failed: the environment"), "the job log does not say the environment ended:\n%s", tail(log, 20))
 	assertNoContainers(t)
 }
 
@@ -424,16 +403,15 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 		if f := strings.Fields(string(out)); len(f) == 3 {
 			task, err1 := assignment.ParseTaskID(f[1])
 			epoch, err2 := assignment.ParseEpoch(f[2])
-			if err1 != nil || err2 != nil {
-				t.Fatalf("job container labels %q", out)
-			}
+			require.NoError(t, err1, "job container labels %q", out)
+			require.NoError(t, err2, "job container labels %q", out)
 			id, wantID = f[0], workload.AssignmentID(sp.TrustDomain, task, epoch).String()
 			wantSel = []string{"docker:label:dynrunner.epoch:" + f[2], "docker:label:dynrunner.scope:default", "docker:label:dynrunner.task:" + f[1]}
-		} else if len(f) > 3 {
-			t.Fatalf("more than one job container: %q", out)
+		} else {
+			require.LessOrEqual(t, len(f), 3, "more than one job container: %q", out)
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no job container within 2 minutes")
+			require.Fail(t, "no job container within 2 minutes")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -448,13 +426,13 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 		}
 		logs, _ = exec.CommandContext(ctx, "docker", "logs", id).CombinedOutput()
 		if time.Now().After(deadline) {
-			t.Fatalf("within 2 minutes: entry %+v; the executor's log:\n%s", entry, tail(string(logs), 30))
+			require.Failf(t, "timed out", "within 2 minutes: entry %+v; the executor's log:\n%s", entry, tail(string(logs), 30))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if sel := slices.Sorted(slices.Values(entry.Selectors)); entry.SPIFFEID.String() != wantID || entry.ParentID != sp.AgentID || !slices.Equal(sel, wantSel) {
-		t.Errorf("entry %+v, want SPIFFE ID %s, parent %s, selectors %q", entry, wantID, sp.AgentID, wantSel)
-	}
+	assert.Equal(t, wantID, entry.SPIFFEID.String(), "entry %+v: SPIFFE ID", entry)
+	assert.Equal(t, sp.AgentID, entry.ParentID, "entry %+v: parent", entry)
+	assert.Equal(t, wantSel, slices.Sorted(slices.Values(entry.Selectors)), "entry %+v: selectors", entry)
 
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	t.Logf("run concluded %s in %s", run.Conclusion, time.Since(began).Round(100*time.Millisecond))
@@ -471,9 +449,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 		regexp.MustCompile(`no svid files`),
 		regexp.MustCompile(`line 50`),
 	} {
-		if !want.MatchString(log) {
-			t.Errorf("job log lacks %s", want)
-		}
+		assert.True(t, want.MatchString(log), "job log lacks %s", want)
 	}
 	if t.Failed() {
 		t.Logf("job log:\n%s", tail(devforge.NormalizeLog(log), 60))
@@ -493,7 +469,7 @@ func TestDockerBackendJobWithSPIRE(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("left behind: containers %v, SPIRE entries %v", left, entries)
+			require.Failf(t, "timed out", "left behind: containers %v, SPIRE entries %v", left, entries)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}

@@ -91,9 +91,7 @@ func runWorkflow(t testing.TB, f *devforge.Forge, repo devforge.Repo, content st
 		}
 		log, err := f.JobLog(t.Context(), repo, j.ID)
 		require.NoError(t, err, "log of job %q", j.Name)
-		if strings.Contains(log, secretValue) {
-			t.Errorf("job %q: the secret appears in clear text in its log", j.Name)
-		}
+		assert.False(t, strings.Contains(log, secretValue), "job %q: the secret appears in clear text in its log", j.Name)
 		out[j.Name] = jobResult{conclusion: j.Conclusion, log: devforge.NormalizeLog(log)}
 	}
 	return out
@@ -133,13 +131,11 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 	got := runWorkflow(t, f, dyn, workflow, 10*time.Minute)
 	t.Logf("dynrunner: %d jobs in %s", len(got), time.Since(start).Round(time.Second))
 
-	if len(got) != len(want) || len(got) != 8 {
-		t.Fatalf("dynrunner ran jobs %v, the static runner %v; want the same 8", keys(got), keys(want))
-	}
+	require.Len(t, got, 8, "dynrunner ran jobs %v, the static runner %v; want the same 8", keys(got), keys(want))
+	require.Len(t, want, 8, "dynrunner ran jobs %v, the static runner %v; want the same 8", keys(got), keys(want))
 	for name, w := range want {
 		g, ok := got[name]
-		if !ok {
-			t.Errorf("job %q missing from the dynrunner run", name)
+		if !assert.True(t, ok, "job %q missing from the dynrunner run", name) {
 			continue
 		}
 		assert.Equal(t, w.conclusion, g.conclusion, "job %q: dynrunner %s, static runner %s", name, g.conclusion, w.conclusion)
@@ -150,9 +146,9 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 	// A job without an isolation label is failed with a message naming the accepted labels.
 	res := runWorkflow(t, f, dyn, "name: bad\non: [push]\njobs:\n  plain:\n    runs-on: [self-hosted]\n    steps:\n      - run: echo should not run\n", 3*time.Minute)
 	plain := res["plain"]
-	if plain.conclusion != "failure" || !strings.Contains(plain.log, "accepted: [self-hosted, pod]") || strings.Contains(plain.log, "should not run\n") {
-		t.Errorf("runs-on [self-hosted] job: %s\n%s", plain.conclusion, plain.log)
-	}
+	assert.Equal(t, "failure", plain.conclusion, "runs-on [self-hosted] job:\n%s", plain.log)
+	assert.Contains(t, plain.log, "accepted: [self-hosted, pod]", "runs-on [self-hosted] job log")
+	assert.NotContains(t, plain.log, "should not run\n", "runs-on [self-hosted] job log")
 	assertNoEnvironmentsLeft(t, c)
 }
 
@@ -161,9 +157,7 @@ func TestWorkflowMatchesStaticRunner(t *testing.T) {
 func checkCoreWorkflow(t testing.TB, got map[string]jobResult) {
 	t.Helper()
 	for name, want := range map[string]string{"produce": "success", "consume": "success", "noisy": "success", "quiet": "success", "failing": "failure", "always": "success"} {
-		if got[name].conclusion != want {
-			t.Errorf("job %q concluded %q, want %q", name, got[name].conclusion, want)
-		}
+		assert.Equal(t, want, got[name].conclusion, "job %q concluded", name)
 	}
 	for name, line := range map[string]string{
 		"produce": "the secret is ***",
@@ -172,13 +166,9 @@ func checkCoreWorkflow(t testing.TB, got map[string]jobResult) {
 		"quiet":   "woke up after 40 silent seconds",
 		"always":  "runs after a failure",
 	} {
-		if !strings.Contains(got[name].log, line) {
-			t.Errorf("job %q: log lacks %q", name, line)
-		}
+		assert.True(t, strings.Contains(got[name].log, line), "job %q: log lacks %q", name, line)
 	}
-	if n := strings.Count(got["noisy"].log, "noisy line "); n < 3000 {
-		t.Errorf("noisy job logged %d of 3000 lines", n)
-	}
+	assert.GreaterOrEqual(t, strings.Count(got["noisy"].log, "noisy line "), 3000, "noisy job's lines logged of 3000")
 
 }
 
@@ -213,7 +203,7 @@ func assertNoEnvironmentsLeft(t testing.TB, c *controller) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("environments left behind: %v", left)
+			require.Failf(t, "timed out", "environments left behind: %v", left)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -255,7 +245,7 @@ jobs:
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the job did not log its 20th line within 2 minutes")
+			require.Fail(t, "the job did not log its 20th line within 2 minutes")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -276,25 +266,17 @@ jobs:
 	counts := lineRe.FindAllStringSubmatch(devforge.NormalizeLog(log), -1)
 	require.Len(t, counts, 200, "log holds %d count lines, want exactly 200 (complete, none twice)", len(counts))
 	for i, m := range counts {
-		if m[1] != fmt.Sprint(i+1) {
-			t.Fatalf("count line %d reads %s: log out of order or duplicated", i+1, m[1])
-		}
+		require.Equal(t, fmt.Sprint(i+1), m[1], "count line %d: log out of order or duplicated", i+1)
 	}
-	if !strings.Contains(log, "second step done") {
-		t.Fatal("the second step's output is missing")
-	}
+	require.Contains(t, log, "second step done", "the second step's output is missing")
 	// Reported once: the audit stream holds exactly one completed transition, read with the
 	// operator's command.
 	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "dynrunner events: %v\n%s", err, out)
-	if n := strings.Count(string(out), `"transition":"completed"`); n != 1 {
-		t.Fatalf("%d completed transitions in the audit stream, want 1:\n%s", n, out)
-	}
-	if strings.Contains(string(out), "gitea_runtime_token") {
-		t.Fatal("the audit stream shows task material")
-	}
+	require.Equal(t, 1, strings.Count(string(out), `"transition":"completed"`), "completed transitions in the audit stream, want 1:\n%s", out)
+	require.NotContains(t, string(out), "gitea_runtime_token", "the audit stream shows task material")
 	if len(extra) == 0 {
 		assertNoEnvironmentsLeft(t, c)
 	}
@@ -306,7 +288,7 @@ func waitLogged(t testing.TB, f *devforge.Forge, repo devforge.Repo, sha, line s
 	deadline := time.Now().Add(limit)
 	for !strings.Contains(runningLog(t, f, repo, sha), line) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the job did not log %q within %s", line, limit)
+			require.Failf(t, "timed out", "the job did not log %q within %s", line, limit)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -351,20 +333,16 @@ jobs:
       - run: echo "after the silence"
 `, 6*time.Minute)
 	job, ok := res["silent"]
-	if !ok {
-		t.Fatalf("no job %q in the run: %v", "silent", keys(res))
-	}
-	if job.conclusion != "success" || !strings.Contains(job.log, "after the silence") {
-		t.Fatalf("job concluded %q after %s, want success past a silence longer than LEASE_SECS=90:\n%s",
-			job.conclusion, time.Since(began).Round(time.Second), tail(job.log, 30))
-	}
+	require.True(t, ok, "no job %q in the run: %v", "silent", keys(res))
+	require.Equal(t, "success", job.conclusion, "job concluded after %s, want success past a silence longer than LEASE_SECS=90:\n%s",
+		time.Since(began).Round(time.Second), tail(job.log, 30))
+	require.True(t, strings.Contains(job.log, "after the silence"), "job concluded %q after %s, want success past a silence longer than LEASE_SECS=90:\n%s",
+		job.conclusion, time.Since(began).Round(time.Second), tail(job.log, 30))
 	cmd := exec.Command(controllerBin(t), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "dynrunner events: %v\n%s", err, out)
 	// Every LEASE_SECS/3 = 30 s: at least three renewals during the 100 s of silence.
-	if n := strings.Count(string(out), `"transition":"renewed"`); n < 3 {
-		t.Fatalf("%d renewed transitions in the audit stream, want at least 3 during 100 s of silence:\n%s", n, tail(string(out), 20))
-	}
+	require.GreaterOrEqual(t, strings.Count(string(out), `"transition":"renewed"`), 3, "renewed transitions in the audit stream, want at least 3 during 100 s of silence:\n%s", tail(string(out), 20))
 	t.Logf("the job ran %s; %d renewals", time.Since(began).Round(time.Second), strings.Count(string(out), `"transition":"renewed"`))
 }

@@ -109,6 +109,6 @@ func procStatus(t *testing.T, pid int, field string) int64 {
 			return kb << 10
 		}
 	}
-	t.Fatalf("no %s in /proc/%d/status", field, pid)
+	require.Failf(t, "field missing", "no %s in /proc/%d/status", field, pid)
 	return 0
 }

@@ -120,7 +120,7 @@ jobs:
 	deadline := time.Now().Add(time.Minute)
 	for !executorLogged(stateDir(a), "failing over to the next") {
 		if time.Now().After(deadline) {
-			t.Fatal("no executor logged a failover within a minute of the kill")
+			require.Fail(t, "no executor logged a failover within a minute of the kill")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

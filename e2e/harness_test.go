@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/secretfile"
@@ -78,7 +79,7 @@ func raceCheck(t testing.TB, what, path string) {
 		return
 	}
 	if i := strings.Index(string(b), raceReport); i >= 0 {
-		t.Errorf("%s: the race detector found a data race:\n%s", what, head(string(b[i:]), 80))
+		assert.Failf(t, "data race", "%s: the race detector found a data race:\n%s", what, head(string(b[i:]), 80))
 	}
 }
 
@@ -176,9 +177,7 @@ func tail(s string, n int) string {
 func (c *controller) start() {
 	c.t.Helper()
 	logf, err := os.OpenFile(c.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		c.t.Fatal(err)
-	}
+	require.NoError(c.t, err)
 	defer logf.Close()
 	bin := c.bin
 	if bin == "" {
@@ -187,9 +186,7 @@ func (c *controller) start() {
 	c.cmd = exec.Command(bin, "controller")
 	c.cmd.Env = c.env
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
-	if err := c.cmd.Start(); err != nil {
-		c.t.Fatal(err)
-	}
+	require.NoError(c.t, c.cmd.Start())
 	c.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { _ = cmd.Wait(); close(done) }(c.cmd, c.done)
 	waitReady(c.t, "controller", c.httpURL+"/readyz", c.done, c.logPath)
@@ -204,7 +201,7 @@ func waitReady(t testing.TB, what, url string, done <-chan struct{}, logPath str
 		select {
 		case <-done:
 			b, _ := os.ReadFile(logPath)
-			t.Fatalf("%s exited during start:\n%s", what, tail(string(b), 40))
+			require.Failf(t, "exited", "%s exited during start:\n%s", what, tail(string(b), 40))
 		default:
 		}
 		if resp, err := http.Get(url); err == nil {
@@ -214,7 +211,7 @@ func waitReady(t testing.TB, what, url string, done <-chan struct{}, logPath str
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s not ready within 60s", what)
+			require.Failf(t, "timed out", "%s not ready within 60s", what)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -241,7 +238,7 @@ func (c *controller) stop() {
 	select {
 	case <-c.done:
 	case <-time.After(30 * time.Second):
-		c.t.Errorf("controller did not stop within 30s of SIGTERM")
+		assert.Fail(c.t, "controller did not stop within 30s of SIGTERM")
 		_ = c.cmd.Process.Kill()
 		<-c.done
 	}

@@ -153,7 +153,7 @@ func runRegistrar(t *testing.T, env ...string) string {
 		select {
 		case <-done:
 		case <-time.After(30 * time.Second):
-			t.Errorf("dynrunner identity did not stop within 30s of SIGTERM")
+			assert.Fail(t, "dynrunner identity did not stop within 30s of SIGTERM")
 			_ = cmd.Process.Kill()
 			<-done
 		}
@@ -231,11 +231,11 @@ func (e *kubeEnv) runningPod(t *testing.T) corev1.Pod {
 	for {
 		if pods := e.pods(t); len(pods) == 1 && pods[0].Status.Phase == corev1.PodRunning {
 			return pods[0]
-		} else if len(pods) > 1 {
-			t.Fatalf("%d job pods, want one", len(pods))
+		} else {
+			require.LessOrEqual(t, len(pods), 1, "%d job pods, want one", len(pods))
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no running job pod within 2 minutes: %v", e.pods(t))
+			require.Failf(t, "timed out", "no running job pod within 2 minutes: %v", e.pods(t))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -251,7 +251,7 @@ func (e *kubeEnv) assertGone(t *testing.T, uid string) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after the job: %d job pods, containers %v, SPIRE entries %v; want none", pods, containers, entries)
+			require.Failf(t, "timed out", "after the job: %d job pods, containers %v, SPIRE entries %v; want none", pods, containers, entries)
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -261,9 +261,7 @@ func (e *kubeEnv) assertGone(t *testing.T, uid string) {
 func podAssignment(t *testing.T, p corev1.Pod) (assignment.TaskID, assignment.Epoch) {
 	t.Helper()
 	task, epoch, ok := kube.Assignment(&p)
-	if !ok {
-		t.Fatalf("pod %s has no assignment labels: %v", p.Name, p.Labels)
-	}
+	require.True(t, ok, "pod %s has no assignment labels: %v", p.Name, p.Labels)
 	return task, epoch
 }
 
@@ -305,9 +303,9 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	task, epoch := podAssignment(t, pod)
 	wantID := workload.AssignmentID(e.spire.TrustDomain, task, epoch).String()
 	t.Logf("pod %s (uid %s) running %s after %s", pod.Name, uid, wantID, time.Since(began).Round(100*time.Millisecond))
-	if ents := e.podEntries(t, uid); len(ents) != 1 || ents[0].SPIFFEID.String() != wantID ||
-		!slices.Contains(ents[0].Selectors, "docker:label:io.kubernetes.pod.namespace:"+e.ns) {
-		t.Errorf("SPIRE entries for the pod's uid: %+v, want one for %s", ents, wantID)
+	if ents := e.podEntries(t, uid); assert.Len(t, ents, 1, "SPIRE entries for the pod's uid: %+v, want one for %s", ents, wantID) {
+		assert.Equal(t, wantID, ents[0].SPIFFEID.String(), "SPIRE entry for the pod's uid: %+v", ents[0])
+		assert.Contains(t, ents[0].Selectors, "docker:label:io.kubernetes.pod.namespace:"+e.ns, "SPIRE entry for the pod's uid: %+v", ents[0])
 	}
 	assert.Len(t, podContainers(t, uid), 1, "containers of the pod")
 	// The executor logs the SVID it took from the Workload API.
@@ -318,7 +316,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the executor did not log its SVID %s within a minute:\n%s", wantID, tail(string(logs), 30))
+			require.Failf(t, "timed out", "the executor did not log its SVID %s within a minute:\n%s", wantID, tail(string(logs), 30))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -331,13 +329,9 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	require.NoError(t, err)
 	// SPIFFE_ENDPOINT_SOCKET is the executor's setting, not the job's.
 	for _, want := range []string{"agent.sock", "SPIFFE_ENDPOINT_SOCKET=unset for the job", "line 60", "the secret is ***"} {
-		if !strings.Contains(log, want) {
-			t.Errorf("job log lacks %q", want)
-		}
+		assert.True(t, strings.Contains(log, want), "job log lacks %q", want)
 	}
-	if strings.Contains(log, secretValue) {
-		t.Error("the job log shows the secret in clear")
-	}
+	assert.False(t, strings.Contains(log, secretValue), "the job log shows the secret in clear")
 	if t.Failed() {
 		t.Logf("job log:\n%s", tail(devforge.NormalizeLog(log), 60))
 	}
@@ -357,9 +351,8 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 			}
 		}
 	}
-	if i := slices.Index(phases, "Running"); i < 0 || !slices.Contains(phases[i:], "Succeeded") {
-		t.Errorf("phases recorded for pod %s: %v, want Running then Succeeded\n%s", uid, phases, tail(string(out), 20))
-	}
+	i := slices.Index(phases, "Running")
+	assert.True(t, i >= 0 && slices.Contains(phases[i:], "Succeeded"), "phases recorded for pod %s: %v, want Running then Succeeded\n%s", uid, phases, tail(string(out), 20))
 
 	// The registrar counts the Pod's entry as created and deleted (the facade's entry is the
 	// other creation).
@@ -368,9 +361,7 @@ func TestKubeJobWithSPIRE(t *testing.T) {
 	defer resp.Body.Close()
 	metrics, _ := io.ReadAll(resp.Body)
 	for _, want := range []string{"dynrunner_identity_entries_created_total 2", "dynrunner_identity_entries_deleted_total 1", "dynrunner_identity_ready 1"} {
-		if !strings.Contains(string(metrics), want+"\n") {
-			t.Errorf("registrar metrics lack %q:\n%s", want, metrics)
-		}
+		assert.Contains(t, string(metrics), want+"\n", "registrar metrics lack %q", want)
 	}
 }
 
@@ -404,17 +395,13 @@ jobs:
 	e.refusesForeignSVID(t, pod)
 	e.refusesOwnSVIDForAnotherTask(t, pod)
 
-	if err := e.cluster.Client.CoreV1().Pods(e.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, e.cluster.Client.CoreV1().Pods(e.ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}))
 	run := waitRun(t, f, repo, sha, 5*time.Minute)
 	require.Len(t, run.Jobs, 1, "run after the pod was deleted: %+v", run.Jobs)
 	require.EqualValues(t, "failure", run.Jobs[0].Conclusion, "run after the pod was deleted: %+v", run.Jobs)
 	log, err := f.JobLog(ctx, repo, run.Jobs[0].ID)
 	require.NoError(t, err)
-	if !strings.Contains(log, "dynrunner: the job failed: the environment") {
-		t.Fatalf("the job log does not say the environment ended:\n%s", tail(log, 20))
-	}
+	require.True(t, strings.Contains(log, "dynrunner: the job failed: the environment"), "the job log does not say the environment ended:\n%s", tail(log, 20))
 	e.assertGone(t, uid)
 }
 
@@ -428,9 +415,7 @@ func (e *kubeEnv) refusesForeignSVID(t *testing.T, pod corev1.Pod) {
 	sec, err := e.cluster.Client.CoreV1().Secrets(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
 	require.NoError(t, err)
 	token := string(sec.Data[podworker.TokenFile])
-	if token == "" {
-		t.Fatalf("the pod's secret holds no %s", podworker.TokenFile)
-	}
+	require.NotEmpty(t, token, "the pod's secret holds no %s", podworker.TokenFile)
 	self, err := os.Executable()
 	require.NoError(t, err)
 	other := workload.AssignmentID(e.spire.TrustDomain, task+1000, 1)
@@ -513,8 +498,6 @@ func TestKubeControllerSIGKILLMidJob(t *testing.T) {
 	e := startKube(t)
 	var uid string
 	sigkillMidJob(t, tools, startForge(t, tools), func() { uid = string(e.runningPod(t).UID) }, e.controllerEnv...)
-	if uid == "" {
-		t.Fatal("no pod was seen running")
-	}
+	require.NotEmpty(t, uid, "no pod was seen running")
 	e.assertGone(t, uid)
 }

@@ -115,7 +115,7 @@ func leaseHeld(t *testing.T, c *controller) bool {
 			return strings.TrimSpace(v) == "1"
 		}
 	}
-	t.Fatalf("%s/metrics has no dynrunner_scheduler_reconcile_lease_held", c.httpURL)
+	require.Failf(t, "metric missing", "%s/metrics has no dynrunner_scheduler_reconcile_lease_held", c.httpURL)
 	return false
 }
 

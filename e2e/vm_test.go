@@ -34,9 +34,8 @@ func buildImage(t testing.TB, script string) (dir string) {
 	dir = t.TempDir()
 	cmd := exec.Command("bash", script, dir)
 	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", script, err, out)
-	}
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s:\n%s", script, out)
 	return dir
 }
 
@@ -79,7 +78,7 @@ func needVMTools(t testing.TB) {
 			if os.Getenv("CI") == "" {
 				t.Skipf("%s is missing; install the VM test tier's tools with: bash scripts/vm-deps.sh", tool)
 			}
-			t.Fatalf("%s is missing although CI must provide it (scripts/vm-deps.sh)", tool)
+			require.NoError(t, err, "%s is missing although CI must provide it (scripts/vm-deps.sh)", tool)
 		}
 	}
 	if os.Geteuid() != 0 {
@@ -123,13 +122,12 @@ jobs:
       - run: echo should never run
 `, 10*time.Minute)
 	inside := res["inside"]
-	if inside.conclusion != "success" || !strings.Contains(inside.log, "vm job done") || !strings.Contains(inside.log, "QEMU") {
-		t.Fatalf("vm job: %s\n%s", inside.conclusion, inside.log)
-	}
+	require.Equal(t, "success", inside.conclusion, "vm job:\n%s", inside.log)
+	require.Contains(t, inside.log, "vm job done", "vm job log")
+	require.Contains(t, inside.log, "QEMU", "vm job log")
 	both := res["both"]
-	if both.conclusion != "failure" || !strings.Contains(both.log, "both pod and vm") {
-		t.Fatalf("pod+vm job: %s\n%s", both.conclusion, both.log)
-	}
+	require.Equal(t, "failure", both.conclusion, "pod+vm job:\n%s", both.log)
+	require.Contains(t, both.log, "both pod and vm", "pod+vm job log")
 
 	// The core end-to-end workflow, every job in a microVM of its own.
 	began := time.Now()
@@ -146,7 +144,7 @@ jobs:
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("left behind after the VM job: %s", left)
+			require.Failf(t, "timed out", "left behind after the VM job: %s", left)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
@@ -184,9 +182,7 @@ func BenchmarkVMBootToRegistered(b *testing.B) {
 	b.Run("busybox", func(b *testing.B) {
 		img := busyboxImage(b)
 		cmdline, err := os.ReadFile(filepath.Join(img, "cmdline"))
-		if err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, err)
 		b.Cleanup(func() { _ = exec.Command("ip", "link", "del", "drbench1").Run() })
 		benchVMBoot(b, tools, []string{
 			"VM_IMAGE=" + filepath.Join(img, "base.qcow2"), "VM_KERNEL=" + filepath.Join(img, "vmlinuz"),
@@ -200,9 +196,7 @@ func BenchmarkVMBootToRegistered(b *testing.B) {
 func benchVMBoot(b *testing.B, tools devforge.Tools, vm []string) {
 	f := startForge(b, tools)
 	repo, err := f.CreateRepo(b.Context(), "vmbench")
-	if err != nil {
-		b.Fatal(err)
-	}
+	require.NoError(b, err)
 	c := newController(b, tools, f, repo.String(), append([]string{leaseEnv, pickupEnv}, vm...)...)
 	c.start()
 	var boot, total time.Duration
@@ -210,17 +204,13 @@ func benchVMBoot(b *testing.B, tools devforge.Tools, vm []string) {
 		start := time.Now()
 		res := runWorkflow(b, f, repo, fmt.Sprintf("name: vm%d\non: [push]\njobs:\n  inside:\n    runs-on: [self-hosted, vm]\n    steps:\n      - shell: sh\n        run: echo run %d\n", i, i), 10*time.Minute)
 		total += time.Since(start)
-		if res["inside"].conclusion != "success" {
-			b.Fatalf("vm job: %s\n%s", res["inside"].conclusion, res["inside"].log)
-		}
+		require.Equal(b, "success", res["inside"].conclusion, "vm job:\n%s", res["inside"].log)
 	}
 	// Read started → registered of every assignment from the audit stream.
 	cmd := exec.Command(controllerBin(b), "events", "--json", "--follow=false")
 	cmd.Env = c.env
 	out, err := cmd.Output()
-	if err != nil {
-		b.Fatalf("dynrunner events: %v", err)
-	}
+	require.NoError(b, err, "dynrunner events")
 	startedAt := map[int64]time.Time{}
 	n := 0
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
@@ -242,9 +232,7 @@ func benchVMBoot(b *testing.B, tools devforge.Tools, vm []string) {
 			}
 		}
 	}
-	if n != b.N {
-		b.Fatalf("found %d started→registered pairs, want %d", n, b.N)
-	}
+	require.Equal(b, b.N, n, "started→registered pairs")
 	b.ReportMetric(boot.Seconds()/float64(n), "boot-to-registered-s")
 	b.ReportMetric(total.Seconds()/float64(b.N), "push-to-success-s")
 }

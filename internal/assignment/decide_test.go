@@ -1,7 +1,6 @@
 package assignment
 
 import (
-	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -111,12 +110,9 @@ func TestDecide(t *testing.T) {
 func TestRenewExtendsLeaseKeepsPhaseAndEpoch(t *testing.T) {
 	s := advance(t, claimed(10), evStarted, evRegistered, evRunning)
 	renewed := advance(t, s, Event{Transition: Renewed, At: t0.Add(4 * time.Minute), Lease: 5 * time.Minute})
-	if renewed.Phase != Running || renewed.Epoch() != 10 {
-		t.Fatalf("renewal changed phase %s or epoch %d", renewed.Phase, renewed.Epoch())
-	}
-	if got, want := renewed.LeaseExpires, t0.Add(9*time.Minute); !got.Equal(want) {
-		t.Fatalf("lease expires %s, want %s", got, want)
-	}
+	require.Equal(t, Running, renewed.Phase, "renewal changed phase")
+	require.EqualValues(t, 10, renewed.Epoch(), "renewal changed epoch")
+	require.True(t, renewed.LeaseExpires.Equal(t0.Add(9*time.Minute)), "lease expires %s, want %s", renewed.LeaseExpires, t0.Add(9*time.Minute))
 }
 
 func TestRunningRecordsTheJobStart(t *testing.T) {
@@ -131,27 +127,24 @@ func TestStartedByOutlivesLaterActors(t *testing.T) {
 	started.Actor = "pod-worker@a/1"
 	s := advance(t, claimed(10), started, Event{Transition: Registered, TokenID: "tok", RunnerUUID: "r", Actor: "facade@b/2"},
 		Event{Transition: Renewed, At: t0, Lease: time.Minute, Actor: "facade@b/2"})
-	if got, want := s.StartedBy, "pod-worker@a/1"; got != want || s.Actor != "facade@b/2" {
-		t.Fatalf("started by %q (actor %q), want %q", got, s.Actor, want)
-	}
+	require.Equal(t, "pod-worker@a/1", s.StartedBy, "started by")
+	require.Equal(t, "facade@b/2", s.Actor, "actor")
 }
 
 func TestOverdue(t *testing.T) {
 	s := claimed(3)
-	if _, due := Overdue(*s, t0.Add(time.Minute)); due {
-		t.Fatal("overdue one minute after the claim")
-	}
+	_, due := Overdue(*s, t0.Add(time.Minute))
+	require.False(t, due, "overdue one minute after the claim")
 	ev, due := Overdue(*s, t0.Add(2*time.Minute+time.Second))
-	if !due || ev.Transition != Failed || ev.Epoch != 3 || ev.Reason == "" {
-		t.Fatalf("pickup deadline: %+v, %v", ev, due)
-	}
+	require.True(t, due, "pickup deadline: not overdue")
+	require.Equal(t, Failed, ev.Transition, "pickup deadline: %+v", ev)
+	require.EqualValues(t, 3, ev.Epoch, "pickup deadline: %+v", ev)
+	require.NotEmpty(t, ev.Reason, "pickup deadline: %+v", ev)
 	running := advance(t, s, evStarted, evRegistered, evRunning)
-	if _, due := Overdue(*running, t0.Add(3*time.Minute)); due {
-		t.Fatal("a running assignment with a live lease is overdue")
-	}
-	if _, due := Overdue(*running, t0.Add(6*time.Minute)); !due {
-		t.Fatal("an expired lease is not overdue")
-	}
+	_, due = Overdue(*running, t0.Add(3*time.Minute))
+	require.False(t, due, "a running assignment with a live lease is overdue")
+	_, due = Overdue(*running, t0.Add(6*time.Minute))
+	require.True(t, due, "an expired lease is not overdue")
 }
 
 // TestDeadlineFailureRecheckedOnCurrentState: a deadline's failure decided on a stale state (a
@@ -198,15 +191,13 @@ func TestDecideProperties(t *testing.T) {
 			}
 			rec, err := Decide(s, ev)
 			if err != nil {
-				if ev.Epoch != s.Epoch() && !errors.Is(err, ErrStaleEpoch) {
-					t.Fatalf("wrong epoch not rejected as stale: %v", err)
+				if ev.Epoch != s.Epoch() {
+					require.ErrorIs(t, err, ErrStaleEpoch, "wrong epoch not rejected as stale")
 				}
 				continue
 			}
 			require.Equal(t, s.Epoch(), ev.Epoch, "accepted %s with epoch %d, current %d", ev.Transition, ev.Epoch, s.Epoch())
-			if Terminal(s.Phase) {
-				t.Fatalf("%s accepted after terminal %s", ev.Transition, s.Phase)
-			}
+			require.False(t, Terminal(s.Phase), "%s accepted after terminal %s", ev.Transition, s.Phase)
 			next := &State{Record: rec, Seq: s.Seq + 1}
 			require.EqualValues(t, 7, next.Epoch(), "epoch changed to %d by %s", next.Epoch(), ev.Transition)
 			if rec.Transition == Registered {
@@ -217,9 +208,8 @@ func TestDecideProperties(t *testing.T) {
 			}
 			s = next
 		}
-		if registered > 1 || fetched > 1 {
-			t.Fatalf("token redeemed %d times, task handed over %d times", registered, fetched)
-		}
+		require.LessOrEqual(t, registered, 1, "token redeemed %d times, task handed over %d times", registered, fetched)
+		require.LessOrEqual(t, fetched, 1, "token redeemed %d times, task handed over %d times", registered, fetched)
 	}
 }
 

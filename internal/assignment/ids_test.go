@@ -44,12 +44,14 @@ func FuzzParseForgeURL(f *testing.F) {
 			return
 		}
 		u, perr := url.Parse(got.String())
-		if perr != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			t.Fatalf("accepted %q as %q (%+v, %v)", s, got, u, perr)
-		}
-		if strings.HasSuffix(got.String(), "/") || strings.ContainsAny(got.String(), " \t\r\n") {
-			t.Fatalf("accepted %q as %q", s, got)
-		}
+		require.NoError(t, perr, "accepted %q as %q", s, got)
+		require.Contains(t, []string{"http", "https"}, u.Scheme, "accepted %q as %q: scheme", s, got)
+		require.NotEmpty(t, u.Hostname(), "accepted %q as %q: no host", s, got)
+		require.Nil(t, u.User, "accepted %q as %q: credentials", s, got)
+		require.Empty(t, u.RawQuery, "accepted %q as %q: query", s, got)
+		require.Empty(t, u.Fragment, "accepted %q as %q: fragment", s, got)
+		require.False(t, strings.HasSuffix(got.String(), "/"), "accepted %q as %q: trailing slash", s, got)
+		require.False(t, strings.ContainsAny(got.String(), " \t\r\n"), "accepted %q as %q: white space", s, got)
 		again, err := ParseForgeURL(got.String())
 		require.NoError(t, err, "%q parses to %q, which parses to %q (%v)", s, got, again, err)
 		require.Equal(t, got, again, "%q parses to %q, which parses to %q (%v)", s, got, again, err)

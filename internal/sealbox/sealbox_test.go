@@ -74,12 +74,10 @@ func TestNewKeyErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := New([]byte(tt.key))
 			require.ErrorIs(t, err, ErrKey, "New() error = %v, want ErrKey", err)
-			if tt.key != "" && strings.Contains(err.Error(), tt.key) {
-				t.Errorf("error echoes the key: %v", err)
+			if tt.key != "" {
+				assert.NotContains(t, err.Error(), tt.key, "error echoes the key")
 			}
-			if !strings.HasPrefix(err.Error(), "sealbox: ") {
-				t.Errorf("error %q lacks the package prefix", err)
-			}
+			assert.True(t, strings.HasPrefix(err.Error(), "sealbox: "), "error %q lacks the package prefix", err)
 		})
 	}
 }
@@ -100,21 +98,17 @@ func TestSealOpen(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			sealed, err := b.Seal(tt.plaintext, tt.aad)
 			require.NoError(t, err, "Seal()")
-			if got, want := len(sealed), len(tt.plaintext)+Overhead; got != want {
-				t.Errorf("len(sealed) = %d, want %d", got, want)
-			}
-			if len(tt.plaintext) > 4 && bytes.Contains(sealed, tt.plaintext) {
-				t.Error("sealed value contains the plaintext")
+			assert.Len(t, sealed, len(tt.plaintext)+Overhead, "len(sealed)")
+			if len(tt.plaintext) > 4 {
+				assert.False(t, bytes.Contains(sealed, tt.plaintext), "sealed value contains the plaintext")
 			}
 			got, err := b.Open(sealed, tt.aad)
 			require.NoError(t, err, "Open()")
-			if !bytes.Equal(got, tt.plaintext) {
-				t.Errorf("Open() = %q, want %q", got, tt.plaintext)
-			}
+			assert.Equal(t, string(tt.plaintext), string(got), "Open()")
 			// A second Box from the same key (a restarted controller) opens it too.
 			got, err = mustNew(t, []byte(hex.EncodeToString(testKey))).Open(sealed, tt.aad)
-			if err != nil || !bytes.Equal(got, tt.plaintext) {
-				t.Errorf("Open() with a new Box = %q, %v", got, err)
+			if assert.NoError(t, err, "Open() with a new Box") {
+				assert.Equal(t, string(tt.plaintext), string(got), "Open() with a new Box")
 			}
 		})
 	}
@@ -124,9 +118,7 @@ func TestSealIsRandomized(t *testing.T) {
 	b := mustNew(t, testKey)
 	s1, _ := b.Seal([]byte("same"), []byte("task/1"))
 	s2, _ := b.Seal([]byte("same"), []byte("task/1"))
-	if bytes.Equal(s1, s2) {
-		t.Error("two seals of the same plaintext are equal")
-	}
+	assert.NotEqual(t, s1, s2, "two seals of the same plaintext are equal")
 }
 
 func TestOpenErrors(t *testing.T) {
@@ -164,9 +156,7 @@ func TestOpenErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tt.box.Open(tt.sealed, []byte(tt.aad))
 			require.ErrorIs(t, err, tt.wantErr, "Open() = %q, %v; want error %v", got, err, tt.wantErr)
-			if got != nil {
-				t.Errorf("Open() returned %q with an error", got)
-			}
+			assert.Nil(t, got, "Open() returned %q with an error", got)
 		})
 	}
 }
@@ -178,15 +168,13 @@ func TestOpenEveryTamperedByte(t *testing.T) {
 		for _, mask := range []byte{0x01, 0x80, 0xff} {
 			s := bytes.Clone(sealed)
 			s[i] ^= mask
-			if _, err := b.Open(s, []byte("task/7")); !errors.Is(err, ErrOpen) && !errors.Is(err, ErrWrongKey) {
-				t.Fatalf("byte %d ^ %#x: Open() error = %v, want ErrOpen or ErrWrongKey", i, mask, err)
-			}
+			_, err := b.Open(s, []byte("task/7"))
+			require.True(t, errors.Is(err, ErrOpen) || errors.Is(err, ErrWrongKey), "byte %d ^ %#x: Open() error = %v, want ErrOpen or ErrWrongKey", i, mask, err)
 		}
 	}
 	for n := range len(sealed) {
-		if _, err := b.Open(sealed[:n], []byte("task/7")); !errors.Is(err, ErrOpen) {
-			t.Fatalf("truncated to %d: Open() error = %v, want ErrOpen", n, err)
-		}
+		_, err := b.Open(sealed[:n], []byte("task/7"))
+		require.ErrorIs(t, err, ErrOpen, "truncated to %d: Open() error", n)
 	}
 }
 
@@ -203,9 +191,7 @@ func FuzzOpen(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data, aad []byte, at uint16, flip byte) {
 		got, err := b.Open(data, aad)
 		if err != nil {
-			if !errors.Is(err, ErrOpen) && !errors.Is(err, ErrWrongKey) {
-				t.Fatalf("Open() error = %v, want ErrOpen or ErrWrongKey", err)
-			}
+			require.True(t, errors.Is(err, ErrOpen) || errors.Is(err, ErrWrongKey), "Open() error = %v, want ErrOpen or ErrWrongKey", err)
 			assert.Nil(t, got)
 		} else {
 			// Whatever opens must re-seal and open to the same plaintext.
@@ -244,15 +230,14 @@ func FuzzNew(f *testing.F) {
 		b, err := New(key)
 		if err != nil {
 			require.ErrorIs(t, err, ErrKey, "New() error = %v, want ErrKey", err)
-			if len(key) >= 8 && strings.Contains(err.Error(), string(key)) {
-				t.Fatalf("error echoes the key: %v", err)
+			if len(key) >= 8 {
+				require.NotContains(t, err.Error(), string(key), "error echoes the key")
 			}
 			return
 		}
 		sealed, err := b.Seal([]byte("x"), nil)
 		require.NoError(t, err)
-		if _, err := b.Open(sealed, nil); err != nil {
-			t.Fatalf("Open() error = %v", err)
-		}
+		_, err = b.Open(sealed, nil)
+		require.NoError(t, err, "Open()")
 	})
 }

@@ -215,18 +215,12 @@ func TestRead(t *testing.T) {
 			got, err := Read(path)
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr, "Read()")
-				if strings.Contains(err.Error(), content) {
-					t.Errorf("error leaks the content: %v", err)
-				}
-				if !strings.HasPrefix(err.Error(), "secretfile: ") {
-					t.Errorf("error %q lacks the package prefix", err)
-				}
+				assert.NotContains(t, err.Error(), content, "error leaks the content")
+				assert.True(t, strings.HasPrefix(err.Error(), "secretfile: "), "error %q lacks the package prefix", err)
 				return
 			}
 			require.NoError(t, err, "Read()")
-			if string(got) != tt.want {
-				t.Errorf("Read() = %q, want %q", got, tt.want)
-			}
+			assert.Equal(t, tt.want, string(got), "Read()")
 		})
 	}
 }
@@ -237,9 +231,7 @@ func TestReadPermissionMessage(t *testing.T) {
 	_, err := Read(p)
 	require.ErrorIs(t, err, ErrPermissions, "Read() error = %v, want ErrPermissions", err)
 	// The operator is told what to run.
-	if want := "chmod 600 " + p; !strings.Contains(err.Error(), want) {
-		t.Errorf("error %q does not tell the operator to %q", err, want)
-	}
+	assert.ErrorContains(t, err, "chmod 600 "+p, "error does not tell the operator what to run")
 }
 
 func TestReadMin(t *testing.T) {
@@ -262,15 +254,13 @@ func TestReadMin(t *testing.T) {
 			got, err := ReadMin(p, tt.min)
 			if tt.wantErr != nil {
 				require.ErrorIs(t, err, tt.wantErr, "ReadMin()")
-				if strings.Contains(err.Error(), strings.TrimSpace(tt.data)) && strings.TrimSpace(tt.data) != "" {
-					t.Errorf("error leaks the content: %v", err)
+				if data := strings.TrimSpace(tt.data); data != "" {
+					assert.NotContains(t, err.Error(), data, "error leaks the content")
 				}
 				return
 			}
 			require.NoError(t, err, "ReadMin()")
-			if want := strings.TrimRight(tt.data, "\r\n"); string(got) != want {
-				t.Errorf("ReadMin() = %q, want %q", got, want)
-			}
+			assert.Equal(t, strings.TrimRight(tt.data, "\r\n"), string(got), "ReadMin()")
 		})
 	}
 }
@@ -281,9 +271,7 @@ func TestReadMinMessage(t *testing.T) {
 	_, err := ReadMin(p, 32)
 	require.ErrorIs(t, err, ErrTooShort, "ReadMin() error = %v, want ErrTooShort", err)
 	for _, want := range []string{"10 bytes", "at least 32"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not say %q", err, want)
-		}
+		assert.ErrorContains(t, err, want, "error does not say %q", want)
 	}
 }
 
@@ -308,20 +296,14 @@ func TestWriteNew(t *testing.T) {
 			require.NoError(t, WriteNew(p, []byte(tt.data)), "WriteNew()")
 			got, err := os.ReadFile(p)
 			require.NoError(t, err)
-			if string(got) != tt.data {
-				t.Errorf("content = %q, want %q", got, tt.data)
-			}
+			assert.Equal(t, tt.data, string(got), "content")
 			fi, err := os.Stat(p)
 			require.NoError(t, err)
-			if got, want := fi.Mode().Perm(), os.FileMode(0o600); got != want {
-				t.Errorf("file mode = %04o, want %04o", got, want)
-			}
+			assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "file mode = %04o, want 0600", fi.Mode().Perm())
 			di, err := os.Stat(dir)
 			require.NoError(t, err)
 			if tt.existing == "" {
-				if got, want := di.Mode().Perm(), os.FileMode(0o700); got != want {
-					t.Errorf("dir mode = %04o, want %04o", got, want)
-				}
+				assert.Equal(t, os.FileMode(0o700), di.Mode().Perm(), "dir mode = %04o, want 0700", di.Mode().Perm())
 			}
 			entries, err := os.ReadDir(dir)
 			require.NoError(t, err)
@@ -334,9 +316,7 @@ func TestLoadOrCreate(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "state", "capability.key")
 	first, created, err := LoadOrCreate(p, 32)
 	require.NoError(t, err, "LoadOrCreate()")
-	if !created {
-		t.Error("created = false on first call, want true")
-	}
+	assert.True(t, created, "created = false on first call, want true")
 	raw, err := base64.RawURLEncoding.DecodeString(string(first))
 	require.NoError(t, err, "secret %q is not unpadded base64url", first)
 	assert.Len(t, raw, 32, "secret decodes to %d bytes, want 32", len(raw))
@@ -345,24 +325,16 @@ func TestLoadOrCreate(t *testing.T) {
 	assert.EqualValues(t, 0o600, fi.Mode().Perm(), "file mode = %04o, want 0600", fi.Mode().Perm())
 	onDisk, err := os.ReadFile(p)
 	require.NoError(t, err)
-	if want := string(first) + "\n"; string(onDisk) != want {
-		t.Errorf("file holds %q, want %q", onDisk, want)
-	}
+	assert.Equal(t, string(first)+"\n", string(onDisk), "file content")
 
 	second, created, err := LoadOrCreate(p, 32)
 	require.NoError(t, err, "LoadOrCreate() second")
-	if created {
-		t.Error("created = true on second call, want false")
-	}
-	if !bytes.Equal(first, second) {
-		t.Error("second call returned a different secret")
-	}
+	assert.False(t, created, "created = true on second call, want false")
+	assert.Equal(t, first, second, "second call returned a different secret")
 
 	other, _, err := LoadOrCreate(filepath.Join(t.TempDir(), "k"), 32)
 	require.NoError(t, err)
-	if bytes.Equal(first, other) {
-		t.Error("two created secrets are equal")
-	}
+	assert.NotEqual(t, first, other, "two created secrets are equal")
 }
 
 func TestLoadOrCreateErrors(t *testing.T) {
@@ -403,15 +375,12 @@ func TestLoadOrCreateErrors(t *testing.T) {
 			tt.setup(t, p)
 			_, _, err := LoadOrCreate(p, tt.n)
 			require.ErrorIs(t, err, tt.wantErr, "LoadOrCreate()")
-			if strings.Contains(err.Error(), content) {
-				t.Errorf("error leaks the content: %v", err)
-			}
+			assert.NotContains(t, err.Error(), content, "error leaks the content")
 		})
 	}
 	t.Run("invalid length", func(t *testing.T) {
-		if _, _, err := LoadOrCreate(filepath.Join(t.TempDir(), "k"), 0); err == nil {
-			t.Fatal("LoadOrCreate(n=0) succeeded")
-		}
+		_, _, err := LoadOrCreate(filepath.Join(t.TempDir(), "k"), 0)
+		require.Error(t, err, "LoadOrCreate(n=0) succeeded")
 	})
 }
 
@@ -432,15 +401,11 @@ func TestLoadOrCreateConcurrent(t *testing.T) {
 	wg.Wait()
 	creators := 0
 	for i := range n {
-		if errs[i] != nil {
-			t.Fatalf("LoadOrCreate() error = %v", errs[i])
-		}
+		require.NoError(t, errs[i], "LoadOrCreate()")
 		if created[i] {
 			creators++
 		}
-		if !bytes.Equal(secrets[i], secrets[0]) {
-			t.Errorf("caller %d got a different secret", i)
-		}
+		assert.Equal(t, secrets[0], secrets[i], "caller %d got a different secret", i)
 	}
 	assert.EqualValues(t, 1, creators, "%d callers created the file, want exactly 1", creators)
 }
@@ -462,9 +427,7 @@ func FuzzRead(f *testing.F) {
 			return
 		}
 		require.NoError(t, err, "Read(%q)", data)
-		if !bytes.Equal(got, want) {
-			t.Fatalf("Read(%q) = %q, want %q", data, got, want)
-		}
+		require.Equal(t, want, got, "Read(%q)", data)
 	})
 }
 

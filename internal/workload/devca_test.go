@@ -3,11 +3,9 @@ package workload
 import (
 	"crypto/ecdsa"
 	"crypto/x509"
-	"errors"
 	"net"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -33,15 +31,11 @@ func TestLoadOrCreateDevCA(t *testing.T) {
 	ca, err := LoadOrCreateDevCA(dir, testTD)
 	require.NoError(t, err, "LoadOrCreateDevCA()")
 	cert := ca.Certificate()
-	if !cert.IsCA || cert.KeyUsage&x509.KeyUsageCertSign == 0 {
-		t.Errorf("CA certificate: IsCA = %v, KeyUsage = %v", cert.IsCA, cert.KeyUsage)
+	assert.True(t, cert.IsCA && cert.KeyUsage&x509.KeyUsageCertSign != 0, "CA certificate: IsCA = %v, KeyUsage = %v", cert.IsCA, cert.KeyUsage)
+	if assert.Len(t, cert.URIs, 1, "CA URIs") {
+		assert.Equal(t, "spiffe://ci.example.org", cert.URIs[0].String(), "CA URI")
 	}
-	if len(cert.URIs) != 1 || cert.URIs[0].String() != "spiffe://ci.example.org" {
-		t.Errorf("CA URIs = %v, want [spiffe://ci.example.org]", cert.URIs)
-	}
-	if got := cert.NotAfter.Sub(cert.NotBefore); got < 364*24*time.Hour || got > 366*24*time.Hour {
-		t.Errorf("CA validity = %s, want about a year", got)
-	}
+	assert.InDelta(t, 365*24*time.Hour, cert.NotAfter.Sub(cert.NotBefore), float64(24*time.Hour), "CA validity, want about a year")
 	assert.Equal(t, testTD, ca.TrustDomain(), "TrustDomain()")
 
 	di, err := os.Stat(dir)
@@ -55,15 +49,12 @@ func TestLoadOrCreateDevCA(t *testing.T) {
 
 	again, err := LoadOrCreateDevCA(dir, testTD)
 	require.NoError(t, err, "LoadOrCreateDevCA() again")
-	if !again.Certificate().Equal(cert) {
-		t.Error("LoadOrCreateDevCA() did not reuse the CA kept in dir")
-	}
+	assert.True(t, again.Certificate().Equal(cert), "LoadOrCreateDevCA() did not reuse the CA kept in dir")
 	// SVIDs of the first instance verify against the reloaded one's bundle.
 	svid, err := ca.Issue(AssignmentID(testTD, 1, 1), time.Hour)
 	require.NoError(t, err)
-	if _, _, err := x509svid.Verify(svid.Certificates, again.Bundle()); err != nil {
-		t.Errorf("SVID of the first instance does not verify with the reloaded CA: %v", err)
-	}
+	_, _, err = x509svid.Verify(svid.Certificates, again.Bundle())
+	assert.NoError(t, err, "SVID of the first instance does not verify with the reloaded CA")
 }
 
 func TestLoadOrCreateDevCAErrors(t *testing.T) {
@@ -130,16 +121,14 @@ func TestLoadOrCreateDevCAErrors(t *testing.T) {
 			tt.setup(t, dir)
 			_, err := LoadOrCreateDevCA(dir, tt.td)
 			require.Error(t, err, "LoadOrCreateDevCA() succeeded, want an error")
-			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
-				t.Errorf("LoadOrCreateDevCA() error = %v, want %v", err, tt.wantErr)
+			if tt.wantErr != nil {
+				assert.ErrorIs(t, err, tt.wantErr, "LoadOrCreateDevCA() error")
 			}
 			// Messages are for operators; check only that they say what to do.
-			if tt.wantMsg != "" && !strings.Contains(err.Error(), tt.wantMsg) {
-				t.Errorf("error %q does not say %q", err, tt.wantMsg)
+			if tt.wantMsg != "" {
+				assert.ErrorContains(t, err, tt.wantMsg, "error does not say what to do")
 			}
-			if !strings.HasPrefix(err.Error(), "workload: ") {
-				t.Errorf("error %q lacks the package prefix", err)
-			}
+			assert.True(t, strings.HasPrefix(err.Error(), "workload: "), "error %q lacks the package prefix", err)
 		})
 	}
 }
@@ -156,17 +145,11 @@ func TestDevCARenewsBeforeExpiry(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "devca")
 		first := mustDevCA(t, dir, testTD)
 		time.Sleep(300 * 24 * time.Hour)
-		if got := mustDevCA(t, dir, testTD); !got.Certificate().Equal(first.Certificate()) {
-			t.Error("CA replaced with 65 days left, want it reused")
-		}
+		assert.True(t, mustDevCA(t, dir, testTD).Certificate().Equal(first.Certificate()), "CA replaced with 65 days left, want it reused")
 		time.Sleep(40 * 24 * time.Hour)
 		second := mustDevCA(t, dir, testTD)
-		if second.Certificate().Equal(first.Certificate()) {
-			t.Fatal("CA kept with 25 days left, want it replaced")
-		}
-		if got := mustDevCA(t, dir, testTD); !got.Certificate().Equal(second.Certificate()) {
-			t.Error("replacement CA not kept in dir")
-		}
+		require.False(t, second.Certificate().Equal(first.Certificate()), "CA kept with 25 days left, want it replaced")
+		assert.True(t, mustDevCA(t, dir, testTD).Certificate().Equal(second.Certificate()), "replacement CA not kept in dir")
 	})
 }
 
@@ -206,33 +189,23 @@ func TestDevCAIssue(t *testing.T) {
 			assert.Equal(t, tt.id, id, "verified ID")
 			certPEM, keyPEM, err := svid.Marshal()
 			require.NoError(t, err)
-			if _, err := x509svid.Parse(certPEM, keyPEM); err != nil {
-				t.Errorf("x509svid.Parse() error = %v", err)
-			}
+			_, err = x509svid.Parse(certPEM, keyPEM)
+			assert.NoError(t, err, "x509svid.Parse()")
 			leaf := svid.Certificates[0]
-			if !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageClientAuth) || !slices.Contains(leaf.ExtKeyUsage, x509.ExtKeyUsageServerAuth) {
-				t.Errorf("ExtKeyUsage = %v, want client and server auth", leaf.ExtKeyUsage)
-			}
-			if leaf.NotAfter.After(ca.Certificate().NotAfter) {
-				t.Errorf("leaf expires %s, after the CA %s", leaf.NotAfter, ca.Certificate().NotAfter)
-			}
-			if !slices.Equal(leaf.DNSNames, tt.wantDNS) {
-				t.Errorf("DNSNames = %v, want %v", leaf.DNSNames, tt.wantDNS)
-			}
+			assert.Subset(t, leaf.ExtKeyUsage, []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}, "ExtKeyUsage, want client and server auth")
+			assert.False(t, leaf.NotAfter.After(ca.Certificate().NotAfter), "leaf expires %s, after the CA %s", leaf.NotAfter, ca.Certificate().NotAfter)
+			assert.Equal(t, tt.wantDNS, leaf.DNSNames, "DNSNames")
 			var ips []string
 			for _, ip := range leaf.IPAddresses {
 				ips = append(ips, ip.String())
 			}
-			if !slices.Equal(ips, tt.wantIPs) {
-				t.Errorf("IPAddresses = %v, want %v", ips, tt.wantIPs)
-			}
+			assert.Equal(t, tt.wantIPs, ips, "IPAddresses")
 			// An ordinary TLS client that trusts the CA accepts the host names.
 			for _, h := range tt.hosts {
 				roots := x509.NewCertPool()
 				roots.AddCert(ca.Certificate())
-				if _, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: roots}); err != nil {
-					t.Errorf("leaf does not verify for host %s: %v", h, err)
-				}
+				_, err := leaf.Verify(x509.VerifyOptions{DNSName: h, Roots: roots})
+				assert.NoError(t, err, "leaf does not verify for host %s", h)
 			}
 		})
 	}
@@ -244,12 +217,8 @@ func TestDevCAIssueDistinctKeys(t *testing.T) {
 	require.NoError(t, err)
 	b, err := ca.Issue(FacadeID(testTD), time.Hour)
 	require.NoError(t, err)
-	if a.Certificates[0].SerialNumber.Cmp(b.Certificates[0].SerialNumber) == 0 {
-		t.Error("two SVIDs share a serial number")
-	}
-	if a.Certificates[0].PublicKey.(*ecdsa.PublicKey).Equal(b.Certificates[0].PublicKey) {
-		t.Error("two SVIDs share a key")
-	}
+	assert.NotZero(t, a.Certificates[0].SerialNumber.Cmp(b.Certificates[0].SerialNumber), "two SVIDs share a serial number")
+	assert.False(t, a.Certificates[0].PublicKey.(*ecdsa.PublicKey).Equal(b.Certificates[0].PublicKey), "two SVIDs share a key")
 }
 
 func TestDevCASourceRotates(t *testing.T) {
@@ -261,31 +230,24 @@ func TestDevCASourceRotates(t *testing.T) {
 		first, err := src.GetX509SVID()
 		require.NoError(t, err)
 		time.Sleep(29 * time.Minute)
-		if got, _ := src.GetX509SVID(); got != first {
-			t.Error("SVID re-issued before half its ttl")
-		}
+		got, _ := src.GetX509SVID()
+		assert.Same(t, first, got, "SVID re-issued before half its ttl")
 		time.Sleep(2 * time.Minute)
 		second, err := src.GetX509SVID()
 		require.NoError(t, err)
-		if second == first {
-			t.Fatal("SVID not re-issued after half its ttl")
-		}
+		require.NotSame(t, first, second, "SVID not re-issued after half its ttl")
 		assert.Equal(t, id, second.ID, "re-issued ID")
-		if !second.Certificates[0].NotAfter.After(first.Certificates[0].NotAfter) {
-			t.Error("re-issued SVID does not live longer than the first")
-		}
+		assert.True(t, second.Certificates[0].NotAfter.After(first.Certificates[0].NotAfter), "re-issued SVID does not live longer than the first")
 		bundle, err := src.GetX509BundleForTrustDomain(testTD)
-		if err != nil || !bundle.Equal(ca.Bundle()) {
-			t.Errorf("GetX509BundleForTrustDomain() = %v, %v; want the CA bundle", bundle, err)
+		if assert.NoError(t, err, "GetX509BundleForTrustDomain()") {
+			assert.True(t, bundle.Equal(ca.Bundle()), "GetX509BundleForTrustDomain() = %v; want the CA bundle", bundle)
 		}
-		if _, err := src.GetX509BundleForTrustDomain(otherTD); err == nil {
-			t.Error("GetX509BundleForTrustDomain(other) succeeded")
-		}
+		_, err = src.GetX509BundleForTrustDomain(otherTD)
+		assert.Error(t, err, "GetX509BundleForTrustDomain(other) succeeded")
 		require.NoError(t, src.Close())
 		assert.NoError(t, src.Close(), "second Close()")
-		if _, err := src.GetX509SVID(); !errors.Is(err, ErrClosed) {
-			t.Errorf("GetX509SVID() after Close error = %v, want ErrClosed", err)
-		}
+		_, err = src.GetX509SVID()
+		assert.ErrorIs(t, err, ErrClosed, "GetX509SVID() after Close")
 	})
 }
 
@@ -297,12 +259,12 @@ func TestDevCAServerSource(t *testing.T) {
 	svid, err := src.GetX509SVID()
 	require.NoError(t, err)
 	leaf := svid.Certificates[0]
-	if !slices.Equal(leaf.DNSNames, []string{"facade.internal"}) || len(leaf.IPAddresses) != 1 || !leaf.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)) {
-		t.Errorf("SANs = %v %v, want facade.internal and 127.0.0.1", leaf.DNSNames, leaf.IPAddresses)
+	assert.Equal(t, []string{"facade.internal"}, leaf.DNSNames, "DNS SANs, want facade.internal")
+	if assert.Len(t, leaf.IPAddresses, 1, "IP SANs, want 127.0.0.1") {
+		assert.True(t, leaf.IPAddresses[0].Equal(net.IPv4(127, 0, 0, 1)), "IP SAN = %v, want 127.0.0.1", leaf.IPAddresses[0])
 	}
-	if _, err := ca.Source(AssignmentID(otherTD, 1, 1), time.Hour); err == nil {
-		t.Error("Source() for another trust domain succeeded")
-	}
+	_, err = ca.Source(AssignmentID(otherTD, 1, 1), time.Hour)
+	assert.Error(t, err, "Source() for another trust domain succeeded")
 }
 
 func mustID(t *testing.T, s string) spiffeid.ID {

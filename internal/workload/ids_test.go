@@ -1,11 +1,11 @@
 package workload
 
 import (
-	"errors"
 	"math"
 	"testing"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
@@ -36,30 +36,25 @@ func TestAssignmentID(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			got := AssignmentID(tt.td, tt.task, tt.epoch)
 			if tt.want == "" {
-				if !got.IsZero() {
-					t.Fatalf("AssignmentID() = %s, want the zero ID", got)
-				}
+				require.True(t, got.IsZero(), "AssignmentID() = %s, want the zero ID", got)
 				return
 			}
 			require.Equal(t, tt.want, got.String(), "AssignmentID() = %s, want %s", got, tt.want)
 			task, epoch, err := ParseAssignmentID(got, tt.td)
-			if err != nil || task != tt.task || epoch != tt.epoch {
-				t.Errorf("ParseAssignmentID(AssignmentID()) = %d, %d, %v; want %d, %d", task, epoch, err, tt.task, tt.epoch)
+			if assert.NoError(t, err, "ParseAssignmentID(AssignmentID())") {
+				assert.Equal(t, tt.task, task, "ParseAssignmentID(AssignmentID()) task")
+				assert.Equal(t, tt.epoch, epoch, "ParseAssignmentID(AssignmentID()) epoch")
 			}
 		})
 	}
 }
 
 func TestFacadeID(t *testing.T) {
-	if got, want := FacadeID(testTD).String(), "spiffe://ci.example.org/dynrunner/facade"; got != want {
-		t.Errorf("FacadeID() = %s, want %s", got, want)
-	}
-	if got := FacadeID(spiffeid.TrustDomain{}); !got.IsZero() {
-		t.Errorf("FacadeID(zero) = %s, want the zero ID", got)
-	}
-	if _, _, err := ParseAssignmentID(FacadeID(testTD), testTD); !errors.Is(err, ErrNotAssignment) {
-		t.Errorf("ParseAssignmentID(FacadeID) error = %v, want ErrNotAssignment", err)
-	}
+	assert.Equal(t, "spiffe://ci.example.org/dynrunner/facade", FacadeID(testTD).String(), "FacadeID()")
+	got := FacadeID(spiffeid.TrustDomain{})
+	assert.True(t, got.IsZero(), "FacadeID(zero) = %s, want the zero ID", got)
+	_, _, err := ParseAssignmentID(FacadeID(testTD), testTD)
+	assert.ErrorIs(t, err, ErrNotAssignment, "ParseAssignmentID(FacadeID) error")
 }
 
 func TestParseAssignmentID(t *testing.T) {
@@ -96,15 +91,13 @@ func TestParseAssignmentID(t *testing.T) {
 			id := spiffeid.RequireFromString(tt.id)
 			task, epoch, err := ParseAssignmentID(id, tt.td)
 			require.ErrorIs(t, err, tt.wantErr, "ParseAssignmentID()")
-			if task != tt.wantTask || epoch != tt.wantEpoch {
-				t.Errorf("ParseAssignmentID() = %d, %d; want %d, %d", task, epoch, tt.wantTask, tt.wantEpoch)
-			}
+			assert.Equal(t, tt.wantTask, task, "ParseAssignmentID() task")
+			assert.Equal(t, tt.wantEpoch, epoch, "ParseAssignmentID() epoch")
 		})
 	}
 	t.Run("zero id", func(t *testing.T) {
-		if _, _, err := ParseAssignmentID(spiffeid.ID{}, testTD); !errors.Is(err, ErrNotAssignment) {
-			t.Fatalf("ParseAssignmentID(zero) error = %v, want ErrNotAssignment", err)
-		}
+		_, _, err := ParseAssignmentID(spiffeid.ID{}, testTD)
+		require.ErrorIs(t, err, ErrNotAssignment, "ParseAssignmentID(zero) error")
 	})
 }
 

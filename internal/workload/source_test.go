@@ -2,7 +2,6 @@ package workload
 
 import (
 	"context"
-	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -31,7 +30,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	deadline := time.Now().Add(10 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+			require.Failf(t, "timed out", "waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -49,8 +48,8 @@ func TestWriteSVIDFiles(t *testing.T) {
 	svid := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/1/epoch/1")
 	dir := filepath.Join(t.TempDir(), "env", "svid")
 	require.NoError(t, WriteSVIDFiles(dir, svid, ca.Bundle()), "WriteSVIDFiles()")
-	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
-		t.Errorf("dir: %v, %v; want mode 0700", fi, err)
+	if fi, err := os.Stat(dir); assert.NoError(t, err, "dir") {
+		assert.EqualValues(t, 0o700, fi.Mode().Perm(), "dir mode = %04o, want 0700", fi.Mode().Perm())
 	}
 	for _, name := range []string{SVIDFile, SVIDKeyFile, BundleFile} {
 		fi, err := os.Stat(filepath.Join(dir, name))
@@ -60,16 +59,13 @@ func TestWriteSVIDFiles(t *testing.T) {
 	// The files are what go-spiffe's own loaders read.
 	loaded, err := x509svid.Load(filepath.Join(dir, SVIDFile), filepath.Join(dir, SVIDKeyFile))
 	require.NoError(t, err, "x509svid.Load()")
-	if loaded.ID != svid.ID || !loaded.Certificates[0].Equal(svid.Certificates[0]) {
-		t.Error("loaded SVID differs from the written one")
-	}
+	assert.Equal(t, svid.ID, loaded.ID, "loaded SVID ID differs from the written one")
+	assert.True(t, loaded.Certificates[0].Equal(svid.Certificates[0]), "loaded SVID differs from the written one")
 	bundle, err := x509bundle.Load(testTD, filepath.Join(dir, BundleFile))
-	if err != nil || !bundle.Equal(ca.Bundle()) {
-		t.Errorf("x509bundle.Load() = %v, %v; want the CA bundle", bundle, err)
+	if assert.NoError(t, err, "x509bundle.Load()") {
+		assert.True(t, bundle.Equal(ca.Bundle()), "x509bundle.Load() = %v; want the CA bundle", bundle)
 	}
-	if err := WriteSVIDFiles(dir, nil, ca.Bundle()); err == nil {
-		t.Error("WriteSVIDFiles(nil svid) succeeded")
-	}
+	assert.Error(t, WriteSVIDFiles(dir, nil, ca.Bundle()), "WriteSVIDFiles(nil svid) succeeded")
 }
 
 func TestFromFilesWaitsAndReloads(t *testing.T) {
@@ -91,45 +87,37 @@ func TestFromFilesWaitsAndReloads(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	select {
 	case r := <-done:
-		t.Fatalf("FromFiles() returned %v before the files existed", r.err)
+		require.Failf(t, "returned early", "FromFiles() returned %v before the files existed", r.err)
 	default:
 	}
 
 	first := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
 	require.NoError(t, WriteSVIDFiles(dir, first, ca.Bundle()))
 	r := <-done
-	if r.err != nil {
-		t.Fatalf("FromFiles() error = %v", r.err)
-	}
+	require.NoError(t, r.err, "FromFiles()")
 	src := r.src
 	defer src.Close()
 	svid, err := src.GetX509SVID()
 	require.NoError(t, err)
 	assert.Equal(t, first.ID, svid.ID, "ID")
-	if b, err := src.GetX509BundleForTrustDomain(testTD); err != nil || !b.Equal(ca.Bundle()) {
-		t.Errorf("GetX509BundleForTrustDomain() = %v, %v", b, err)
+	if b, err := src.GetX509BundleForTrustDomain(testTD); assert.NoError(t, err, "GetX509BundleForTrustDomain()") {
+		assert.True(t, b.Equal(ca.Bundle()), "GetX509BundleForTrustDomain() = %v; want the CA bundle", b)
 	}
-	if _, err := src.GetX509BundleForTrustDomain(otherTD); err == nil {
-		t.Error("GetX509BundleForTrustDomain(other) succeeded")
-	}
+	_, err = src.GetX509BundleForTrustDomain(otherTD)
+	assert.Error(t, err, "GetX509BundleForTrustDomain(other) succeeded")
 
 	// A rotation (new files) is picked up.
 	second := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
 	require.NoError(t, WriteSVIDFiles(dir, second, ca.Bundle()))
-	if got, want := serialOf(t, src), second.Certificates[0].SerialNumber.String(); got != want {
-		t.Errorf("serial after rotation = %s, want %s", got, want)
-	}
+	assert.Equal(t, second.Certificates[0].SerialNumber.String(), serialOf(t, src), "serial after rotation")
 
 	// A broken replacement keeps the last good SVID.
 	require.NoError(t, secretfile.WriteNew(filepath.Join(dir, SVIDFile), []byte("garbage")))
-	if got, want := serialOf(t, src), second.Certificates[0].SerialNumber.String(); got != want {
-		t.Errorf("serial after a broken replacement = %s, want %s", got, want)
-	}
+	assert.Equal(t, second.Certificates[0].SerialNumber.String(), serialOf(t, src), "serial after a broken replacement")
 
 	require.NoError(t, src.Close())
-	if _, err := src.GetX509SVID(); !errors.Is(err, ErrClosed) {
-		t.Errorf("GetX509SVID() after Close error = %v, want ErrClosed", err)
-	}
+	_, err = src.GetX509SVID()
+	assert.ErrorIs(t, err, ErrClosed, "GetX509SVID() after Close")
 }
 
 func TestFromFilesErrors(t *testing.T) {
@@ -186,8 +174,8 @@ func TestFromWorkloadAPI(t *testing.T) {
 	svid, err := src.GetX509SVID()
 	require.NoError(t, err)
 	assert.Equal(t, first.ID, svid.ID, "ID")
-	if b, err := src.GetX509BundleForTrustDomain(testTD); err != nil || !b.Equal(ca.Bundle()) {
-		t.Errorf("GetX509BundleForTrustDomain() = %v, %v", b, err)
+	if b, err := src.GetX509BundleForTrustDomain(testTD); assert.NoError(t, err, "GetX509BundleForTrustDomain()") {
+		assert.True(t, b.Equal(ca.Bundle()), "GetX509BundleForTrustDomain() = %v; want the CA bundle", b)
 	}
 
 	// Rotation is pushed over the stream.
@@ -198,9 +186,8 @@ func TestFromWorkloadAPI(t *testing.T) {
 
 	require.NoError(t, src.Close())
 	assert.NoError(t, src.Close(), "second Close()")
-	if _, err := src.GetX509SVID(); err == nil {
-		t.Error("GetX509SVID() after Close succeeded")
-	}
+	_, err = src.GetX509SVID()
+	assert.Error(t, err, "GetX509SVID() after Close succeeded")
 }
 
 func TestFromWorkloadAPIWaitsForSVID(t *testing.T) {
@@ -221,19 +208,15 @@ func TestFromWorkloadAPIWaitsForSVID(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	select {
 	case r := <-done:
-		t.Fatalf("FromWorkloadAPI() returned %v before an SVID was issued", r.err)
+		require.Failf(t, "returned early", "FromWorkloadAPI() returned %v before an SVID was issued", r.err)
 	default:
 	}
 	svid := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
 	require.NoError(t, api.SetX509SVID(svid, ca.Bundle()))
 	r := <-done
-	if r.err != nil {
-		t.Fatalf("FromWorkloadAPI() error = %v", r.err)
-	}
+	require.NoError(t, r.err, "FromWorkloadAPI()")
 	defer r.src.Close()
-	if got, want := serialOf(t, r.src), svid.Certificates[0].SerialNumber.String(); got != want {
-		t.Errorf("serial = %s, want %s", got, want)
-	}
+	assert.Equal(t, svid.Certificates[0].SerialNumber.String(), serialOf(t, r.src), "serial")
 }
 
 func TestFromWorkloadAPIErrors(t *testing.T) {
@@ -255,10 +238,10 @@ func TestFromWorkloadAPIErrors(t *testing.T) {
 			src, err := FromWorkloadAPI(ctx, tt.addr)
 			if err == nil {
 				src.Close()
-				t.Fatal("FromWorkloadAPI() succeeded, want an error")
+				require.Fail(t, "FromWorkloadAPI() succeeded, want an error")
 			}
-			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
-				t.Errorf("FromWorkloadAPI() error = %v, want %v", err, tt.wantErr)
+			if tt.wantErr != nil {
+				assert.ErrorIs(t, err, tt.wantErr, "FromWorkloadAPI() error")
 			}
 		})
 	}
@@ -271,28 +254,24 @@ func TestFromWorkloadAPIForPicksItsOwnSVID(t *testing.T) {
 	api := workloadtest.Start(t)
 	other := mustIssue(t, ca, "spiffe://ci.example.org/namespace-wide")
 	own := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := api.SetX509SVIDs([]*x509svid.SVID{other, own}, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, api.SetX509SVIDs([]*x509svid.SVID{other, own}, ca.Bundle()))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	src, err := FromWorkloadAPIFor(ctx, api.Addr(), own.ID)
 	require.NoError(t, err)
 	defer src.Close()
-	if svid, err := src.GetX509SVID(); err != nil || svid.ID != own.ID {
-		t.Fatalf("GetX509SVID() = %v, %v; want %s", svid, err, own.ID)
-	}
+	svid, err := src.GetX509SVID()
+	require.NoError(t, err, "GetX509SVID()")
+	require.Equal(t, own.ID, svid.ID, "GetX509SVID() ID")
 	rotated := mustIssue(t, ca, "spiffe://ci.example.org/dynrunner/task/42/epoch/7")
-	if err := api.SetX509SVIDs([]*x509svid.SVID{other, rotated}, ca.Bundle()); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, api.SetX509SVIDs([]*x509svid.SVID{other, rotated}, ca.Bundle()))
 	want := rotated.Certificates[0].SerialNumber.String()
 	waitFor(t, "the rotated own SVID", func() bool { return serialOf(t, src) == want })
 
 	plain, err := FromWorkloadAPI(ctx, api.Addr())
 	require.NoError(t, err)
 	defer plain.Close()
-	if svid, err := plain.GetX509SVID(); err != nil || svid.ID != other.ID {
-		t.Fatalf("without an identity to pick: %v, %v; want the first, %s", svid, err, other.ID)
-	}
+	svid, err = plain.GetX509SVID()
+	require.NoError(t, err, "without an identity to pick")
+	require.Equal(t, other.ID, svid.ID, "without an identity to pick, want the first")
 }

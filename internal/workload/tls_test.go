@@ -7,7 +7,6 @@ import (
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -264,29 +263,27 @@ func TestAuthorizeOwnTrustDomain(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if err := authorize(tt.id, nil); (err != nil) != tt.wantErr {
-				t.Fatalf("authorize(%s) error = %v, want error %v", tt.id, err, tt.wantErr)
+			err := authorize(tt.id, nil)
+			if tt.wantErr {
+				require.Error(t, err, "authorize(%s)", tt.id)
+			} else {
+				require.NoError(t, err, "authorize(%s)", tt.id)
 			}
 		})
 	}
 	closed := mustSource(t, ca, FacadeID(testTD))
 	closed.Close()
-	if err := authorizeOwnTrustDomain(closed)(AssignmentID(testTD, 1, 1), nil); !errors.Is(err, ErrClosed) {
-		t.Errorf("authorize with a closed source error = %v, want ErrClosed", err)
-	}
+	err := authorizeOwnTrustDomain(closed)(AssignmentID(testTD, 1, 1), nil)
+	assert.ErrorIs(t, err, ErrClosed, "authorize with a closed source error")
 }
 
 func TestServerTLSConfig(t *testing.T) {
 	ca := newCA(t, testTD)
 	cfg := ServerTLSConfig(mustSource(t, ca, FacadeID(testTD)))
-	if cfg.ClientAuth != tls.RequireAnyClientCert || cfg.VerifyPeerCertificate == nil {
-		t.Errorf("ClientAuth = %v, VerifyPeerCertificate set = %v; want client SVIDs required and verified",
-			cfg.ClientAuth, cfg.VerifyPeerCertificate != nil)
-	}
+	assert.Equal(t, tls.RequireAnyClientCert, cfg.ClientAuth, "ClientAuth, want client SVIDs required")
+	assert.NotNil(t, cfg.VerifyPeerCertificate, "VerifyPeerCertificate not set, want client SVIDs verified")
 	assert.EqualValues(t, "h2,http/1.1", strings.Join(cfg.NextProtos, ","), "NextProtos = %s, want h2,http/1.1", strings.Join(cfg.NextProtos, ","))
-	if cfg.MinVersion < tls.VersionTLS12 {
-		t.Errorf("MinVersion = %x, want at least TLS 1.2", cfg.MinVersion)
-	}
+	assert.GreaterOrEqual(t, cfg.MinVersion, uint16(tls.VersionTLS12), "MinVersion = %x, want at least TLS 1.2", cfg.MinVersion)
 }
 
 func TestPeerID(t *testing.T) {
@@ -314,8 +311,8 @@ func TestPeerID(t *testing.T) {
 			r := &http.Request{TLS: tt.state}
 			got, err := PeerID(r)
 			require.ErrorIs(t, err, tt.wantErr, "PeerID()")
-			if tt.wantErr == nil && got.String() != tt.want {
-				t.Errorf("PeerID() = %s, want %s", got, tt.want)
+			if tt.wantErr == nil {
+				assert.Equal(t, tt.want, got.String(), "PeerID()")
 			}
 		})
 	}

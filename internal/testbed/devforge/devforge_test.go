@@ -104,13 +104,13 @@ func TestStaticRunnerJob(t *testing.T) {
 	require.NoError(t, err)
 	for _, scope := range []string{"", devforge.AdminUser} {
 		tok, err := forge.RunnerRegistrationToken(ctx, scope)
-		if err != nil || tok == "" || tok == regToken {
-			t.Errorf("RunnerRegistrationToken(%q) = %q, %v; want a token of its own", scope, tok, err)
+		if assert.NoError(t, err, "RunnerRegistrationToken(%q)", scope) {
+			assert.NotEmpty(t, tok, "RunnerRegistrationToken(%q), want a token of its own", scope)
+			assert.NotEqual(t, regToken, tok, "RunnerRegistrationToken(%q), want a token of its own", scope)
 		}
 	}
-	if _, err := forge.RunnerRegistrationToken(ctx, "a/b/c"); err == nil {
-		t.Errorf("RunnerRegistrationToken(%q) succeeded, want an error", "a/b/c")
-	}
+	_, err = forge.RunnerRegistrationToken(ctx, "a/b/c")
+	assert.Error(t, err, "RunnerRegistrationToken(%q) succeeded, want an error", "a/b/c")
 	runner, err := devforge.StartStaticRunner(ctx, tools, forge.URL(), regToken,
 		executor.Labels(assignment.BackendPod), filepath.Join(t.TempDir(), "runner"), newLogWriter(t, "runner"))
 	require.NoError(t, err)
@@ -120,9 +120,8 @@ func TestStaticRunnerJob(t *testing.T) {
 
 	runners, err := forge.Runners(ctx)
 	require.NoError(t, err)
-	if len(runners) != 1 || runners[0].Name != runner.Name() {
-		t.Fatalf("runners = %+v, want one named %q", runners, runner.Name())
-	}
+	require.Len(t, runners, 1, "runners = %+v, want one named %q", runners, runner.Name())
+	require.Equal(t, runner.Name(), runners[0].Name, "runner name")
 
 	const workflow = `name: ci
 on: [push]
@@ -138,30 +137,21 @@ jobs:
 	run, err := forge.WaitRun(ctx, repo, sha)
 	require.NoError(t, err)
 	t.Logf("run %d finished %v after the push: %+v", run.ID, time.Since(pushed), run.Jobs)
-	if !run.Succeeded() {
-		t.Errorf("run did not succeed: %+v", run)
-	}
+	assert.True(t, run.Succeeded(), "run did not succeed: %+v", run)
 	assert.Equal(t, sha, run.HeadSHA, "run head sha")
 	job, ok := run.Job("hello")
-	if !ok {
-		t.Fatalf("no job hello in %+v", run.Jobs)
-	}
+	require.True(t, ok, "no job hello in %+v", run.Jobs)
 	assert.Equal(t, runner.Name(), job.RunnerName, "job ran on")
 
 	log, err := forge.JobLog(ctx, repo, job.ID)
 	require.NoError(t, err)
 	t.Logf("job log:\n%s", log)
-	if !strings.Contains(log, "hello ***") {
-		t.Errorf("log does not contain the masked secret %q", "hello ***")
-	}
-	if strings.Contains(log, secret) {
-		t.Errorf("log contains the secret in clear text")
-	}
+	assert.Contains(t, log, "hello ***", "log does not contain the masked secret")
+	assert.False(t, strings.Contains(log, secret), "log contains the secret in clear text")
 	t.Logf("normalized:\n%s", devforge.NormalizeLog(log))
 
-	if _, err := forge.JobLog(ctx, repo, job.ID+1000); !errors.Is(err, devforge.ErrNoLog) {
-		t.Errorf("JobLog of a missing job: err = %v, want ErrNoLog", err)
-	}
+	_, err = forge.JobLog(ctx, repo, job.ID+1000)
+	assert.ErrorIs(t, err, devforge.ErrNoLog, "JobLog of a missing job")
 }
 
 // TestRestartKeepsState starts Gitea twice on the same state directory: the second start skips
@@ -173,20 +163,16 @@ func TestRestartKeepsState(t *testing.T) {
 	dir := t.TempDir()
 
 	first := startForge(t, ctx, tools, dir)
-	if _, err := first.CreateRepo(ctx, "kept"); err != nil {
-		t.Fatal(err)
-	}
+	_, err := first.CreateRepo(ctx, "kept")
+	require.NoError(t, err)
 	require.NoError(t, first.Close())
-	if err := first.Close(); err != nil { // idempotent
-		t.Fatalf("second close: %v", err)
-	}
+	require.NoError(t, first.Close(), "second close") // idempotent
 
 	second := startForge(t, ctx, tools, dir)
-	if got, want := second.Token(), first.Token(); got != want {
-		t.Errorf("token after restart = %q, want %q", got, want)
-	}
+	assert.Equal(t, first.Token(), second.Token(), "token after restart")
 	var apiErr *devforge.APIError
-	if _, err := second.CreateRepo(ctx, "kept"); !errors.As(err, &apiErr) || apiErr.Status != 409 {
-		t.Errorf("create existing repo: err = %v, want an APIError with status 409", err)
+	_, err = second.CreateRepo(ctx, "kept")
+	if assert.ErrorAs(t, err, &apiErr, "create existing repo: want an APIError with status 409") {
+		assert.Equal(t, 409, apiErr.Status, "create existing repo: APIError status")
 	}
 }

@@ -1,6 +1,10 @@
 package devforge
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
 
 func TestNormalizeLog(t *testing.T) {
 	tests := []struct {
@@ -81,9 +85,7 @@ func TestNormalizeLog(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := NormalizeLog(tt.in); got != tt.want {
-				t.Errorf("NormalizeLog(%q)\n got %q\nwant %q", tt.in, got, tt.want)
-			}
+			assert.Equal(t, tt.want, NormalizeLog(tt.in), "NormalizeLog(%q)", tt.in)
 		})
 	}
 }
@@ -114,11 +116,7 @@ func TestNormalizeLogComparesRunners(t *testing.T) {
 2026-12-03T08:01:12.1000000Z Job succeeded
 2026-12-03T08:01:12.1000000Z 
 `
-	if got, want := NormalizeLog(dyn), NormalizeLog(static); got != want {
-		t.Errorf("normalized logs differ:\n got %s\nwant %s", got, want)
-	}
+	assert.Equal(t, NormalizeLog(static), NormalizeLog(dyn), "normalized logs differ")
 	failed := dyn[:len(dyn)-len("Job succeeded\n2026-12-03T08:01:12.1000000Z \n")] + "Job failed\n"
-	if NormalizeLog(failed) == NormalizeLog(static) {
-		t.Errorf("a failed job normalizes like a successful one")
-	}
+	assert.NotEqual(t, NormalizeLog(static), NormalizeLog(failed), "a failed job normalizes like a successful one")
 }

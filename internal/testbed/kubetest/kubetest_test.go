@@ -77,14 +77,12 @@ func TestCluster(t *testing.T) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", c.Kubeconfig)
 	require.NoError(t, err)
 	admin := kubernetes.NewForConfigOrDie(cfg)
-	if _, err := admin.CoreV1().ServiceAccounts("default").Get(ctxT(t), "default", metav1.GetOptions{}); err != nil {
-		t.Errorf("the default ServiceAccount through the kubeconfig: %v", err)
-	}
+	_, err = admin.CoreV1().ServiceAccounts("default").Get(ctxT(t), "default", metav1.GetOptions{})
+	assert.NoError(t, err, "the default ServiceAccount through the kubeconfig")
 	ns := c.Namespace(t)
 	user := kubernetes.NewForConfigOrDie(c.UserConfig())
-	if _, err := user.CoreV1().Pods(ns).List(ctxT(t), metav1.ListOptions{}); !apierrors.IsForbidden(err) {
-		t.Errorf("the unprivileged user lists pods: %v, want Forbidden", err)
-	}
+	_, err = user.CoreV1().Pods(ns).List(ctxT(t), metav1.ListOptions{})
+	assert.True(t, apierrors.IsForbidden(err), "the unprivileged user lists pods: %v, want Forbidden", err)
 }
 
 func TestKubelet(t *testing.T) {
@@ -95,9 +93,8 @@ func TestKubelet(t *testing.T) {
 	pods := c.Client.CoreV1().Pods(ns)
 
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tok"}, Data: map[string][]byte{"token": []byte("s3cret")}}
-	if _, err := c.Client.CoreV1().Secrets(ns).Create(ctxT(t), sec, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err := c.Client.CoreV1().Secrets(ns).Create(ctxT(t), sec, metav1.CreateOptions{})
+	require.NoError(t, err)
 	mode := int32(0o600)
 	pod := newPod("check", k.NodeName(), image, "check")
 	pod.Spec.Containers[0].Env = append(pod.Spec.Containers[0].Env, corev1.EnvVar{Name: "POD_NAME",
@@ -107,13 +104,10 @@ func TestKubelet(t *testing.T) {
 		{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
 	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "sec", MountPath: "/secrets", ReadOnly: true}, {Name: "scratch", MountPath: "/scratch"}}
-	if _, err := pods.Create(ctxT(t), pod, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err = pods.Create(ctxT(t), pod, metav1.CreateOptions{})
+	require.NoError(t, err)
 	got := waitPod(t, c, ns, "check", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-	if cs := got.Status.ContainerStatuses; len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.ExitCode != 7 {
-		t.Errorf("container statuses %+v, want one terminated with exit code 7", cs)
-	}
+	assertExitCode(t, got, 7)
 	tail := int64(10)
 	r, err := pods.GetLogs("check", &corev1.PodLogOptions{TailLines: &tail}).Stream(ctxT(t))
 	require.NoError(t, err, "pods/log")
@@ -123,28 +117,22 @@ func TestKubelet(t *testing.T) {
 	// each in order but not their interleaving.
 	lines := strings.Split(strings.TrimSpace(string(logs)), "\n")
 	slices.Sort(lines)
-	if want := []string{"bye", "hello from check"}; !slices.Equal(lines, want) {
-		t.Errorf("pods/log = %q, want the lines %q", logs, want)
-	}
+	assert.Equal(t, []string{"bye", "hello from check"}, lines, "pods/log = %q", logs)
 
 	// A running Pod deleted with a grace period: stopped, reported Failed, then gone.
-	if _, err := pods.Create(ctxT(t), newPod("forever", k.NodeName(), image, "forever"), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err = pods.Create(ctxT(t), newPod("forever", k.NodeName(), image, "forever"), metav1.CreateOptions{})
+	require.NoError(t, err)
 	waitPod(t, c, ns, "forever", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodRunning })
 	grace := int64(5)
-	if err := pods.Delete(ctxT(t), "forever", metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, pods.Delete(ctxT(t), "forever", metav1.DeleteOptions{GracePeriodSeconds: &grace}))
 	waitGone(t, c, k, ns, "forever")
 
 	// activeDeadlineSeconds.
 	p := newPod("deadline", k.NodeName(), image, "forever")
 	one := int64(1)
 	p.Spec.ActiveDeadlineSeconds = &one
-	if _, err := pods.Create(ctxT(t), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err = pods.Create(ctxT(t), p, metav1.CreateOptions{})
+	require.NoError(t, err)
 	got = waitPod(t, c, ns, "deadline", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 	assert.EqualValues(t, "DeadlineExceeded", got.Status.Reason, "pod status reason %q, want DeadlineExceeded", got.Status.Reason)
 
@@ -152,9 +140,8 @@ func TestKubelet(t *testing.T) {
 	p = newPod("csi", k.NodeName(), image, "forever")
 	p.Spec.Volumes = []corev1.Volume{{Name: "spire", VolumeSource: corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "csi.example.com"}}}}
 	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "spire", MountPath: "/spire"}}
-	if _, err := pods.Create(ctxT(t), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err = pods.Create(ctxT(t), p, metav1.CreateOptions{})
+	require.NoError(t, err)
 	waitPod(t, c, ns, "csi", func(p *corev1.Pod) bool {
 		cs := p.Status.ContainerStatuses
 		return len(cs) == 1 && cs[0].State.Waiting != nil && strings.Contains(cs[0].State.Waiting.Message, "csi.example.com")
@@ -176,12 +163,19 @@ func TestKubeletCSI(t *testing.T) {
 		{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 	}
 	p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "spire", MountPath: "/secrets"}, {Name: "scratch", MountPath: "/scratch"}}
-	if _, err := c.Client.CoreV1().Pods(ns).Create(ctxT(t), p, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, err := c.Client.CoreV1().Pods(ns).Create(ctxT(t), p, metav1.CreateOptions{})
+	require.NoError(t, err)
 	got := waitPod(t, c, ns, "csi", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
-	if cs := got.Status.ContainerStatuses; len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.ExitCode != 7 {
-		t.Errorf("container statuses %+v, want one terminated with exit code 7", cs)
+	assertExitCode(t, got, 7)
+}
+
+// assertExitCode checks that the Pod has one container, terminated with code.
+func assertExitCode(t *testing.T, p *corev1.Pod, code int32) {
+	t.Helper()
+	cs := p.Status.ContainerStatuses
+	if assert.Len(t, cs, 1, "container statuses %+v, want one terminated with exit code %d", cs, code) &&
+		assert.NotNil(t, cs[0].State.Terminated, "container state %+v, want terminated with exit code %d", cs[0].State, code) {
+		assert.Equal(t, code, cs[0].State.Terminated.ExitCode, "container exit code")
 	}
 }
 
@@ -212,7 +206,7 @@ func waitPod(t *testing.T, c *kubetest.Cluster, ns, name string, cond func(*core
 		last = p
 		sleep(t, 100*time.Millisecond)
 	}
-	t.Fatalf("pod %s/%s: condition not met within a minute; last status %+v", ns, name, last.Status)
+	require.Failf(t, "timed out", "pod %s/%s: condition not met within a minute; last status %+v", ns, name, last.Status)
 	return nil
 }
 
@@ -227,7 +221,7 @@ func waitGone(t *testing.T, c *kubetest.Cluster, k *kubetest.Kubelet, ns, name s
 		}
 		sleep(t, 100*time.Millisecond)
 	}
-	t.Fatalf("pod %s/%s or its container still exists after a minute", ns, name)
+	require.Failf(t, "timed out", "pod %s/%s or its container still exists after a minute", ns, name)
 }
 
 // sleep pauses a polling loop.

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/workloadapi"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
@@ -91,12 +92,9 @@ func fetchSVIDs(ctx context.Context, addr string) ([]spiffeid.ID, error) {
 
 func TestHostWorkload(t *testing.T) {
 	s := spiretest.Start(t, trustDomain)
-	if got, want := s.EndpointSocket(), "unix://"+s.AgentSocket; got != want {
-		t.Errorf("EndpointSocket() = %q, want %q", got, want)
-	}
-	if got, want := s.AgentID.Path(), "/spire/agent/join_token/"; !strings.HasPrefix(got, want) || s.AgentID.TrustDomain() != s.TrustDomain {
-		t.Errorf("AgentID = %s, want spiffe://%s%s<token>", s.AgentID, trustDomain, want)
-	}
+	assert.Equal(t, "unix://"+s.AgentSocket, s.EndpointSocket(), "EndpointSocket()")
+	assert.True(t, strings.HasPrefix(s.AgentID.Path(), "/spire/agent/join_token/"), "AgentID = %s, want spiffe://%s/spire/agent/join_token/<token>", s.AgentID, trustDomain)
+	assert.Equal(t, s.TrustDomain, s.AgentID.TrustDomain(), "AgentID = %s, want spiffe://%s/spire/agent/join_token/<token>", s.AgentID, trustDomain)
 	checkSocketDir(t, s)
 
 	exe, err := os.Executable()
@@ -105,32 +103,27 @@ func TestHostWorkload(t *testing.T) {
 	selectors := []string{"unix:uid:" + strconv.Itoa(os.Getuid()), "unix:path:" + exe}
 	began := time.Now()
 	created := s.CreateEntry(t, want.String(), s.AgentID.String(), selectors...)
-	if created.ID == "" || created.SPIFFEID != want || created.ParentID != s.AgentID {
-		t.Errorf("CreateEntry = %+v, want an ID, %s, parent %s", created, want, s.AgentID)
-	}
+	assert.NotEmpty(t, created.ID, "CreateEntry = %+v, want an ID", created)
+	assert.Equal(t, want, created.SPIFFEID, "CreateEntry SPIFFE ID")
+	assert.Equal(t, s.AgentID, created.ParentID, "CreateEntry parent")
 
 	ctx, cancel := context.WithTimeout(t.Context(), svidTimeout)
 	defer cancel()
 	ids, err := fetchSVIDs(ctx, s.EndpointSocket())
 	require.NoError(t, err)
 	t.Logf("SVID %v %v after the entry's creation", ids, time.Since(began).Round(time.Millisecond))
-	if len(ids) != 1 || ids[0] != want {
-		t.Errorf("SVIDs = %v, want [%s]", ids, want)
-	}
+	assert.Equal(t, []spiffeid.ID{want}, ids, "SVIDs")
 
 	entries := s.Entries(t)
 	i := slices.IndexFunc(entries, func(e spiretest.Entry) bool { return e.ID == created.ID })
-	if i < 0 {
-		t.Fatalf("Entries() = %+v, lacks %s", entries, created.ID)
-	}
-	if got := entries[i]; got.SPIFFEID != want || got.ParentID != s.AgentID ||
-		!slices.Equal(slices.Sorted(slices.Values(got.Selectors)), slices.Sorted(slices.Values(selectors))) {
-		t.Errorf("Entries() has %+v, want %s, parent %s, selectors %q", got, want, s.AgentID, selectors)
-	}
+	require.GreaterOrEqual(t, i, 0, "Entries() = %+v, lacks %s", entries, created.ID)
+	got := entries[i]
+	assert.Equal(t, want, got.SPIFFEID, "Entries() has %+v", got)
+	assert.Equal(t, s.AgentID, got.ParentID, "Entries() has %+v", got)
+	assert.ElementsMatch(t, selectors, got.Selectors, "Entries() has %+v", got)
 	s.DeleteEntry(t, created.ID)
-	if entries := s.Entries(t); slices.ContainsFunc(entries, func(e spiretest.Entry) bool { return e.ID == created.ID }) {
-		t.Errorf("Entries() after DeleteEntry = %+v, still has %s", entries, created.ID)
-	}
+	entries = s.Entries(t)
+	assert.False(t, slices.ContainsFunc(entries, func(e spiretest.Entry) bool { return e.ID == created.ID }), "Entries() after DeleteEntry = %+v, still has %s", entries, created.ID)
 }
 
 // checkSocketDir checks that AgentSocketDir holds only the socket, and that both are open to
@@ -139,14 +132,15 @@ func checkSocketDir(t *testing.T, s *spiretest.SPIRE) {
 	t.Helper()
 	des, err := os.ReadDir(s.AgentSocketDir)
 	require.NoError(t, err)
-	if len(des) != 1 || filepath.Join(s.AgentSocketDir, des[0].Name()) != s.AgentSocket {
-		t.Errorf("%s holds %v, want only %s", s.AgentSocketDir, des, filepath.Base(s.AgentSocket))
+	if assert.Len(t, des, 1, "%s holds %v, want only %s", s.AgentSocketDir, des, filepath.Base(s.AgentSocket)) {
+		assert.Equal(t, s.AgentSocket, filepath.Join(s.AgentSocketDir, des[0].Name()), "%s holds %v, want only %s", s.AgentSocketDir, des, filepath.Base(s.AgentSocket))
 	}
-	if fi, err := os.Stat(s.AgentSocketDir); err != nil || fi.Mode().Perm() != 0o755 {
-		t.Errorf("%s: %v, %v; want mode 0755", s.AgentSocketDir, fi.Mode(), err)
+	if fi, err := os.Stat(s.AgentSocketDir); assert.NoError(t, err) {
+		assert.EqualValues(t, 0o755, fi.Mode().Perm(), "%s: %v; want mode 0755", s.AgentSocketDir, fi.Mode())
 	}
-	if fi, err := os.Stat(s.AgentSocket); err != nil || fi.Mode().Type() != os.ModeSocket || fi.Mode().Perm() != 0o777 {
-		t.Errorf("%s: %v, %v; want a socket of mode 0777", s.AgentSocket, fi.Mode(), err)
+	if fi, err := os.Stat(s.AgentSocket); assert.NoError(t, err) {
+		assert.Equal(t, os.ModeSocket, fi.Mode().Type(), "%s: %v; want a socket of mode 0777", s.AgentSocket, fi.Mode())
+		assert.EqualValues(t, 0o777, fi.Mode().Perm(), "%s: %v; want a socket of mode 0777", s.AgentSocket, fi.Mode())
 	}
 }
 
@@ -189,9 +183,7 @@ func TestDockerWorkloadAttestor(t *testing.T) {
 			at, _ = strconv.ParseInt(v, 10, 64)
 		}
 	}
-	if len(ids) != 1 || ids[0] != want.String() {
-		t.Fatalf("the container's SVIDs = %q, want [%s]; output:\n%s", ids, want, out)
-	}
+	require.Equal(t, []string{want.String()}, ids, "the container's SVIDs; output:\n%s", out)
 	t.Logf("the container had %s %v after the entry's creation (exited after %v)",
 		want, time.Unix(0, at).Sub(began).Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/proto/spiffe/workload"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/spiffe/go-spiffe/v2/svid/x509svid"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -86,17 +87,12 @@ func TestServer(t *testing.T) {
 			if tt.wantCode != codes.OK {
 				return
 			}
-			if len(resp.Svids) != 1 || resp.Svids[0].SpiffeId != svid.ID.String() {
-				t.Fatalf("response SVIDs = %v, want one for %s", resp.Svids, svid.ID)
-			}
+			require.Len(t, resp.Svids, 1, "response SVIDs = %v, want one for %s", resp.Svids, svid.ID)
+			require.Equal(t, svid.ID.String(), resp.Svids[0].SpiffeId, "response SVID id")
 			got, err := x509svid.ParseRaw(resp.Svids[0].X509Svid, resp.Svids[0].X509SvidKey)
 			require.NoError(t, err, "response SVID does not parse")
-			if !got.Certificates[0].Equal(svid.Certificates[0]) {
-				t.Error("response SVID differs from the one set")
-			}
-			if _, ok := bundles.Bundles[td.IDString()]; !ok {
-				t.Errorf("bundles response has %v, want %s", bundles.Bundles, td.IDString())
-			}
+			assert.True(t, got.Certificates[0].Equal(svid.Certificates[0]), "response SVID differs from the one set")
+			assert.Contains(t, bundles.Bundles, td.IDString(), "bundles response")
 		})
 	}
 
@@ -113,13 +109,11 @@ func TestServer(t *testing.T) {
 		defer cancel()
 		stream, err := client.FetchX509SVID(ctx, &workload.X509SVIDRequest{})
 		require.NoError(t, err)
-		if _, err := stream.Recv(); err != nil {
-			t.Fatal(err)
-		}
+		_, err = stream.Recv()
+		require.NoError(t, err)
 		api.Stop()
 		api.Stop() // idempotent
-		if _, err := stream.Recv(); err == nil {
-			t.Fatal("stream still open after Stop")
-		}
+		_, err = stream.Recv()
+		require.Error(t, err, "stream still open after Stop")
 	})
 }
