@@ -66,6 +66,15 @@ type Event struct {
 	TokenID string
 	// Registered and Running.
 	RunnerUUID string
+	// GitHub slots. Claim: Forge, ScaleSet and RunnerName. Configured: RunnerID and
+	// TaskDigest. Running: RunnerID (the runner JobStarted named), GitHubJob, RunID, Repo and
+	// Job.
+	Forge      Forge
+	ScaleSet   int
+	RunnerName string
+	RunnerID   int64
+	GitHubJob  string
+	RunID      int64
 	// Completed.
 	Result string
 	// Failed.
@@ -128,9 +137,29 @@ func Decide(cur *State, ev Event) (Record, error) {
 		next.AdmittedAt = ev.At
 		next.PickupDeadline = ev.At.Add(ev.Pickup)
 		next.LeaseExpires = ev.At.Add(ev.Lease)
+	case Configured:
+		if !cur.GitHub() {
+			return bad()
+		}
+		switch {
+		case cur.Phase != Claimed:
+			return bad()
+		case ev.RunnerID <= 0 || ev.TaskDigest == "":
+			return Record{}, fmt.Errorf("assignment: slot %d: configured without a runner id or a sealed configuration: %w", cur.Task, ErrInvalidTransition)
+		case cur.RunnerID == ev.RunnerID && cur.TaskDigest == ev.TaskDigest:
+			return Record{}, ErrNoChange
+		case cur.RunnerID != 0:
+			return Record{}, fmt.Errorf("assignment: slot %d: configured for runner %d, already runner %d's: %w", cur.Task, ev.RunnerID, cur.RunnerID, ErrInvalidTransition)
+		}
+		next.Phase = Claimed
+		next.RunnerID = ev.RunnerID
+		next.TaskDigest = ev.TaskDigest
 	case Dispatched:
 		switch cur.Phase {
 		case Claimed:
+			if !cur.Ready() {
+				return Record{}, fmt.Errorf("assignment: slot %d: dispatched before its runner was configured: %w", cur.Task, ErrInvalidTransition)
+			}
 		case Dispatched, Started, Registered, Running:
 			return Record{}, ErrNoChange
 		default:
@@ -139,21 +168,40 @@ func Decide(cur *State, ev Event) (Record, error) {
 	case Started:
 		switch cur.Phase {
 		case Claimed, Dispatched:
+			if !cur.Ready() {
+				return Record{}, fmt.Errorf("assignment: slot %d: started before its runner was configured: %w", cur.Task, ErrInvalidTransition)
+			}
 		case Started:
 			if string(cur.Handle) == string(ev.Handle) && cur.TokenID == ev.TokenID {
 				return Record{}, ErrNoChange
 			}
 			return bad()
+		case Running:
+			// A slot's runner may take its job, and the JobStarted message be recorded,
+			// before the worker records the environment's start: the start is recorded
+			// and the phase stays running.
+			if !cur.GitHub() || len(cur.Handle) != 0 {
+				if cur.GitHub() && string(cur.Handle) == string(ev.Handle) {
+					return Record{}, ErrNoChange
+				}
+				return bad()
+			}
+			next.Phase = Running
 		default:
 			return bad()
 		}
-		if len(ev.Handle) == 0 || ev.TokenID == "" {
+		// A GitHub slot's environment gets no capability token: its JIT configuration is its
+		// only credential.
+		if len(ev.Handle) == 0 || (ev.TokenID == "" && !cur.GitHub()) {
 			return Record{}, fmt.Errorf("assignment: task %d: started without handle or token id: %w", cur.Task, ErrInvalidTransition)
 		}
 		next.Handle = ev.Handle
 		next.TokenID = ev.TokenID
 		next.StartedBy = ev.Actor
 	case Registered:
+		if cur.GitHub() {
+			return bad() // its runner never talks to the facade
+		}
 		switch cur.Phase {
 		case Started:
 		case Registered, Running:
@@ -166,6 +214,9 @@ func Decide(cur *State, ev Event) (Record, error) {
 		}
 		next.RunnerUUID = ev.RunnerUUID
 	case Running:
+		if cur.GitHub() {
+			return decideJobStarted(cur, ev, next)
+		}
 		switch cur.Phase {
 		case Registered:
 		case Running:
@@ -242,12 +293,47 @@ func Decide(cur *State, ev Event) (Record, error) {
 	return next, nil
 }
 
+// decideJobStarted records the job GitHub gave a slot's runner (a JobStarted message): once,
+// for the slot's own runner, after its runner was configured.
+func decideJobStarted(cur *State, ev Event, next Record) (Record, error) {
+	switch {
+	case cur.Phase == Running && cur.GitHubJob == ev.GitHubJob:
+		return Record{}, ErrNoChange
+	case cur.Phase == Running:
+		return Record{}, fmt.Errorf("assignment: slot %d: runner took job %s, already running job %s: %w", cur.Task, ev.GitHubJob, cur.GitHubJob, ErrAlreadyFetched)
+	case cur.Phase != Claimed && cur.Phase != Dispatched && cur.Phase != Started:
+		return Record{}, fmt.Errorf("assignment: slot %d: running in phase %s: %w", cur.Task, cur.Phase, ErrInvalidTransition)
+	case !cur.Ready():
+		return Record{}, fmt.Errorf("assignment: slot %d: running before its runner was configured: %w", cur.Task, ErrInvalidTransition)
+	case ev.RunnerID != cur.RunnerID:
+		return Record{}, fmt.Errorf("assignment: slot %d: job started on runner %d, not the slot's runner %d: %w", cur.Task, ev.RunnerID, cur.RunnerID, ErrInvalidTransition)
+	case ev.GitHubJob == "":
+		return Record{}, fmt.Errorf("assignment: slot %d: running without a job id: %w", cur.Task, ErrInvalidTransition)
+	}
+	next.RunningAt = ev.At
+	next.GitHubJob, next.RunID = ev.GitHubJob, ev.RunID
+	next.Repo, next.Job = ev.Repo, ev.Job
+	return next, nil
+}
+
 func decideClaim(cur *State, ev Event) (Record, error) {
 	if cur != nil {
 		return Record{}, fmt.Errorf("assignment: task %d: %w", cur.Task, ErrExists)
 	}
 	if ev.Task <= 0 {
 		return Record{}, fmt.Errorf("assignment: claim without a task id: %w", ErrInvalidTransition)
+	}
+	switch ev.Forge {
+	case ForgeGitea:
+		if ev.Task.Slot() {
+			return Record{}, fmt.Errorf("assignment: claim of Gitea task %d, in GitHub's slot range: %w", ev.Task, ErrInvalidTransition)
+		}
+	case ForgeGitHub:
+		if !ev.Task.Slot() || ev.ScaleSet <= 0 || ev.RunnerName == "" || ev.Queue != 0 {
+			return Record{}, fmt.Errorf("assignment: claim of GitHub slot %d needs a slot id, its scale set and runner name, and no queue: %w", ev.Task, ErrInvalidTransition)
+		}
+	default:
+		return Record{}, fmt.Errorf("assignment: claim from forge %q: %w", ev.Forge, ErrInvalidTransition)
 	}
 	if ev.Backend != BackendPod && ev.Backend != BackendVM {
 		return Record{}, fmt.Errorf("assignment: claim with backend %q: %w", ev.Backend, ErrInvalidTransition)
@@ -256,7 +342,7 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 		return Record{}, fmt.Errorf("assignment: claim with lease %s and pickup %s: pickup must be positive and below the lease: %w",
 			ev.Lease, ev.Pickup, ErrInvalidTransition)
 	}
-	if ev.TaskDigest == "" {
+	if ev.TaskDigest == "" && ev.Forge != ForgeGitHub { // a slot's configuration is sealed later, by `configured`
 		return Record{}, fmt.Errorf("assignment: claim without a task digest: %w", ErrInvalidTransition)
 	}
 	if ev.Queue < 0 {
@@ -283,8 +369,12 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 		PickupDeadline: ev.At.Add(ev.Pickup),
 		LeaseExpires:   ev.At.Add(ev.Lease),
 		TaskDigest:     ev.TaskDigest,
+		Forge:          ev.Forge,
+		ScaleSet:       ev.ScaleSet,
+		RunnerName:     ev.RunnerName,
 	}, nil
 }
+
 
 // RestartGrace is how long after a start the scheduler and the facade let environments reach
 // them again before enforcing deadlines that passed while they were down: two renewal
@@ -307,12 +397,17 @@ func Overdue(s State, now time.Time) (Event, bool) {
 		}
 		reason = fmt.Sprintf("the fleet was full: no %s environment became free within %s of the claim (QUEUE_SECS); retry the job when the fleet is less busy",
 			s.Backend, s.QueueDeadline.Sub(s.ClaimedAt).Round(time.Second))
+	case s.Phase != Running && now.After(s.PickupDeadline) && s.GitHub():
+		reason = fmt.Sprintf("GitHub gave the slot's runner no job within %s of its creation (PICKUP_SECS); the runner is removed, and a job still waiting gets another slot",
+			s.PickupDeadline.Sub(s.ClaimedAt).Round(time.Second))
 	case s.Phase != Running && now.After(s.PickupDeadline):
 		since := "claim"
 		if !s.AdmittedAt.IsZero() {
 			since = "admission"
 		}
 		reason = fmt.Sprintf("no environment picked the task up within %s of its %s (PICKUP_SECS)", s.PickupDeadline.Sub(s.PickupFrom()).Round(time.Second), since)
+	case now.After(s.LeaseExpires) && s.GitHub():
+		reason = fmt.Sprintf("the slot's job ran past its lease, which ended at %s (a slot is not renewed: its lease is the longest job it may run)", s.LeaseExpires.UTC().Format(time.RFC3339))
 	case now.After(s.LeaseExpires):
 		reason = fmt.Sprintf("the environment's lease expired at %s without renewal", s.LeaseExpires.UTC().Format(time.RFC3339))
 	default:

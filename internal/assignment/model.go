@@ -25,6 +25,32 @@ func ParseBackend(s string) (Backend, error) {
 	return "", fmt.Errorf("assignment: backend %q: want pod or vm: %w", s, ErrInvalidID)
 }
 
+// Forge names the forge an assignment's job comes from.
+type Forge string
+
+// The forges. Gitea is the zero value: records written before GitHub existed name none.
+const (
+	ForgeGitea  Forge = ""
+	ForgeGitHub Forge = "github"
+)
+
+// String names the forge, gitea for the zero value.
+func (f Forge) String() string {
+	if f == ForgeGitea {
+		return "gitea"
+	}
+	return string(f)
+}
+
+// SlotBase is the first task id of a GitHub slot. GitHub has no task a runner fetches: each
+// environment is a slot of a runner scale set, whose id dynrunner makes (SlotBase plus a
+// number), so slots share the streams, the view and the workers with Gitea's tasks, whose ids
+// stay below it.
+const SlotBase TaskID = 1 << 52
+
+// Slot reports whether t is a GitHub slot's id.
+func (t TaskID) Slot() bool { return t >= SlotBase }
+
 // Transition names one append to an assignment's log.
 type Transition string
 
@@ -36,6 +62,7 @@ type Transition string
 // any claim.
 const (
 	Claimed    Transition = "claimed"    // the scheduler persisted the task; its sequence is the epoch
+	Configured Transition = "configured" // GitHub slots only: the JIT runner exists, its configuration is sealed (phase stays claimed)
 	Queued     Transition = "queued"     // phase only: a claim that waits for capacity (MAX_QUEUED), recorded by its claim
 	Admitted   Transition = "admitted"   // a queued claim got capacity; its phase is claimed again, its deadlines count from here
 	Dispatched Transition = "dispatched" // a worker took the dispatch message
@@ -49,8 +76,15 @@ const (
 	Closed     Transition = "closed"     // the failure was reported upstream (terminal)
 )
 
-// Phase is where an assignment stands: the last transition other than Renewed, Reporting and
-// Admitted (which keep or restore the phase), or Queued for a claim that waits for capacity.
+// Phase is where an assignment stands: the last transition other than Renewed, Reporting,
+// Configured and Admitted (which keep or restore the phase), or Queued for a claim that waits
+// for capacity.
+//
+// A GitHub slot goes claimed (the intent, before GitHub is called), configured (its JIT runner
+// exists and the configuration is sealed), dispatched, started, running (a JobStarted message
+// named its runner: GitHub gave it a job) and completed (JobCompleted). It is never
+// registered: its runner talks to GitHub, not to the facade. A slot whose runner got no job
+// before its pickup deadline fails, and its report to the forge is the runner's removal.
 type Phase = Transition
 
 // Terminal reports whether no transition can follow p.
@@ -99,6 +133,17 @@ type Record struct {
 	// TokenID identifies (never reveals) the capability token issued to the environment.
 	TokenID    string `json:"token_id,omitempty"`
 	RunnerUUID string `json:"runner_uuid,omitempty"`
+
+	// Forge is where the job comes from (empty: Gitea). A GitHub slot also records its runner
+	// scale set and its JIT runner's name (from the claim), the runner's id (from
+	// `configured`), and the job GitHub gave that runner (GitHubJob, RunID; from `running`,
+	// after the fact: GitHub binds a job to a runner, dynrunner cannot choose which).
+	Forge      Forge  `json:"forge,omitempty"`
+	ScaleSet   int    `json:"scale_set,omitempty"`
+	RunnerName string `json:"runner_name,omitempty"`
+	RunnerID   int64  `json:"runner_id,omitempty"`
+	GitHubJob  string `json:"github_job,omitempty"`
+	RunID      int64  `json:"run_id,omitempty"`
 	// RunningAt is when the environment's runner fetched the task: the job's start (from
 	// `running` on).
 	RunningAt time.Time `json:"running_at,omitzero"`
@@ -128,6 +173,13 @@ func (s State) Epoch() Epoch {
 	}
 	return s.Record.Epoch
 }
+
+// GitHub reports whether the assignment is a GitHub slot.
+func (s State) GitHub() bool { return s.Forge == ForgeGitHub }
+
+// Ready reports whether the assignment can be dispatched: a Gitea task as soon as it is
+// claimed, a GitHub slot once its runner is configured.
+func (s State) Ready() bool { return !s.GitHub() || s.RunnerID != 0 }
 
 // Live reports whether the assignment has not reached a terminal phase.
 func (s State) Live() bool { return !Terminal(s.Phase) }
