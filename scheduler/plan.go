@@ -57,6 +57,9 @@ func planReconcile(s reconcileSnapshot) []reconcileAction {
 	// After a restart, environments get two renewal intervals to reach the facade again
 	// before deadlines that passed while the controller was down are enforced.
 	grace := s.now.Sub(s.started) < assignment.RestartGrace(s.lease)
+	if s.st.GitHub() {
+		return planSlot(s, grace)
+	}
 	if ev, due := assignment.Overdue(s.st, s.now); due && !grace {
 		return []reconcileAction{{kind: reconcileFail, ev: ev}, {kind: reconcileClose}}
 	}
@@ -84,4 +87,17 @@ func planReconcile(s reconcileSnapshot) []reconcileAction {
 		}
 	}
 	return plan
+}
+
+// planSlot decides a GitHub slot: its deadlines and its dispatch are the scheduler's as for any
+// assignment, once its runner is configured. Gitea is never told of it, and its failure is
+// reported to GitHub (its runner removed) by the holder of its scale set's session, not here.
+func planSlot(s reconcileSnapshot, grace bool) []reconcileAction {
+	if ev, due := assignment.Overdue(s.st, s.now); due && !grace {
+		return []reconcileAction{{kind: reconcileFail, ev: ev}}
+	}
+	if s.st.Phase == assignment.Claimed && s.st.Ready() && s.now.Sub(s.st.At) > redispatchAfter {
+		return []reconcileAction{{kind: reconcileRedispatch}}
+	}
+	return nil
 }

@@ -39,6 +39,11 @@ func TestPlanReconcile(t *testing.T) {
 	afterLease := claimedAt.Add(lease + time.Second)
 	soon := claimedAt.Add(2 * time.Second)
 	later := claimedAt.Add(time.Minute)
+	slot := func(phase assignment.Phase, at time.Time, runner int64) assignment.State {
+		st := asg(phase, at)
+		st.Task, st.Forge, st.ScaleSet, st.RunnerName, st.RunnerID = assignment.SlotBase+1, assignment.ForgeGitHub, 2, "dynrunner-pod-1", runner
+		return st
+	}
 	reporting := func(until time.Time) assignment.State {
 		st := asg(assignment.Failed, later)
 		st.Transition, st.Reporter, st.ReportUntil = assignment.Reporting, "scheduler@other", until
@@ -89,6 +94,20 @@ func TestPlanReconcile(t *testing.T) {
 			started: afterPickup.Add(-time.Second), want: []reconcileAction{redispatch, keepalive}},
 		{name: "lease expired after the restart grace: fail, then close", st: asg(assignment.Running, soon), now: afterLease,
 			started: afterLease.Add(-assignment.RestartGrace(lease)), want: []reconcileAction{failure(asg(assignment.Running, soon), afterLease), closeIt}},
+
+		// GitHub slots: never kept alive or reported through Gitea; dispatched once configured.
+		{name: "slot claimed, its runner not configured yet: nothing", st: slot(assignment.Claimed, claimedAt, 0), now: later,
+			want: nil},
+		{name: "slot configured for longer than the redispatch delay: redispatch, no keepalive", st: slot(assignment.Claimed, claimedAt, 41), now: later,
+			want: []reconcileAction{redispatch}},
+		{name: "slot started: no keepalive", st: slot(assignment.Started, soon, 41), now: later,
+			want: nil},
+		{name: "slot got no job by its pickup deadline: fail, closed by the session's holder", st: slot(assignment.Started, soon, 41), now: afterPickup,
+			want: []reconcileAction{failure(slot(assignment.Started, soon, 41), afterPickup)}},
+		{name: "slot failed: not reported through Gitea", st: slot(assignment.Failed, later, 41), now: later.Add(time.Second),
+			want: nil},
+		{name: "slot's deadline within the restart grace: nothing", st: slot(assignment.Started, soon, 41), now: afterPickup,
+			started: afterPickup.Add(-time.Second), want: nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
