@@ -216,6 +216,16 @@ func formatEvent(s assignment.State) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s  seq=%-6d task=%-6d epoch=%-6d %-10s backend=%s actor=%s",
 		s.At.UTC().Format(time.RFC3339), s.Seq, s.Task, s.Epoch(), s.Transition, s.Backend, s.Actor)
+	if s.GitHub() {
+		fmt.Fprintf(&b, " forge=github slot=%d scale_set=%d runner=%s", s.Task-assignment.SlotBase, s.ScaleSet, s.RunnerName)
+		if s.RunnerID != 0 {
+			fmt.Fprintf(&b, " runner_id=%d", s.RunnerID)
+		}
+		field(&b, " github_job=%s", s.GitHubJob)
+		if s.RunID != 0 {
+			fmt.Fprintf(&b, " run=%d", s.RunID)
+		}
+	}
 	field(&b, " repo=%s", s.Repo)
 	field(&b, " job=%q", s.Job)
 	if s.Phase == assignment.Queued {

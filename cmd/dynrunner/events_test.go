@@ -120,3 +120,18 @@ func TestFormatEventShowsTheQueue(t *testing.T) {
 	require.NotContains(t, formatEvent(admitted), "queued_until")
 	require.Contains(t, formatEvent(admitted), "admitted")
 }
+
+// TestFormatEventShowsGitHubSlots: a slot's line names its forge, scale set and runner, and,
+// once GitHub gave the runner a job, that job; a Gitea task's line has none of it.
+func TestFormatEventShowsGitHubSlots(t *testing.T) {
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	slot := assignment.State{Seq: 9, Record: assignment.Record{Transition: assignment.Configured, Phase: assignment.Claimed,
+		Task: assignment.SlotBase + 5, Backend: assignment.BackendVM, At: at, Forge: assignment.ForgeGitHub, ScaleSet: 2,
+		RunnerName: "dynrunner-vm-5", RunnerID: 41}}
+	line := formatEvent(slot)
+	assert.Contains(t, line, "forge=github slot=5 scale_set=2 runner=dynrunner-vm-5 runner_id=41")
+	assert.NotContains(t, line, "github_job=")
+	slot.Transition, slot.Phase, slot.GitHubJob, slot.RunID, slot.Repo, slot.Job = assignment.Running, assignment.Running, "job-7", 1007, "acme/app", "build"
+	assert.Contains(t, formatEvent(slot), `github_job=job-7 run=1007 repo=acme/app job="build"`)
+	assert.NotContains(t, formatEvent(assignment.State{Record: assignment.Record{Task: 3, At: at}}), "forge=")
+}
