@@ -375,7 +375,6 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 	}, nil
 }
 
-
 // RestartGrace is how long after a start the scheduler and the facade let environments reach
 // them again before enforcing deadlines that passed while they were down: two renewal
 // intervals.
