@@ -54,3 +54,37 @@ func mustMarshal(m proto.Message) []byte {
 	}
 	return b
 }
+
+// jitAAD binds a GitHub slot's sealed JIT runner configuration to the slot's id; it differs from
+// a task's, so one is never opened as the other.
+func jitAAD(id assignment.TaskID) []byte { return []byte("dynrunner/github-jit/" + id.String()) }
+
+// SealJIT seals a GitHub slot's JIT runner configuration (the runner's only credential) for
+// slot id, like a Gitea task: it is stored in the tasks bucket, and `configured` records its
+// digest.
+func SealJIT(box *sealbox.Box, id assignment.TaskID, jitConfig string) (sealed []byte, digest string, err error) {
+	if jitConfig == "" {
+		return nil, "", fmt.Errorf("sealedtask: slot %d: empty JIT configuration", id)
+	}
+	sealed, err = box.Seal([]byte(jitConfig), jitAAD(id))
+	if err != nil {
+		return nil, "", err
+	}
+	return sealed, digestOf(sealed), nil
+}
+
+// OpenJIT unseals a slot's JIT configuration and checks it against the digest `configured`
+// recorded.
+func OpenJIT(box *sealbox.Box, id assignment.TaskID, sealed []byte, digest string) (string, error) {
+	if digestOf(sealed) != digest {
+		return "", fmt.Errorf("sealedtask: the sealed JIT configuration of slot %d does not match the digest recorded when it was configured", id)
+	}
+	plain, err := box.Open(sealed, jitAAD(id))
+	if err != nil {
+		return "", fmt.Errorf("sealedtask: open the JIT configuration of slot %d: %w", id, err)
+	}
+	return string(plain), nil
+}
+
+// Digest is the digest of sealed bytes as the records keep it (hex SHA-256).
+func Digest(sealed []byte) string { return digestOf(sealed) }

@@ -35,3 +35,30 @@ func TestSealOpen(t *testing.T) {
 	_, err = sealedtask.Open(box, 42, sealed, otherDigest)
 	require.Error(t, err)
 }
+
+// TestSealOpenJIT: a slot's JIT configuration opens for its slot and digest only, and never as
+// a task (nor a task as a JIT configuration).
+func TestSealOpenJIT(t *testing.T) {
+	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
+	require.NoError(t, err)
+	sealed, digest, err := sealedtask.SealJIT(box, 7, "eyJqaXQiOiJzM2NyM3QifQ==")
+	require.NoError(t, err)
+	assert.NotContains(t, string(sealed), "eyJqaXQi")
+	assert.Equal(t, digest, sealedtask.Digest(sealed))
+	got, err := sealedtask.OpenJIT(box, 7, sealed, digest)
+	require.NoError(t, err)
+	assert.Equal(t, "eyJqaXQiOiJzM2NyM3QifQ==", got)
+
+	_, err = sealedtask.OpenJIT(box, 8, sealed, digest)
+	require.ErrorIs(t, err, sealbox.ErrOpen, "slot 7's configuration opened as slot 8's")
+	_, err = sealedtask.Open(box, 7, sealed, digest)
+	require.ErrorIs(t, err, sealbox.ErrOpen, "a JIT configuration opened as a task")
+	task, taskDigest, err := sealedtask.Seal(box, 7, &runnerv1.Task{Id: 7})
+	require.NoError(t, err)
+	_, err = sealedtask.OpenJIT(box, 7, task, taskDigest)
+	require.ErrorIs(t, err, sealbox.ErrOpen, "a task opened as a JIT configuration")
+	_, err = sealedtask.OpenJIT(box, 7, sealed, taskDigest)
+	require.Error(t, err, "a configuration other than the recorded one opened")
+	_, _, err = sealedtask.SealJIT(box, 7, "")
+	require.Error(t, err)
+}
