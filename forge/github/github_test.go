@@ -66,14 +66,20 @@ type bed struct {
 	clients *github.Clients
 	metrics *github.Metrics
 	leases  jetstream.KeyValue
+	log     *eventlog.Log
+	view    *eventlog.View
 }
 
-func newBed(t *testing.T) *bed {
+func newBed(t *testing.T, mod ...func(*githubtest.Options)) *bed {
 	t.Helper()
-	srv := githubtest.New(t, githubtest.Options{
+	opts := githubtest.Options{
 		App:             &githubtest.App{ID: testAppID, ClientID: "Iv1.test", InstallationID: testInstallationID, PublicKey: &appKey().PublicKey},
 		LongPollTimeout: 100 * time.Millisecond,
-	})
+	}
+	for _, m := range mod {
+		m(&opts)
+	}
+	srv := githubtest.New(t, opts)
 	key := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(appKey())})
 	m := github.NewMetrics(nil)
 	clients, err := github.NewClients(github.ClientsConfig{
@@ -88,7 +94,12 @@ func newBed(t *testing.T) *bed {
 	cfg.Key, cfg.LeasesTTL = eventlogtest.Key, lease.MinTTL
 	l, err := eventlog.Open(t.Context(), js, cfg)
 	require.NoError(t, err)
-	return &bed{srv: srv, clients: clients, metrics: m, leases: l.Leases()}
+	v := eventlog.NewView()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = l.Watch(ctx, v) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return &bed{srv: srv, clients: clients, metrics: m, leases: l.Leases(), log: l, view: v}
 }
 
 var tiers = github.ScaleSets{Prefix: "dynrunner", RunnerGroup: github.DefaultRunnerGroup, Tiers: []assignment.Backend{assignment.BackendPod, assignment.BackendVM}}
@@ -161,6 +172,8 @@ func (r *recorder) Handle(_ context.Context, s *github.Session, msg *scaleset.Ru
 	}
 	return nil
 }
+
+func (r *recorder) Reconcile(context.Context, *github.Session) error { return nil }
 
 func (r *recorder) handled(holder string) []int64 {
 	r.mu.Lock()

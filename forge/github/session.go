@@ -20,6 +20,9 @@ import (
 // every message the old one did not delete.
 type Handler interface {
 	Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScaleSetMessage) error
+	// Reconcile runs after every poll, a message or none, under the same context: what
+	// needs doing without a message (an earlier holder's unfinished work).
+	Reconcile(ctx context.Context, s *Session) error
 }
 
 // SessionLeaseKey is the key in eventlog.BucketLeases of scale set id's message session: the
@@ -134,15 +137,19 @@ func (s *Session) step(ctx context.Context) time.Duration {
 		}
 	}
 	msg, err := s.client.GetMessage(hctx, s.last, max(s.cfg.Capacity(), 0))
+	if err == nil && msg == nil {
+		if err := s.cfg.Handler.Reconcile(hctx, s); err != nil && hctx.Err() == nil {
+			s.cfg.Log.Warn().Err(err).Int("scale_set", s.cfg.Set.ID).Msg("github: reconcile the scale set's slots")
+			return s.cfg.Retry
+		}
+		return 0 // the long poll ended with nothing
+	}
 	if err != nil {
 		if ctx.Err() != nil || hctx.Err() != nil {
 			return 0 // the lease's belief ended mid-poll: the next step looks again
 		}
 		s.failed("poll the message queue", err)
 		return s.cfg.Retry
-	}
-	if msg == nil {
-		return 0 // the long poll ended with nothing
 	}
 	if msg.Statistics == nil {
 		msg.Statistics = &scaleset.RunnerScaleSetStatistic{} // the library's own listener dereferences it

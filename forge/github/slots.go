@@ -1,0 +1,396 @@
+package github
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/actions/scaleset"
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/sealedtask"
+)
+
+// SlotLog is what Slots uses of the event log. *eventlog.Log is one.
+type SlotLog interface {
+	Apply(ctx context.Context, ev assignment.Event, hint *assignment.State) (assignment.State, error)
+	Get(ctx context.Context, task assignment.TaskID) (assignment.State, error)
+	PutTask(ctx context.Context, task assignment.TaskID, sealed []byte) error
+	GetTask(ctx context.Context, task assignment.TaskID) ([]byte, error)
+	DropTask(ctx context.Context, task assignment.TaskID) error
+	Dispatch(ctx context.Context, backend assignment.Backend, task assignment.TaskID, epoch assignment.Epoch) error
+}
+
+// SlotView is what Slots reads of the live assignments. *eventlog.View is one.
+type SlotView interface {
+	Live() []assignment.State
+}
+
+// DefaultSlotLease is a slot's lease: a slot is not renewed (its runner talks to GitHub, not
+// to dynrunner), so its lease is the longest job it may run: GitHub's default job timeout,
+// six hours.
+const DefaultSlotLease = 6 * time.Hour
+
+// reportHold is how long a claim on a failed slot's report (its runner's removal) holds.
+const reportHold = time.Minute
+
+// SlotsConfig configures Slots.
+type SlotsConfig struct {
+	Events SlotLog
+	View   SlotView
+	// Box seals the JIT configurations (TASK_KEY's box, as for Gitea tasks).
+	Box   *sealbox.Box
+	Actor string
+	// Capacity is a tier's capacity (POD_CONCURRENCY, VM_CONCURRENCY): its Gitea assignments
+	// in flight and its GitHub slots together stay within it.
+	Capacity func(assignment.Backend) int
+	// Pickup is how long a slot's runner may wait for GitHub to give it a job; Lease the
+	// longest job (DefaultSlotLease if zero).
+	Pickup, Lease time.Duration
+	Log           zerolog.Logger
+	// Now is the clock; time.Now if nil.
+	Now func() time.Time
+}
+
+// Slots is the Handler of a scale set's session. It keeps one environment slot per job GitHub
+// assigned to the scale set (Plan), and persists each slot in JetStream before it calls
+// GitHub: the claim (the intent, with the runner's name), then the JIT configuration sealed
+// in the tasks bucket and `configured` with the runner's id, then the dispatch. A holder that
+// dies between two steps leaves a record the next holder finishes from (Reconcile): a claimed
+// slot without a runner is configured (a runner of its name that GitHub already has is
+// removed first, as its configuration was lost), a failed slot's runner is removed by id.
+// JobStarted and JobCompleted messages are recorded on the slot whose runner they name.
+type Slots struct {
+	cfg SlotsConfig
+}
+
+// NewSlots returns the Handler.
+func NewSlots(cfg SlotsConfig) *Slots {
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultSlotLease
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Slots{cfg: cfg}
+}
+
+var _ Handler = (*Slots)(nil)
+
+// Handle records the message's job starts and completions, acquires its available jobs and
+// creates or retires slots as Plan says, then reconciles.
+func (h *Slots) Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScaleSetMessage) error {
+	for _, m := range msg.JobStartedMessages {
+		if err := h.jobStarted(ctx, s.Set(), m.RunnerID, m.RunnerName, m.JobMessageBase); err != nil {
+			return err
+		}
+	}
+	for _, m := range msg.JobCompletedMessages {
+		if err := h.jobCompleted(ctx, s, m); err != nil {
+			return err
+		}
+	}
+	var available []int64
+	for _, m := range msg.JobAvailableMessages {
+		available = append(available, m.RunnerRequestID)
+	}
+	steps := Plan(Snapshot{Assigned: msg.Statistics.TotalAssignedJobs, Available: available,
+		Slots: h.planSlots(s.Set()), Capacity: h.capacity(s.Set())})
+	if len(steps.Acquire) > 0 {
+		if _, err := s.Client().AcquireJobs(ctx, steps.Acquire); err != nil {
+			return fmt.Errorf("github: acquire jobs %v: %w", steps.Acquire, err)
+		}
+	}
+	for range steps.Create {
+		if err := h.create(ctx, s); err != nil {
+			return err
+		}
+	}
+	for _, id := range steps.Retire {
+		h.retire(ctx, id)
+	}
+	return h.Reconcile(ctx, s)
+}
+
+// Reconcile finishes what an earlier holder left half done: it configures claimed slots
+// without a runner and removes the runners of failed slots.
+func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
+	var errs []error
+	for _, st := range h.live(s.Set()) {
+		switch {
+		case st.Phase == assignment.Claimed && !st.Ready():
+			errs = append(errs, h.configure(ctx, s, st))
+		case st.Phase == assignment.Failed:
+			errs = append(errs, h.close(ctx, s, st))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// live are the live slots of set's scale set.
+func (h *Slots) live(set ScaleSet) []assignment.State {
+	var out []assignment.State
+	for _, st := range h.cfg.View.Live() {
+		if st.GitHub() && st.ScaleSet == set.ID {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// planSlots are the active slots of set's scale set, as Plan sees them.
+func (h *Slots) planSlots(set ScaleSet) []Slot {
+	var out []Slot
+	for _, st := range h.live(set) {
+		if st.Active() {
+			out = append(out, Slot{ID: int64(st.Task), Bound: st.GitHubJob != "", Since: st.ClaimedAt})
+		}
+	}
+	return out
+}
+
+// capacity is how many active slots set's scale set may have: its tier's capacity less the
+// Gitea assignments of the tier in flight.
+func (h *Slots) capacity(set ScaleSet) int {
+	n := h.cfg.Capacity(set.Tier)
+	for _, st := range h.cfg.View.Live() {
+		if !st.GitHub() && st.Backend == set.Tier && st.InFlight() {
+			n--
+		}
+	}
+	return max(n, 0)
+}
+
+// create claims a new slot, then configures it.
+func (h *Slots) create(ctx context.Context, s *Session) error {
+	set := s.Set()
+	id := assignment.SlotBase + assignment.TaskID(h.cfg.Now().UnixMicro())
+	var st assignment.State
+	var err error
+	for range 3 { // a slot id taken at the same microsecond: the next one
+		st, err = h.cfg.Events.Apply(ctx, assignment.Event{
+			Transition: assignment.Claimed, Task: id, Backend: set.Tier, Actor: h.cfg.Actor, At: h.cfg.Now(),
+			Forge: assignment.ForgeGitHub, ScaleSet: set.ID, RunnerName: fmt.Sprintf("%s-%d", set.Name, id-assignment.SlotBase),
+			RunsOn: []string{LabelSelfHosted, string(set.Tier)}, Lease: h.cfg.Lease, Pickup: h.cfg.Pickup,
+		}, nil)
+		if !errors.Is(err, assignment.ErrExists) {
+			break
+		}
+		id++
+	}
+	if err != nil {
+		return fmt.Errorf("github: claim a slot of scale set %s: %w", set.Name, err)
+	}
+	return h.configure(ctx, s, st)
+}
+
+// configure gives a claimed slot its JIT runner: it generates the configuration, seals and
+// stores it, records the runner's id with `configured`, and dispatches the slot. A sealed
+// configuration already stored whose runner GitHub still has is the one a holder that died
+// before `configured` made: it is taken as it is.
+func (h *Slots) configure(ctx context.Context, s *Session, st assignment.State) error {
+	client := s.Clients().Client()
+	runnerID, digest, err := h.stored(ctx, client, st)
+	if err != nil {
+		return err
+	}
+	if runnerID == 0 {
+		if runnerID, digest, err = h.generate(ctx, client, s.Set(), st); err != nil {
+			return err
+		}
+	}
+	st, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Configured, Task: st.Task, Epoch: st.Epoch(),
+		Actor: h.cfg.Actor, At: h.cfg.Now(), RunnerID: runnerID, TaskDigest: digest}, &st)
+	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
+		return fmt.Errorf("github: record slot %d's runner %d: %w", st.Task, runnerID, err)
+	}
+	if err := h.cfg.Events.Dispatch(ctx, st.Backend, st.Task, st.Epoch()); err != nil {
+		return fmt.Errorf("github: dispatch slot %d: %w (the scheduler dispatches it again)", st.Task, err)
+	}
+	return nil
+}
+
+// stored returns the runner id and digest of a slot's configuration stored by an earlier
+// holder whose runner GitHub still has; zero when there is none to take. A stored one whose
+// runner is gone is dropped.
+func (h *Slots) stored(ctx context.Context, client *scaleset.Client, st assignment.State) (int64, string, error) {
+	sealed, err := h.cfg.Events.GetTask(ctx, st.Task)
+	if errors.Is(err, assignment.ErrNotFound) {
+		return 0, "", nil
+	}
+	if err != nil {
+		return 0, "", err
+	}
+	runner, err := client.GetRunnerByName(ctx, st.RunnerName)
+	if err != nil {
+		return 0, "", fmt.Errorf("github: look up runner %s of slot %d: %w", st.RunnerName, st.Task, err)
+	}
+	if runner != nil {
+		return int64(runner.ID), sealedtask.Digest(sealed), nil
+	}
+	return 0, "", h.cfg.Events.DropTask(ctx, st.Task)
+}
+
+// generate makes the slot's JIT runner and stores its sealed configuration. A runner of the
+// slot's name that exists already was made by a holder that died before storing its
+// configuration, which is lost: it is removed and made again.
+func (h *Slots) generate(ctx context.Context, client *scaleset.Client, set ScaleSet, st assignment.State) (int64, string, error) {
+	setting := &scaleset.RunnerScaleSetJitRunnerSetting{Name: st.RunnerName, WorkFolder: "_work"}
+	jit, err := client.GenerateJitRunnerConfig(ctx, setting, set.ID)
+	if errors.Is(err, scaleset.RunnerExistsError) {
+		runner, gerr := client.GetRunnerByName(ctx, st.RunnerName)
+		if gerr != nil || runner == nil {
+			return 0, "", fmt.Errorf("github: runner %s of slot %d exists but cannot be read: %w", st.RunnerName, st.Task, errors.Join(err, gerr))
+		}
+		if err := client.RemoveRunner(ctx, int64(runner.ID)); err != nil && !errors.Is(err, scaleset.RunnerNotFoundError) {
+			return 0, "", fmt.Errorf("github: remove runner %d left by an earlier holder: %w", runner.ID, err)
+		}
+		jit, err = client.GenerateJitRunnerConfig(ctx, setting, set.ID)
+	}
+	if err != nil {
+		return 0, "", fmt.Errorf("github: generate the JIT configuration of slot %d: %w", st.Task, err)
+	}
+	sealed, digest, err := sealedtask.SealJIT(h.cfg.Box, st.Task, jit.EncodedJITConfig)
+	if err != nil {
+		return 0, "", err
+	}
+	if err := h.cfg.Events.PutTask(ctx, st.Task, sealed); err != nil {
+		return 0, "", fmt.Errorf("github: store the JIT configuration of slot %d: %w", st.Task, err)
+	}
+	return int64(jit.Runner.ID), digest, nil
+}
+
+// retire fails an idle slot no assigned job needs; closing it removes its runner.
+func (h *Slots) retire(ctx context.Context, id int64) {
+	st, err := h.cfg.Events.Get(ctx, assignment.TaskID(id))
+	if err != nil {
+		return
+	}
+	_, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
+		Actor: h.cfg.Actor, At: h.cfg.Now(), Reason: "no job assigned to the scale set needs the slot any more (GitHub cancelled or gave the job to another runner)"}, &st)
+	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
+		h.cfg.Log.Debug().Err(err).Int64("slot", id).Msg("github: retire a slot")
+	}
+}
+
+// close reports a failed slot to GitHub, which is removing its runner by id, then records
+// `closed`. A runner that is running a job is not removed (GitHub refuses): it is tried again
+// once the report claim runs out.
+func (h *Slots) close(ctx context.Context, s *Session, st assignment.State) error {
+	st, err := h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Reporting, Task: st.Task, Epoch: st.Epoch(),
+		Actor: h.cfg.Actor, At: h.cfg.Now(), Lease: reportHold}, &st)
+	if errors.Is(err, assignment.ErrReportClaimed) || errors.Is(err, assignment.ErrTerminal) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("github: claim slot %d's report: %w", st.Task, err)
+	}
+	if err := h.removeRunner(ctx, s.Clients().Client(), st); err != nil {
+		return err
+	}
+	_, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Closed, Task: st.Task, Epoch: st.Epoch(),
+		Actor: h.cfg.Actor, At: h.cfg.Now()}, &st)
+	if err != nil && !errors.Is(err, assignment.ErrTerminal) {
+		return fmt.Errorf("github: close slot %d: %w", st.Task, err)
+	}
+	return nil
+}
+
+// removeRunner removes a slot's runner by id, or by name if its id was never recorded; one
+// that is gone already is fine.
+func (h *Slots) removeRunner(ctx context.Context, client *scaleset.Client, st assignment.State) error {
+	id := st.RunnerID
+	if id == 0 {
+		runner, err := client.GetRunnerByName(ctx, st.RunnerName)
+		if err != nil {
+			return fmt.Errorf("github: look up runner %s of slot %d: %w", st.RunnerName, st.Task, err)
+		}
+		if runner == nil {
+			return nil
+		}
+		id = int64(runner.ID)
+	}
+	err := client.RemoveRunner(ctx, id)
+	if err != nil && !errors.Is(err, scaleset.RunnerNotFoundError) {
+		return fmt.Errorf("github: remove runner %d of slot %d: %w", id, st.Task, err)
+	}
+	return nil
+}
+
+// slotOf finds the live slot of set's scale set whose runner has id or name.
+func (h *Slots) slotOf(set ScaleSet, runnerID int, name string) (assignment.State, bool) {
+	for _, st := range h.live(set) {
+		if (runnerID != 0 && st.RunnerID == int64(runnerID)) || (name != "" && st.RunnerName == name) {
+			return st, true
+		}
+	}
+	return assignment.State{}, false
+}
+
+// jobStarted records the job GitHub gave a slot's runner. A runner that is no live slot's
+// (another controller's, or a slot that ended) is logged and left alone.
+func (h *Slots) jobStarted(ctx context.Context, set ScaleSet, runnerID int, name string, job scaleset.JobMessageBase) error {
+	st, ok := h.slotOf(set, runnerID, name)
+	if !ok {
+		h.cfg.Log.Warn().Int("runner_id", runnerID).Str("runner", name).Str("job", job.JobID).
+			Msg("github: JobStarted for a runner that is no live slot of this scale set; ignored")
+		return nil
+	}
+	_, err := h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Running, Task: st.Task, Epoch: st.Epoch(),
+		Actor: h.cfg.Actor, At: h.cfg.Now(), RunnerID: int64(runnerID), GitHubJob: job.JobID, RunID: job.WorkflowRunID,
+		Repo: job.OwnerName + "/" + job.RepositoryName, Job: job.JobDisplayName}, &st)
+	return h.recorded(err, st, "JobStarted")
+}
+
+// jobCompleted records a slot's job's result, then removes its runner (GitHub removes a JIT
+// runner after its job; this makes sure).
+func (h *Slots) jobCompleted(ctx context.Context, s *Session, m *scaleset.JobCompleted) error {
+	st, ok := h.slotOf(s.Set(), m.RunnerID, m.RunnerName)
+	if !ok {
+		h.cfg.Log.Warn().Int("runner_id", m.RunnerID).Str("runner", m.RunnerName).Str("job", m.JobID).
+			Msg("github: JobCompleted for a runner that is no live slot of this scale set; ignored")
+		return nil
+	}
+	if st.GitHubJob == "" { // its JobStarted was not recorded (it came in this same message, or never)
+		if err := h.jobStarted(ctx, s.Set(), m.RunnerID, m.RunnerName, m.JobMessageBase); err != nil {
+			return err
+		}
+		var ok bool
+		if st, ok = h.slotOf(s.Set(), m.RunnerID, m.RunnerName); !ok {
+			return nil
+		}
+		if got, err := h.cfg.Events.Get(ctx, st.Task); err == nil {
+			st = got
+		}
+	}
+	result := m.Result
+	if result == "" {
+		result = "unknown"
+	}
+	_, err := h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Completed, Task: st.Task, Epoch: st.Epoch(),
+		Actor: h.cfg.Actor, At: h.cfg.Now(), Result: result}, &st)
+	if err := h.recorded(err, st, "JobCompleted"); err != nil {
+		return err
+	}
+	if err := h.removeRunner(ctx, s.Clients().Client(), st); err != nil {
+		h.cfg.Log.Debug().Err(err).Msg("github: remove a completed slot's runner")
+	}
+	return nil
+}
+
+// recorded sorts an append's error: done or refused by the slot's state (logged: the message
+// changes nothing), or an error to handle the message again for.
+func (h *Slots) recorded(err error, st assignment.State, what string) error {
+	switch {
+	case err == nil, errors.Is(err, assignment.ErrNoChange):
+		return nil
+	case errors.Is(err, assignment.ErrInvalidTransition), errors.Is(err, assignment.ErrTerminal),
+		errors.Is(err, assignment.ErrAlreadyFetched), errors.Is(err, assignment.ErrStaleEpoch):
+		h.cfg.Log.Warn().Err(err).Uint64("slot", uint64(st.Task)).Msg("github: " + what + " does not apply to the slot; ignored")
+		return nil
+	}
+	return fmt.Errorf("github: record %s on slot %d: %w", what, st.Task, err)
+}
