@@ -89,7 +89,10 @@ type Controller struct {
 	// (CapacityStatic or CapacityWorkers).
 	AdmitCapacity string
 	// Autoscale is the built-in actuator (AUTOSCALE=docker); off by default.
-	Autoscale     Autoscale
+	Autoscale Autoscale
+	// GitHub is the second forge (GITHUB_CONFIG_URL and the GITHUB_* variables); off by
+	// default.
+	GitHub        GitHub
 	VM            VM
 	FetchInterval time.Duration
 	// LivenessTTL is how long a component's heartbeat in the components bucket outlives its
@@ -352,6 +355,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	}
 	c.Admission = loadAdmission(e)
 	c.AdmitCapacity, c.Autoscale = loadAutoscale(e, c)
+	c.GitHub = loadGitHub(e)
 	c.DrainTimeout = e.seconds("DRAIN_SECS", 0, 0)
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}

@@ -1,0 +1,81 @@
+package config
+
+import (
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/dynrunner/dynrunner/forge/github"
+)
+
+// GitHub configures the second forge: GitHub workflows served through runner scale sets, one
+// per tier (forge/github). It is off unless GITHUB_CONFIG_URL is set.
+type GitHub struct {
+	// URL is GITHUB_CONFIG_URL: the organisation, repository or enterprise whose scale sets
+	// dynrunner keeps, e.g. https://github.com/acme.
+	URL  string
+	Auth github.Auth
+	// CAFile is GITHUB_CA_FILE: a PEM bundle, the only CAs trusted for GitHub (GitHub
+	// Enterprise Server with a private CA); empty trusts the system's.
+	CAFile string
+	// RunnerGroup is GITHUB_RUNNER_GROUP, the scale sets' runner group.
+	RunnerGroup string
+	// ScaleSetPrefix is GITHUB_SCALE_SET_PREFIX: the scale sets are <prefix>-pod and
+	// <prefix>-vm.
+	ScaleSetPrefix string
+	// Idle is GITHUB_IDLE_SECS: how long a slot's runner waits for GitHub to give it a job
+	// before it is removed (a slot's pickup deadline).
+	Idle time.Duration
+	// JobLease is GITHUB_JOB_LEASE_SECS: the longest a slot's job may run (a slot is not
+	// renewed).
+	JobLease time.Duration
+}
+
+// Enabled reports whether GitHub is configured.
+func (g GitHub) Enabled() bool { return g.URL != "" }
+
+// GitHub defaults.
+const (
+	DefaultGitHubIdle     = 10 * time.Minute
+	DefaultScaleSetPrefix = "dynrunner"
+)
+
+// loadGitHub reads the GITHUB_* variables. Credentials are named by file only; which files
+// exist and hold a key is checked when the clients are made (forge/github.NewClients), at boot.
+func loadGitHub(e *env) GitHub {
+	g := GitHub{URL: e.str("GITHUB_CONFIG_URL", "")}
+	appID, _ := e.lookup("GITHUB_APP_ID")
+	g.Auth = github.Auth{
+		AppID:          appID,
+		PrivateKeyFile: e.str("GITHUB_APP_PRIVATE_KEY_FILE", ""),
+		TokenFile:      e.str("GITHUB_TOKEN_FILE", ""),
+	}
+	if v, ok := e.lookup("GITHUB_APP_INSTALLATION_ID"); ok {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || n <= 0 {
+			e.fail("GITHUB_APP_INSTALLATION_ID=%q: want the App installation's positive numeric id (in the installation's settings URL)", v)
+		}
+		g.Auth.InstallationID = n
+	}
+	g.CAFile = e.str("GITHUB_CA_FILE", "")
+	g.RunnerGroup = e.str("GITHUB_RUNNER_GROUP", github.DefaultRunnerGroup)
+	g.ScaleSetPrefix = e.str("GITHUB_SCALE_SET_PREFIX", DefaultScaleSetPrefix)
+	g.Idle = e.seconds("GITHUB_IDLE_SECS", int(DefaultGitHubIdle/time.Second), 30)
+	g.JobLease = e.seconds("GITHUB_JOB_LEASE_SECS", int(github.DefaultSlotLease/time.Second), 60)
+	if !g.Enabled() {
+		if g.Auth != (github.Auth{}) {
+			e.fail("GITHUB_APP_* or GITHUB_TOKEN_FILE is set without GITHUB_CONFIG_URL: name the organisation, repository or enterprise (e.g. https://github.com/acme), or unset them")
+		}
+		return g
+	}
+	if u, err := url.Parse(g.URL); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" {
+		e.fail("GITHUB_CONFIG_URL=%q: want https://<host>/<org>[/<repo>] or https://<host>/enterprises/<name>", g.URL)
+	}
+	if err := g.Auth.Validate(); err != nil {
+		e.fail("%v", err)
+	}
+	if g.Idle >= g.JobLease {
+		e.fail("GITHUB_IDLE_SECS (%s) must be below GITHUB_JOB_LEASE_SECS (%s)", g.Idle, g.JobLease)
+	}
+	return g
+}

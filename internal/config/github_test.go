@@ -1,0 +1,56 @@
+package config
+
+import (
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/forge/github"
+)
+
+func TestGitHub(t *testing.T) {
+	c, err := LoadController(envOf(base()))
+	require.NoError(t, err)
+	assert.False(t, c.GitHub.Enabled(), "GitHub is on by default")
+
+	app := func() map[string]string {
+		env := base()
+		env["GITHUB_CONFIG_URL"], env["GITHUB_APP_ID"], env["GITHUB_APP_INSTALLATION_ID"], env["GITHUB_APP_PRIVATE_KEY_FILE"] =
+			"https://github.com/acme", "4242", "77", "/etc/dynrunner/github-app.pem"
+		return env
+	}
+	c, err = LoadController(envOf(app()))
+	require.NoError(t, err)
+	assert.Equal(t, GitHub{URL: "https://github.com/acme",
+		Auth:        github.Auth{AppID: "4242", InstallationID: 77, PrivateKeyFile: "/etc/dynrunner/github-app.pem"},
+		RunnerGroup: "Default", ScaleSetPrefix: "dynrunner", Idle: 10 * time.Minute, JobLease: 6 * time.Hour}, c.GitHub)
+
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"GITHUB_CONFIG_URL": "http://github.com/acme"}, "GITHUB_CONFIG_URL"},
+		{map[string]string{"GITHUB_CONFIG_URL": "https://user:pw@github.com/acme"}, "GITHUB_CONFIG_URL"},
+		{map[string]string{"GITHUB_APP_INSTALLATION_ID": "seventy"}, "GITHUB_APP_INSTALLATION_ID"},
+		{map[string]string{"GITHUB_APP_INSTALLATION_ID": ""}, "GITHUB_APP_INSTALLATION_ID"},
+		{map[string]string{"GITHUB_TOKEN_FILE": "/etc/token"}, "use one"},
+		{map[string]string{"GITHUB_APP_ID": "", "GITHUB_APP_INSTALLATION_ID": "", "GITHUB_APP_PRIVATE_KEY_FILE": ""}, "no credentials"},
+		{map[string]string{"GITHUB_CONFIG_URL": ""}, "without GITHUB_CONFIG_URL"},
+		{map[string]string{"GITHUB_IDLE_SECS": "10"}, "GITHUB_IDLE_SECS"},
+		{map[string]string{"GITHUB_IDLE_SECS": "7200", "GITHUB_JOB_LEASE_SECS": "3600"}, "must be below GITHUB_JOB_LEASE_SECS"},
+	} {
+		env := app()
+		maps.Copy(env, tc.set)
+		_, err := LoadController(envOf(env))
+		require.ErrorContains(t, err, tc.want, "%v", tc.set)
+	}
+
+	token := base()
+	token["GITHUB_CONFIG_URL"], token["GITHUB_TOKEN_FILE"] = "https://ghes.example.com/acme/app", "/etc/dynrunner/github-token"
+	c, err = LoadController(envOf(token))
+	require.NoError(t, err)
+	assert.Equal(t, github.Auth{TokenFile: "/etc/dynrunner/github-token"}, c.GitHub.Auth)
+}
