@@ -1,9 +1,11 @@
 package github
 
 import (
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,6 +149,16 @@ func (c *Clients) Client() *scaleset.Client {
 	return client
 }
 
+// HTTP is a plain HTTP client trusting what the scaleset clients trust, for the one request
+// the library cannot make (Session.drop).
+func (c *Clients) HTTP() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if c.cfg.RootCAs != nil {
+		tr.TLSClientConfig = &tls.Config{RootCAs: c.cfg.RootCAs, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: tr, Timeout: 2 * time.Minute}
+}
+
 // Refused tells Clients that GitHub refused the current client's credentials (401, or an
 // admin token GitHub no longer accepts, from which the library does not recover by itself):
 // the next Client call makes a new one.
@@ -210,6 +222,8 @@ type Metrics struct {
 	// SessionConflicts counts session creations GitHub refused because another session of the
 	// scale set exists (409).
 	SessionConflicts *prometheus.CounterVec
+	// Dropped counts messages acknowledged unhandled because the client could not parse them.
+	Dropped *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics with reg (none when nil).
@@ -231,9 +245,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dynrunner_github_session_conflicts_total",
 			Help: "Message session creations GitHub refused because the scale set had another session.",
 		}, []string{"scale_set"}),
+		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynrunner_github_messages_dropped_total",
+			Help: "Messages of a scale set's queue acknowledged unhandled because the client could not parse them.",
+		}, []string{"scale_set"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.CredentialOK, m.Refreshes, m.SessionHeld, m.SessionConflicts)
+		reg.MustRegister(m.CredentialOK, m.Refreshes, m.SessionHeld, m.SessionConflicts, m.Dropped)
 	}
 	return m
 }

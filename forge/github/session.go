@@ -2,7 +2,13 @@ package github
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -148,6 +154,10 @@ func (s *Session) step(ctx context.Context) time.Duration {
 		if ctx.Err() != nil || hctx.Err() != nil {
 			return 0 // the lease's belief ended mid-poll: the next step looks again
 		}
+		if malformed(err) {
+			s.drop(hctx, err)
+			return 0
+		}
 		s.failed("poll the message queue", err)
 		return s.cfg.Retry
 	}
@@ -217,4 +227,74 @@ func (s *Session) failed(what string, err error) {
 // it, only the exception's name in the text.
 func isSessionConflict(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "TaskAgentSessionConflictException")
+}
+
+// malformed reports whether the client could not parse a message it received: its envelope,
+// its type or its batch of job messages. The client keeps the message's id to itself, and
+// would receive the same message at every poll.
+func malformed(err error) bool {
+	s := err.Error()
+	for _, m := range []string{"failed to parse message response", "unsupported message type"} {
+		if strings.Contains(s, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// drop acknowledges a message the client cannot parse, so it does not block the queue: it
+// reads the message again itself, for its id only, logs why it is dropped and deletes it.
+// GitHub sends only well-formed messages; one that is not is GitHub's change of protocol or
+// a fault, and the jobs it was about are still assigned: the statistics of the next message
+// count them.
+func (s *Session) drop(ctx context.Context, cause error) {
+	id, err := s.peekID(ctx)
+	if err != nil {
+		s.cfg.Log.Error().Err(err).AnErr("cause", cause).Int("scale_set", s.cfg.Set.ID).
+			Msg("github: a message the client cannot parse blocks the queue, and its id cannot be read either")
+		return
+	}
+	s.cfg.Log.Error().Err(cause).Int("message", id).Int("scale_set", s.cfg.Set.ID).
+		Msg("github: dropping a message the client cannot parse (acknowledged unhandled)")
+	if err := s.client.DeleteMessage(ctx, id); err != nil {
+		s.failed("acknowledge a malformed message", err)
+		return
+	}
+	s.cfg.Metrics.Dropped.WithLabelValues(scaleSetLabel(s.cfg.Set.ID)).Inc()
+	s.last = id
+}
+
+// peekID reads the next message's id from the queue with a request of its own.
+func (s *Session) peekID(ctx context.Context) (int, error) {
+	sess := s.client.Session()
+	u, err := url.Parse(sess.MessageQueueURL)
+	if err != nil {
+		return 0, fmt.Errorf("message queue URL: %w", err)
+	}
+	if s.last > 0 {
+		q := u.Query()
+		q.Set("lastMessageId", strconv.Itoa(s.last))
+		u.RawQuery = q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set("Accept", "application/json; api-version=6.0-preview")
+	req.Header.Set("Authorization", "Bearer "+sess.MessageQueueAccessToken)
+	resp, err := s.cfg.Clients.HTTP().Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("read the message again: %s", resp.Status)
+	}
+	var envelope struct {
+		MessageID int `json:"messageId"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&envelope); err != nil || envelope.MessageID <= 0 {
+		return 0, fmt.Errorf("read the message's id: %w", errors.Join(err, errors.New("no messageId")))
+	}
+	return envelope.MessageID, nil
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/actions/scaleset"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -258,4 +259,22 @@ func TestSlotsIgnoreForeignRunners(t *testing.T) {
 	require.Eventually(t, func() bool { return b.srv.PendingMessages(b.pod.ID) == 0 }, 10*time.Second, 20*time.Millisecond,
 		"the message about another runner was not acknowledged")
 	assert.Empty(t, b.view.Live(), "a foreign runner's job made or changed a slot")
+}
+
+// TestMalformedMessagesAreDropped: messages the client cannot parse (a body that is not a JSON
+// array, a type it does not know) are acknowledged unhandled and counted, and change nothing;
+// the job queued after them is served.
+func TestMalformedMessagesAreDropped(t *testing.T) {
+	b := newSlotBed(t, 4)
+	_, err := b.srv.QueueRawMessage(b.pod.ID, "RunnerScaleSetJobMessages", `{"not": "an array"`)
+	require.NoError(t, err)
+	_, err = b.srv.QueueRawMessage(b.pod.ID, "SomethingNew", `[]`)
+	require.NoError(t, err)
+	run(t, b.sess)
+	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(b.live()) == 1 && b.live()[0].Ready() }, 15*time.Second, 20*time.Millisecond,
+		"the job queued after the malformed messages was not served")
+	assert.Equal(t, 2.0, testutil.ToFloat64(b.metrics.Dropped.WithLabelValues(itoa(b.pod.ID))))
+	require.Eventually(t, func() bool { return b.srv.PendingMessages(b.pod.ID) == 0 }, 10*time.Second, 20*time.Millisecond)
 }
