@@ -3,6 +3,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"strconv"
 	"strings"
@@ -93,10 +94,11 @@ type Config struct {
 	RunnerVersion string
 }
 
-// Environ encodes c as the environment variables of a pod environment. The variables the
-// controller sets for all environments are always present, empty when unset in c; the ones of
-// one assignment or one backend (task, epoch, forge URL, secrets and work directories) only
-// when set, so a worker can add them to the controller's.
+// Environ encodes c as the environment variables of a pod environment: the controller's part,
+// then AssignmentEnv and BackendEnv. The variables the controller sets for all environments
+// are always present, empty when unset in c; the ones of one assignment or one backend (task,
+// epoch, forge URL, secrets and work directories) only when set, so a worker can add them to
+// the controller's.
 func (c Config) Environ() map[string]string {
 	env := map[string]string{
 		EnvFacadeURL:      c.FacadeURL,
@@ -109,21 +111,46 @@ func (c Config) Environ() map[string]string {
 		EnvSpiffeSocket:   c.SpiffeEndpointSocket,
 		EnvLogFormat:      c.LogFormat,
 	}
-	set := func(k, v string) {
-		if v != "" {
-			env[k] = v
-		}
-	}
+	maps.Copy(env, c.AssignmentEnv())
+	maps.Copy(env, c.BackendEnv())
+	return env
+}
+
+// AssignmentEnv encodes the part of c that names one assignment: Task, Epoch and ForgeURL,
+// each only when set. The pod worker adds it to the controller's variables (Environ of a
+// Config without them).
+func (c Config) AssignmentEnv() map[string]string {
+	env := map[string]string{}
 	if c.Task != 0 {
 		env[EnvTaskID] = c.Task.String()
 	}
 	if c.Epoch != 0 {
 		env[EnvEpoch] = c.Epoch.String()
 	}
-	set(EnvForgeURL, c.ForgeURL.String())
-	set(EnvSecretsDir, c.SecretsDir)
-	set(EnvWorkDir, c.WorkDir)
+	setNonEmpty(env, EnvForgeURL, c.ForgeURL.String())
 	return env
+}
+
+// BackendEnv encodes the part of c that a pod backend knows: SecretsDir, WorkDir and
+// SpiffeEndpointSocket as the environment sees them, each only when set. The backend adds it
+// over the worker's variables: a backend that passes a Workload API socket into the
+// environment replaces the controller's address of it.
+func (c Config) BackendEnv() map[string]string {
+	env := map[string]string{}
+	setNonEmpty(env, EnvSecretsDir, c.SecretsDir)
+	setNonEmpty(env, EnvWorkDir, c.WorkDir)
+	setNonEmpty(env, EnvSpiffeSocket, c.SpiffeEndpointSocket)
+	return env
+}
+
+// EnvDirEntry is the environment entry (EnvEnvDir=dir) the local pod backend gives the
+// executor of the environment in dir, and finds every process of that environment by.
+func EnvDirEntry(dir string) string { return EnvEnvDir + "=" + dir }
+
+func setNonEmpty(env map[string]string, k, v string) {
+	if v != "" {
+		env[k] = v
+	}
 }
 
 // ErrNotSet: a variable the executor requires is missing or empty.

@@ -78,6 +78,53 @@ func TestEnvironNames(t *testing.T) {
 	assert.Equal(t, "42", env[EnvEpoch])
 }
 
+// TestEnvironParts: the controller's variables, the worker's AssignmentEnv and the backend's
+// BackendEnv, merged in that order as an environment gets them, are Environ of the whole
+// configuration, and ParseEnv gives the whole configuration back. Each part holds its own
+// variables only, and none that is unset.
+func TestEnvironParts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*Config)
+	}{
+		{"full", func(*Config) {}},
+		{"no forge url", func(c *Config) { c.ForgeURL = "" }},
+		{"no workload api", func(c *Config) { c.SpiffeEndpointSocket = "" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want := full()
+			tc.edit(&want)
+			controller := want
+			controller.Task, controller.Epoch, controller.ForgeURL = 0, 0, ""
+			controller.SecretsDir, controller.WorkDir = "", ""
+			assign := Config{Task: want.Task, Epoch: want.Epoch, ForgeURL: want.ForgeURL}.AssignmentEnv()
+			backend := Config{SecretsDir: want.SecretsDir, WorkDir: want.WorkDir, SpiffeEndpointSocket: want.SpiffeEndpointSocket}.BackendEnv()
+			env := controller.Environ()
+			maps.Copy(env, assign)
+			maps.Copy(env, backend)
+			require.Equal(t, want.Environ(), env)
+			got, err := ParseEnv(getenv(env))
+			require.NoError(t, err)
+			require.Equal(t, want, got)
+			for k, v := range assign {
+				assert.Contains(t, []string{EnvTaskID, EnvEpoch, EnvForgeURL}, k)
+				assert.NotEmpty(t, v, k)
+			}
+			for k, v := range backend {
+				assert.Contains(t, []string{EnvSecretsDir, EnvWorkDir, EnvSpiffeSocket}, k)
+				assert.NotEmpty(t, v, k)
+			}
+		})
+	}
+	assert.Empty(t, Config{}.AssignmentEnv())
+	assert.Empty(t, Config{}.BackendEnv())
+	assert.Equal(t, map[string]string{EnvTaskID: "7", EnvEpoch: "42", EnvForgeURL: "https://gitea.example.com"}, full().AssignmentEnv())
+	assert.Equal(t, map[string]string{
+		EnvSecretsDir: "/envs/7-42/secrets", EnvWorkDir: "/envs/7-42/work", EnvSpiffeSocket: "unix:///run/spire/agent.sock",
+	}, full().BackendEnv())
+	assert.Equal(t, "DYNRUNNER_ENV_DIR=/envs/7-42", EnvDirEntry("/envs/7-42"))
+}
+
 func TestParseEnvDefaults(t *testing.T) {
 	env := full().Environ()
 	for _, k := range []string{EnvLabels, EnvRenewSecs, EnvLogFormat, EnvForgeURL, EnvRunnerVersion, EnvSpiffeSocket} {

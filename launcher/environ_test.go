@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"io"
+	"maps"
 	"net/netip"
 	"path/filepath"
 	"testing"
@@ -60,6 +61,27 @@ func TestEnvironNames(t *testing.T) {
 		"DYNRUNNER_LAUNCH_HYPERVISOR": "cloud-hypervisor", "DYNRUNNER_LAUNCH_DEADLINE": "6h",
 	}, c.Environ())
 	assert.Empty(t, Config{}.Environ()["DYNRUNNER_LAUNCH_BRIDGE_CIDR"])
+}
+
+// TestInstanceEnv: a launch's own variables, added to the settings of all launches, are
+// Environ of the whole configuration; InstanceEnv holds nothing else, and nothing unset.
+func TestInstanceEnv(t *testing.T) {
+	dir := testFiles(t)
+	want := validConfig(t, dir)
+	all := want
+	all.InstanceID, all.Nonce, all.Endpoint = InstanceID{}, Nonce{}, Endpoint{}
+	own := Config{InstanceID: want.InstanceID, Nonce: want.Nonce, Endpoint: want.Endpoint}.InstanceEnv()
+	assert.Equal(t, map[string]string{
+		EnvInstanceID: want.InstanceID.String(), EnvNonce: want.Nonce.Reveal(), EnvEndpoint: want.Endpoint.String(),
+	}, own)
+	env := all.Environ()
+	maps.Copy(env, own)
+	assert.Equal(t, want.Environ(), env)
+	got, err := ParseFlags(nil, func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	assert.Empty(t, Config{}.InstanceEnv())
+	assert.Empty(t, DefaultConfig().InstanceEnv())
 }
 
 func TestShortDuration(t *testing.T) {

@@ -43,8 +43,23 @@ type flagDef struct {
 // per flag whose value in c is not empty. Unset instance, nonce and endpoint are left out, so
 // a worker can add each launch's own to the settings of all launches.
 func (c Config) Environ() map[string]string {
+	return c.environ(func(string) bool { return true })
+}
+
+// InstanceEnv encodes the part of c that is one launch's own, as Environ does: InstanceID,
+// Nonce and Endpoint (EnvInstanceID, EnvNonce, EnvEndpoint), each only when set. A worker
+// adds it to the settings of all launches.
+func (c Config) InstanceEnv() map[string]string {
+	return c.environ(func(name string) bool { return name == "instance-id" || name == "nonce" || name == "endpoint" })
+}
+
+// environ is Environ of the flags keep names.
+func (c Config) environ(keep func(flagName string) bool) map[string]string {
 	env := map[string]string{}
 	for _, d := range flagDefs {
+		if !keep(d.name) {
+			continue
+		}
 		enc := d.enc
 		if enc == nil {
 			enc = d.def

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -46,7 +47,8 @@ type Config struct {
 	Issuer      *captoken.Issuer
 	Identity    Identity
 	// ExecutorEnv is the environments' non-secret configuration (facade URL, runner binary),
-	// executor.Config.Environ; the worker adds the assignment's task, epoch and forge URL.
+	// executor.Config.Environ; the worker adds the assignment's task, epoch and forge URL
+	// (executor.Config.AssignmentEnv), the backend its own (executor.Config.BackendEnv).
 	ExecutorEnv map[string]string
 	// Reap is how often environments no live assignment owns are looked for.
 	Reap time.Duration
@@ -422,16 +424,7 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 			files[k] = v
 		}
 	}
-	env := map[string]string{
-		executor.EnvTaskID: st.Task.String(),
-		executor.EnvEpoch:  st.Epoch().String(),
-	}
-	for k, v := range w.cfg.ExecutorEnv {
-		env[k] = v
-	}
-	if st.ForgeURL != "" {
-		env[executor.EnvForgeURL] = st.ForgeURL.String()
-	}
+	env := envOf(w.cfg.ExecutorEnv, st)
 	progress, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {
@@ -451,6 +444,15 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 		return Handle{}, "", err
 	}
 	return h, tok.ID(), nil
+}
+
+// envOf is the environment variables of st's environment before its backend adds its own:
+// the controller's (ExecutorEnv), then the assignment's (executor.Config.AssignmentEnv).
+func envOf(controller map[string]string, st assignment.State) map[string]string {
+	env := make(map[string]string, len(controller)+3)
+	maps.Copy(env, controller)
+	maps.Copy(env, executor.Config{Task: st.Task, Epoch: st.Epoch(), ForgeURL: st.ForgeURL}.AssignmentEnv())
+	return env
 }
 
 // destroyUnrecorded destroys environments of st's task and epoch that no `started` record

@@ -24,7 +24,7 @@ type Launcher interface {
 type Backend struct {
 	procs    Launcher
 	nonces   *Nonces
-	endpoint string
+	endpoint launcher.Endpoint
 	launch   map[string]string
 }
 
@@ -34,10 +34,15 @@ var (
 )
 
 // NewBackend returns a VM backend running launchers through procs. endpoint is the nonce
-// endpoint's URL as guests reach it; launch holds the static DYNRUNNER_LAUNCH_* settings
-// (image, kernel, hypervisor, bridge, resources: launcher.Config.Environ).
-func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[string]string) *Backend {
-	return &Backend{procs: procs, nonces: nonces, endpoint: endpoint, launch: maps.Clone(launch)}
+// endpoint's URL as guests reach it, http://<ip>:<port> (launcher.ParseEndpoint); launch holds
+// the static DYNRUNNER_LAUNCH_* settings (image, kernel, hypervisor, bridge, resources:
+// launcher.Config.Environ).
+func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[string]string) (*Backend, error) {
+	ep, err := launcher.ParseEndpoint(endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("vmworker: nonce endpoint: %w", err)
+	}
+	return &Backend{procs: procs, nonces: nonces, endpoint: ep, launch: maps.Clone(launch)}, nil
 }
 
 // Name implements podworker.Backend: "local" (VM_BACKEND=local), the name of the launcher
@@ -50,15 +55,11 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 	if !ok {
 		return podworker.Handle{}, fmt.Errorf("vmworker: spec for task %d has no capability token", spec.Task)
 	}
-	instance, err := NewInstanceID()
+	own, err := b.newLaunch()
 	if err != nil {
 		return podworker.Handle{}, err
 	}
-	nonce, err := NewNonce()
-	if err != nil {
-		return podworker.Handle{}, err
-	}
-	if err := b.nonces.Issue(ctx, nonce, instance, spec.Task, spec.Epoch, string(token)); err != nil {
+	if err := b.nonces.Issue(ctx, own.Nonce.Reveal(), own.InstanceID.String(), spec.Task, spec.Epoch, string(token)); err != nil {
 		return podworker.Handle{}, err
 	}
 	env := maps.Clone(spec.Env)
@@ -66,12 +67,31 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 		env = map[string]string{}
 	}
 	maps.Copy(env, b.launch)
-	env[launcher.EnvInstanceID] = instance
-	env[launcher.EnvNonce] = nonce
-	env[launcher.EnvEndpoint] = b.endpoint
+	maps.Copy(env, own.InstanceEnv())
 	// Nothing secret is written to the launcher's directory: the nonce is useless without
 	// the bridge, and redeems once.
 	return b.procs.Start(ctx, podworker.Spec{Task: spec.Task, Epoch: spec.Epoch, Env: env, Files: map[string][]byte{}})
+}
+
+// newLaunch returns a launch's own settings: a new instance id and nonce, and the nonce
+// endpoint.
+func (b *Backend) newLaunch() (launcher.Config, error) {
+	instance, err := NewInstanceID()
+	if err != nil {
+		return launcher.Config{}, err
+	}
+	nonce, err := NewNonce()
+	if err != nil {
+		return launcher.Config{}, err
+	}
+	c := launcher.Config{Endpoint: b.endpoint}
+	if c.InstanceID, err = launcher.ParseInstanceID(instance); err != nil {
+		return launcher.Config{}, fmt.Errorf("vmworker: instance id: %w", err)
+	}
+	if c.Nonce, err = launcher.ParseNonce(nonce); err != nil {
+		return launcher.Config{}, fmt.Errorf("vmworker: nonce: %w", err)
+	}
+	return c, nil
 }
 
 // Wait implements podworker.Backend.

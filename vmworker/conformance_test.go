@@ -245,7 +245,9 @@ func TestConformance(t *testing.T) {
 			Log:     zerolog.New(zerolog.NewTestWriter(t)).With().Str("backend", "launcher").Logger(),
 		})
 		require.NoError(t, err)
-		return vmworker.NewBackend(recorder{Launcher: procs, record: rec}, nonces, endpointURL, launch)
+		b, err := vmworker.NewBackend(recorder{Launcher: procs, record: rec}, nonces, endpointURL, launch)
+		require.NoError(t, err)
+		return b
 	}
 
 	spec := func(t *testing.T, task assignment.TaskID, behavior podworkertest.Behavior) podworker.Spec {

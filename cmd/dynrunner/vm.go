@@ -97,7 +97,11 @@ func vmBackend(cfg config.Controller, vlog zerolog.Logger, nonces *vmworker.Nonc
 	if err != nil {
 		return nil, err
 	}
-	return vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launchEnv(cfg)), nil
+	b, err := vmworker.NewBackend(procs, nonces, cfg.VM.NonceURL, launchEnv(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return b, nil
 }
 
 // launchEnv is the launcher settings of every microVM, as the environment of its launcher

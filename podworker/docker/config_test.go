@@ -13,7 +13,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
 
 func newTestBackend(t *testing.T, edit func(*Config)) *Backend {
@@ -87,6 +89,36 @@ func TestContainerConfigWorkloadAPI(t *testing.T) {
 	assert.Len(t, hc.Mounts, 1, "without a socket: mounts")
 	assert.False(t, slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }),
 		"without a socket: env %q names one", c.Env)
+}
+
+// TestContainerEnvParses: executor.ParseEnv reads the container's environment, built from
+// the variables a pod worker gives (podworkertest.WorkerEnv), back as the worker's
+// configuration with the container's own directories and, with a SPIRE agent socket, the
+// socket as mounted.
+func TestContainerEnvParses(t *testing.T) {
+	for _, tc := range []struct {
+		name, agent, controller, want string
+	}{
+		{"workload api", "unix:///run/spire/agent-sockets/api.sock", "unix:///run/spire/agent-sockets/api.sock", "unix://" + SpiffeSocketDir + "/api.sock"},
+		{"svid files", "", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newTestBackend(t, func(c *Config) { c.SpiffeSocket = tc.agent })
+			want := podworkertest.ExecutorConfig(7, 9)
+			want.SpiffeEndpointSocket = tc.controller
+			c, _ := b.containerConfig(podworker.Spec{Task: 7, Epoch: 9, Env: podworkertest.WorkerEnv(want)}, "/s")
+			env := map[string]string{}
+			for _, kv := range c.Env {
+				k, v, _ := strings.Cut(kv, "=")
+				require.NotContains(t, env, k, "%s set twice", k)
+				env[k] = v
+			}
+			got, err := executor.ParseEnv(func(k string) string { return env[k] })
+			require.NoError(t, err)
+			want.SecretsDir, want.WorkDir, want.SpiffeEndpointSocket = SecretsDir, WorkDir, tc.want
+			assert.Equal(t, want, got)
+		})
+	}
 }
 
 func TestContainerConfigPrivilegedOptIn(t *testing.T) {

@@ -120,19 +120,16 @@ func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) 
 // its secret files.
 func (b *Backend) containerConfig(spec podworker.Spec, secrets string) (*container.Config, *container.HostConfig) {
 	env := make([]string, 0, len(spec.Env)+5)
-	own := map[string]string{
-		executor.EnvSecretsDir: SecretsDir,
-		executor.EnvWorkDir:    WorkDir,
-		"HOME":                 HomeDir,
-		"TMPDIR":               TmpDir,
-	}
+	inside := executor.Config{SecretsDir: SecretsDir, WorkDir: WorkDir}
 	mounts := []mount.Mount{{Type: mount.TypeBind, Source: secrets, Target: SecretsDir, ReadOnly: true}}
 	if b.spiffeSocket != "" {
 		// The agent's directory, not the socket: a socket replaced by a restarted agent stays
 		// reachable.
 		mounts = append(mounts, mount.Mount{Type: mount.TypeBind, Source: filepath.Dir(b.spiffeSocket), Target: SpiffeSocketDir, ReadOnly: true})
-		own[executor.EnvSpiffeSocket] = "unix://" + SpiffeSocketDir + "/" + filepath.Base(b.spiffeSocket)
+		inside.SpiffeEndpointSocket = "unix://" + SpiffeSocketDir + "/" + filepath.Base(b.spiffeSocket)
 	}
+	own := inside.BackendEnv()
+	own["HOME"], own["TMPDIR"] = HomeDir, TmpDir
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		if _, mine := own[k]; !mine {
 			env = append(env, k+"="+spec.Env[k])

@@ -53,15 +53,12 @@ func (b *Backend) pod(spec podworker.Spec) *corev1.Pod {
 }
 
 func (b *Backend) container(spec podworker.Spec) corev1.Container {
-	own := map[string]string{
-		executor.EnvSecretsDir: SecretsDir,
-		executor.EnvWorkDir:    WorkDir,
-		"HOME":                 HomeDir,
-		"TMPDIR":               TmpDir,
-	}
+	inside := executor.Config{SecretsDir: SecretsDir, WorkDir: WorkDir}
 	if b.spiffeCSI {
-		own[executor.EnvSpiffeSocket] = SpiffeEndpointSocket
+		inside.SpiffeEndpointSocket = SpiffeEndpointSocket
 	}
+	own := inside.BackendEnv()
+	own["HOME"], own["TMPDIR"] = HomeDir, TmpDir
 	env := make([]corev1.EnvVar, 0, len(spec.Env)+len(own))
 	for _, k := range slices.Sorted(maps.Keys(spec.Env)) {
 		if _, mine := own[k]; !mine {

@@ -208,7 +208,7 @@ func (b *Backend) checkHandle(h podworker.Handle) (string, error) {
 func (b *Backend) dir(id string) string { return filepath.Join(b.root, id) }
 
 // marker is the environment entry every process of environment id inherits.
-func (b *Backend) marker(id string) string { return executor.EnvEnvDir + "=" + b.dir(id) }
+func (b *Backend) marker(id string) string { return executor.EnvDirEntry(b.dir(id)) }
 
 // ownChild returns the child this Backend started for id, if any; with a non-nil ref only if it
 // is that process.

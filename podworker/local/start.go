@@ -229,17 +229,20 @@ func exitOf(ps *os.ProcessState, err error) podworker.Exit {
 	return podworker.Exit{Code: ps.ExitCode(), Reason: "exited"}
 }
 
-// env is BaseEnv, then the spec's variables in key order, then the backend's own; exec keeps
-// the last value of a duplicate key.
+// env is BaseEnv, then the spec's variables in key order, then the backend's own: the
+// environment's marker (executor.EnvDirEntry), its directories (executor.Config.BackendEnv) in
+// key order, HOME and TMPDIR. exec keeps the last value of a duplicate key.
 func (b *Backend) env(dir string, specEnv map[string]string) []string {
 	env := slices.Clone(b.baseEnv)
 	for _, k := range slices.Sorted(maps.Keys(specEnv)) {
 		env = append(env, k+"="+specEnv[k])
 	}
+	env = append(env, executor.EnvDirEntry(dir))
+	own := executor.Config{SecretsDir: filepath.Join(dir, secretsDir), WorkDir: filepath.Join(dir, workDir)}.BackendEnv()
+	for _, k := range slices.Sorted(maps.Keys(own)) {
+		env = append(env, k+"="+own[k])
+	}
 	return append(env,
-		executor.EnvEnvDir+"="+dir,
-		executor.EnvSecretsDir+"="+filepath.Join(dir, secretsDir),
-		executor.EnvWorkDir+"="+filepath.Join(dir, workDir),
 		"HOME="+filepath.Join(dir, homeDir),
 		"TMPDIR="+filepath.Join(dir, tmpDir),
 	)
