@@ -333,7 +333,7 @@ func TestStandInCommandLine(t *testing.T) {
 		args []string
 		says string
 	}{
-		{"no jitconfig", []string{"run"}, "--jitconfig is required"},
+		{"no jitconfig", []string{"run"}, "ACTIONS_RUNNER_INPUT_JITCONFIG is required"},
 		{"not base64", []string{"run", "--jitconfig", "not base64!"}, "--jitconfig: standin: decode JIT config: malformed JIT configuration: not base64"},
 		{"not files", []string{"--jitconfig", encode("[1]")}, "not a JSON object of files"},
 		{"no .runner", []string{"--jitconfig", encode(`{".credentials":"e30="}`)}, "no file .runner"},
@@ -571,4 +571,21 @@ func TestStandInCanceled(t *testing.T) {
 		assert.Equal(t, standin.ResultCanceled, job.Result, "the test's completion stands")
 	})
 	assert.Empty(t, srv.Runners())
+}
+
+// TestStandInTakesItsConfigurationFromTheEnvironment: as the real runner, the stand-in reads
+// ACTIONS_RUNNER_INPUT_JITCONFIG when --jitconfig is not given, and does not pass it on to the
+// job's step.
+func TestStandInTakesItsConfigurationFromTheEnvironment(t *testing.T) {
+	ctx := testContext(t)
+	srv := newServer(t, func(o *githubtest.Options) { o.AssignOnAcquire = true })
+	c := appClient(t, srv)
+	set, sess := scaleSetWithSession(ctx, t, c)
+	jobID := queueAcquired(ctx, t, srv, sess, githubtest.JobSpec{Run: `echo "jit=[${ACTIONS_RUNNER_INPUT_JITCONFIG:-}]"`})
+	jit := jitConfig(ctx, t, c, set.ID, "slot-env")
+	p, code := runStandIn(ctx, t, []string{"ACTIONS_RUNNER_INPUT_JITCONFIG=" + jit.EncodedJITConfig})
+	require.Zero(t, code, "stderr:\n%s", p.stderr.String())
+	log, err := srv.JobLog(jobID)
+	require.NoError(t, err)
+	assert.Contains(t, log, "jit=[]", "the job's step was handed its runner's JIT configuration")
 }

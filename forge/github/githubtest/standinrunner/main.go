@@ -8,6 +8,11 @@
 //
 //	standinrunner [run] --jitconfig <encoded JIT configuration>
 //
+// or, as the real runner reads its inputs from ACTIONS_RUNNER_INPUT_<NAME> (what dynrunner's
+// executor uses, so the configuration is not on a command line other users may read):
+//
+//	ACTIONS_RUNNER_INPUT_JITCONFIG=<encoded JIT configuration> standinrunner
+//
 // It decodes the configuration (base64 of a JSON object of the base64 files .runner and
 // .credentials), creates the .runner's WorkFolder (_work when empty; a relative one is under the
 // working directory), waits for a job assigned to the runner's scale set, and runs the job's
@@ -21,9 +26,11 @@
 //
 // Environment:
 //
-//	STANDIN_RUNNER_CA_FILE  PEM certificates to trust for an https ServerUrl (the fake's,
-//	                        githubtest.Server.CertificatePEM); required for https, and the only
-//	                        roots trusted then.
+//	STANDIN_RUNNER_CA_FILE          PEM certificates to trust for an https ServerUrl (the
+//	                                fake's, githubtest.Server.CertificatePEM); required for
+//	                                https, and the only roots trusted then.
+//	ACTIONS_RUNNER_INPUT_JITCONFIG  the JIT configuration, when --jitconfig is not given; it
+//	                                is not passed on to the job's step.
 //
 // Exit status: 0 once the job is reported, whatever its result; 2 for a malformed command line
 // or JIT configuration; 1 for anything else (a refused credential, a runner removed or already
@@ -49,6 +56,9 @@ import (
 
 // caFileEnv names the file of PEM certificates the stand-in trusts for https.
 const caFileEnv = "STANDIN_RUNNER_CA_FILE"
+
+// jitEnv is the real runner's input variable for --jitconfig.
+const jitEnv = "ACTIONS_RUNNER_INPUT_JITCONFIG"
 
 // usageError is a malformed command line or JIT configuration: exit status 2.
 type usageError struct{ err error }
@@ -88,7 +98,10 @@ func run(ctx context.Context, args []string, caFile string, stdout, stderr io.Wr
 		return usageError{fmt.Errorf("unexpected arguments %q", flags.Args())}
 	}
 	if *jit == "" {
-		return usageError{errors.New("--jitconfig is required (the encoded JIT configuration)")}
+		*jit = os.Getenv(jitEnv)
+	}
+	if *jit == "" {
+		return usageError{errors.New("--jitconfig or " + jitEnv + " is required (the encoded JIT configuration)")}
 	}
 	cfg, err := standin.DecodeJITConfig(*jit)
 	if err != nil {
@@ -104,7 +117,7 @@ func run(ctx context.Context, args []string, caFile string, stdout, stderr io.Wr
 	r := &standin.Runner{
 		Config: cfg,
 		Client: client,
-		Env:    os.Environ(),
+		Env:    withoutJIT(os.Environ()),
 		Output: stdout,
 		Logf:   func(format string, args ...any) { fmt.Fprintf(stderr, "standinrunner: "+format+"\n", args...) },
 	}
@@ -132,4 +145,16 @@ func httpClient(serverURL, caFile string) (*http.Client, error) {
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	return &http.Client{Transport: transport}, nil
+}
+
+// withoutJIT is env without the JIT configuration: the job's step is not handed its runner's
+// credential.
+func withoutJIT(env []string) []string {
+	out := env[:0:0]
+	for _, kv := range env {
+		if !strings.HasPrefix(kv, jitEnv+"=") {
+			out = append(out, kv)
+		}
+	}
+	return out
 }
