@@ -12,7 +12,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
 // pushRounds is how many measured pushes each side gets per iteration; one unmeasured warm-up

@@ -15,8 +15,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/liveness"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 )
 
 // TestDrainAWorkerRunningJobs runs dynrunner split (a scheduler, a facade, pod workers, each its

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
 // TestDockerJobCannotExhaustTheFacade plays an attacker inside a docker-backend job that uses

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
 // TestFairAdmissionAcrossOwners: a pod tier of capacity 2 on the real Gitea. Owner alpha pushes

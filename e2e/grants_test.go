@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 )
 
 // TestGrantsRefuseAPodJobOfAVMOnlyRepository: one controller serves two repositories of the

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 )
 

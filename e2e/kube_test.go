@@ -31,7 +31,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/identity"
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
 	"github.com/dynrunner/dynrunner/internal/workload"

@@ -16,7 +16,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/testbed/netnstest"
 )
 

@@ -23,8 +23,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/dynrunner/dynrunner/forge/gitea"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 )
 
 // recordingProxy stands in front of Gitea's runner API for one scheduler and records the

@@ -18,10 +18,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/forge/gitea"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/fleet"
 	"github.com/dynrunner/dynrunner/internal/liveness"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 )
 
 // statusTTL is the test's LIVENESS_TTL: a killed process leaves the fleet within it.

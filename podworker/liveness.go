@@ -29,8 +29,8 @@ import (
 const heartbeatsPerTTL = 3
 
 // workerKey is an actor's key in eventlog.BucketWorkers. Actors hold characters keys may not
-// ("pod-worker@host/pid"); base64url yields only ones they may, and never a dot, so a worker
-// key is never an environment's.
+// ("pod-worker@host/pid/instance", the instance a random hex suffix); base64url yields only
+// ones they may, and never a dot, so a worker key is never an environment's.
 func workerKey(actor string) string { return base64.RawURLEncoding.EncodeToString([]byte(actor)) }
 
 // envKey is the key in eventlog.BucketWorkers naming the worker that watches an environment. A task

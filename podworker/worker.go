@@ -36,8 +36,8 @@ const TokenFile = "capability-token"
 
 // Config configures a Worker.
 type Config struct {
-	// Actor names the worker in the records it appends ("pod-worker@host/pid"). It must be
-	// unique among the running workers: it is the value of the keys in eventlog.BucketWorkers that
+	// Actor names the worker in the records it appends ("pod-worker@host/pid/instance"). It must
+	// be unique among the running workers: it is the value of the keys in eventlog.BucketWorkers that
 	// name the environments it watches, which other workers adopt only once the key is gone.
 	Actor string
 	// Backend is the isolation tier this worker consumes: pod (or vm, for the vm worker's reuse).

@@ -185,6 +185,15 @@ func eventsScenarios(t *testing.T) []scenario {
 	}
 }
 
+func statusScenarios(t *testing.T) []scenario {
+	dir := t.TempDir()
+	return []scenario{
+		{"a controller's /status", nil},
+		{"the fleet over NATS", map[string]string{"NATS_URL": "nats://nats.example:4222", "NATS_USER": "dynrunner-status",
+			"NATS_PASSWORD_FILE": file(t, dir, "nats.password", "secret")}},
+	}
+}
+
 // subcommands are every subcommand that reads the environment, with the parser cmd gives
 // os.Getenv.
 func subcommands(t *testing.T) []subcommand {
@@ -195,7 +204,8 @@ func subcommands(t *testing.T) []subcommand {
 		{"guest", "Guest variables", func(g func(string) string) (any, error) { return parseGuest(nil, g) }, guestScenarios(t)},
 		{"identity", "Identity registrar variables", func(g func(string) string) (any, error) { return config.LoadIdentity(g) }, identityScenarios(t)},
 		{"events", "Operator command variables", func(g func(string) string) (any, error) { return eventsNATSConfig(g) }, eventsScenarios(t)},
-		{"status", "Operator command variables", func(g func(string) string) (any, error) { return statusURL(g) }, []scenario{{"defaults", nil}}},
+		{"status", "Operator command variables", func(g func(string) string) (any, error) { return statusSettings(g) }, statusScenarios(t)},
+		{"drain", "Operator command variables", func(g func(string) string) (any, error) { return drainSettings(g) }, []scenario{{"defaults", nil}}},
 		{"demo", "Operator command variables", func(g func(string) string) (any, error) { return demoCache(g), nil }, []scenario{{"defaults", nil}}},
 	}
 }

@@ -222,11 +222,11 @@ func runDrain(ctx context.Context, args []string, getenv func(string) string, ou
 	if fs.NArg() != 1 {
 		return errors.New("usage: dynrunner drain [--undo] [--wait DURATION] WORKER (the KIND.INSTANCE `dynrunner status` lists)")
 	}
-	status, err := statusURL(getenv)
+	workers, err := drainSettings(getenv)
 	if err != nil {
 		return err
 	}
-	base := strings.TrimSuffix(status, "/status") + "/v1/workers/" + url.PathEscape(fs.Arg(0))
+	base := workers + url.PathEscape(fs.Arg(0))
 	method := http.MethodPost
 	if *undo {
 		method = http.MethodDelete
@@ -250,6 +250,17 @@ func runDrain(ctx context.Context, args []string, getenv func(string) string, ou
 		return fmt.Errorf("%s is not safe to remove after %s: %d environments in flight", s.ID, *wait, s.InFlight)
 	}
 	return nil
+}
+
+// drainSettings reads the configuration of `dynrunner drain` from getenv, before any request:
+// the workers' API (/v1/workers/, ending in a slash) of the controller whose HTTP_LISTEN getenv
+// names.
+func drainSettings(getenv func(string) string) (string, error) {
+	status, err := statusURL(getenv)
+	if err != nil {
+		return "", err
+	}
+	return strings.TrimSuffix(status, "/status") + "/v1/workers/", nil
 }
 
 func workerCall(ctx context.Context, method, u string) (workerStatus, error) {

@@ -96,10 +96,14 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, o
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	cfg, err := statusSettings(getenv)
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if getenv("NATS_URL") != "" {
-		r, err := readFleet(ctx, getenv)
+	if cfg.url == "" {
+		r, err := readFleet(ctx, cfg)
 		if err != nil {
 			return err
 		}
@@ -112,7 +116,7 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, o
 		}
 		return r.Err()
 	}
-	r, err := fetchStatus(ctx, getenv)
+	r, err := fetchStatus(ctx, cfg.url)
 	if err != nil {
 		return err
 	}
@@ -130,14 +134,44 @@ func runStatus(ctx context.Context, args []string, getenv func(string) string, o
 	return nil
 }
 
-// readFleet reads the fleet over NATS_URL.
-func readFleet(ctx context.Context, getenv func(string) string) (fleet.Report, error) {
-	cfg, err := eventsNATSConfig(getenv)
-	if err != nil {
-		return fleet.Report{}, err
+// statusConfig is the configuration of `dynrunner status`: either the NATS to read the fleet
+// from, with the tiers' concurrency, or the /status URL of a controller.
+type statusConfig struct {
+	// nats is the NATS_URL connection; set when url is empty.
+	nats natsconn.Config
+	// pod and vm are POD_CONCURRENCY and VM_CONCURRENCY, with nats: the autoscaling of a tier
+	// with no worker online is decided from them.
+	pod, vm int
+	// url is the /status of the controller at HTTP_LISTEN, when NATS_URL is empty.
+	url string
+}
+
+// statusSettings reads the configuration of `dynrunner status` from getenv: every variable it
+// reads, before any connection. With NATS_URL it reads the NATS variables and the tiers'
+// concurrency; without, HTTP_LISTEN.
+func statusSettings(getenv func(string) string) (statusConfig, error) {
+	if getenv("NATS_URL") == "" {
+		url, err := statusURL(getenv)
+		if err != nil {
+			return statusConfig{}, err
+		}
+		return statusConfig{url: url}, nil
 	}
-	cfg.Name = "dynrunner status"
-	nc, err := natsconn.Connect(cfg)
+	nc, err := eventsNATSConfig(getenv)
+	if err != nil {
+		return statusConfig{}, err
+	}
+	nc.Name = "dynrunner status"
+	pod, vm, err := concurrencyOf(getenv)
+	if err != nil {
+		return statusConfig{}, err
+	}
+	return statusConfig{nats: nc, pod: pod, vm: vm}, nil
+}
+
+// readFleet reads the fleet over cfg.nats.
+func readFleet(ctx context.Context, cfg statusConfig) (fleet.Report, error) {
+	nc, err := natsconn.Connect(cfg.nats)
 	if err != nil {
 		return fleet.Report{}, err
 	}
@@ -148,13 +182,9 @@ func readFleet(ctx context.Context, getenv func(string) string) (fleet.Report, e
 	}
 	r, err := fleet.Read(ctx, js, time.Now)
 	if err != nil {
-		return fleet.Report{}, fmt.Errorf("read the fleet at NATS_URL=%s: %w", cfg.URL, err)
+		return fleet.Report{}, fmt.Errorf("read the fleet at NATS_URL=%s: %w", cfg.nats.URL, err)
 	}
-	pod, vm, err := concurrencyOf(getenv)
-	if err != nil {
-		return fleet.Report{}, err
-	}
-	r.Autoscale = r.Decisions(perWorker([]string{"pod", "vm"}, pod, vm))
+	r.Autoscale = r.Decisions(perWorker([]string{"pod", "vm"}, cfg.pod, cfg.vm))
 	return r, nil
 }
 
@@ -176,12 +206,8 @@ func concurrencyOf(getenv func(string) string) (pod, vm int, err error) {
 	return pod, vm, nil
 }
 
-// fetchStatus reads the /status of the controller whose HTTP_LISTEN getenv names.
-func fetchStatus(ctx context.Context, getenv func(string) string) (statusReport, error) {
-	url, err := statusURL(getenv)
-	if err != nil {
-		return statusReport{}, err
-	}
+// fetchStatus reads a controller's /status at url.
+func fetchStatus(ctx context.Context, url string) (statusReport, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return statusReport{}, err
@@ -201,8 +227,7 @@ func fetchStatus(ctx context.Context, getenv func(string) string) (statusReport,
 	return r, nil
 }
 
-// statusURL is the configuration of `dynrunner status`: the /status URL of the controller
-// whose HTTP_LISTEN getenv names.
+// statusURL is the /status URL of the controller whose HTTP_LISTEN getenv names.
 func statusURL(getenv func(string) string) (string, error) {
 	listen := cmp.Or(getenv("HTTP_LISTEN"), config.DefaultHTTPListen)
 	host, port, err := net.SplitHostPort(listen)

@@ -18,8 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	autoscalepkg "github.com/dynrunner/dynrunner/autoscale"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/internal/testbed/fleetbed"
 )
 

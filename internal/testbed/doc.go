@@ -1,8 +1,9 @@
 // Package testbed groups the harnesses the tests start real components with; nothing under
-// it ships in a controller except devforge, which `dynrunner demo` uses to run its throw-away
-// Gitea. Production code lives outside this folder.
+// it ships in the dynrunner binary (TestReleaseHasNoTestPackages in cmd/dynrunner checks it).
+// Production code lives outside this folder. The throw-away Gitea the tests and `dynrunner demo`
+// share is internal/devforge, outside this folder because the demo ships.
 //
-//   - devforge: a real Gitea and real Gitea runners from the cached tools (scripts/tools.sh)
+//   - fleetbed: a split deployment, each component in its own container
 //   - kubetest: a real etcd and kube-apiserver, and a test kubelet that runs Pods as Docker containers
 //   - spiretest: a real SPIRE server and agent
 //   - netnstest: network namespaces and veth pairs, for hosts with their own addresses

@@ -21,9 +21,9 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/dynrunner/dynrunner/forge/gitea"
+	"github.com/dynrunner/dynrunner/internal/devforge"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
-	"github.com/dynrunner/dynrunner/internal/testbed/devforge"
 	"github.com/dynrunner/dynrunner/internal/workload"
 )
 

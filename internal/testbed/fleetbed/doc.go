@@ -6,7 +6,7 @@
 // from the module's own dependency), schedulers, facades and pod workers (an image FROM scratch
 // holding the static dynrunner binary, each process with its own COMPONENTS), and the pod
 // workers' job containers, siblings on the same network made by the docker pod backend through
-// the host's engine. The real Gitea of internal/testbed/devforge runs on the host and listens on
+// the host's engine. The real Gitea of internal/devforge runs on the host and listens on
 // the network's gateway, so the containers reach it as they would a forge on another machine.
 //
 // Nothing in a bed is faked; its faults are the operator's: [Bed.Kill] is `docker kill`,
