@@ -54,20 +54,20 @@ type RunConfig struct {
 	Log    zerolog.Logger
 }
 
-// ErrRunnerMismatch: the runner binary is not the pinned one.
-var ErrRunnerMismatch = errors.New("executor: gitea runner binary does not match the pinned version")
+// ErrRunnerMismatch: the runner binary (Gitea's, or GitHub's for a slot) is not the pinned one.
+var ErrRunnerMismatch = errors.New("executor: runner binary does not match the pinned version")
 
 // VerifyRunner checks the runner binary's SHA-256 and the version it reports.
 func VerifyRunner(ctx context.Context, bin, wantSHA, wantVersion string) error {
 	f, err := os.Open(bin)
 	if err != nil {
-		return fmt.Errorf("executor: gitea runner binary: %w", err)
+		return fmt.Errorf("executor: runner binary: %w", err)
 	}
 	h := sha256.New()
 	_, err = io.Copy(h, f)
 	f.Close()
 	if err != nil {
-		return fmt.Errorf("executor: hash gitea runner binary: %w", err)
+		return fmt.Errorf("executor: hash runner binary: %w", err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); !strings.EqualFold(got, wantSHA) {
 		return fmt.Errorf("%w: %s has SHA-256 %s, pinned %s", ErrRunnerMismatch, bin, got, wantSHA)

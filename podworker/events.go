@@ -18,6 +18,8 @@ type EventLog interface {
 	Consumer(ctx context.Context, backend assignment.Backend) (jetstream.Consumer, error)
 	ParseDispatch(msg jetstream.Msg) (eventlog.DispatchMsg, error)
 	DeadLetter(ctx context.Context, backend assignment.Backend, data []byte, reason string) error
+	// GetTask reads a GitHub slot's sealed JIT configuration.
+	GetTask(ctx context.Context, task assignment.TaskID) ([]byte, error)
 	// Workers is eventlog.BucketWorkers; its keys expire Config().WorkersTTL after their last put.
 	Workers() jetstream.KeyValue
 }

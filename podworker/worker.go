@@ -22,6 +22,8 @@ import (
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/grants"
 	"github.com/dynrunner/dynrunner/internal/logkey"
+	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/internal/sealedtask"
 )
 
 // Identity gives an environment its identity material: the files (SVID, bundle) it needs to
@@ -61,10 +63,20 @@ type Config struct {
 	// scheduler checked it before claiming): an assignment whose grant does not cover its
 	// tier fails instead. Nil grants every tier.
 	Grants *grants.Policy
+	// GitHub configures the environments of GitHub slots; nil: this worker refuses them.
+	GitHub *GitHub
 	// Metrics records environment start times and job durations (nil: none).
 	Metrics *Metrics
 	Log     zerolog.Logger
 	Now     func() time.Time
+}
+
+// GitHub configures a worker for GitHub slots: their environments run the pinned GitHub
+// Actions runner (Env: its pin and log format; the worker adds the slot, the backend its
+// directories) with the slot's JIT configuration, which Box (TASK_KEY's) opens.
+type GitHub struct {
+	Env executor.GitHubConfig
+	Box *sealbox.Box
 }
 
 // Worker consumes dispatches of one tier and runs their environments on a Backend.
@@ -410,21 +422,18 @@ func (w *Worker) startDispatched(ctx context.Context, msg jetstream.Msg, d event
 // message is in progress while the backend works. The token expires with the assignment's
 // pickup deadline: an environment that has not registered by then is failed anyway.
 func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.State) (Handle, string, error) {
-	tok, err := w.cfg.Issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister, st.PickupDeadline)
+	var env map[string]string
+	var files map[string][]byte
+	var tokenID string
+	var err error
+	if st.GitHub() {
+		env, files, err = w.githubEnvironment(ctx, st)
+	} else {
+		env, files, tokenID, err = w.giteaEnvironment(st)
+	}
 	if err != nil {
-		return Handle{}, "", fmt.Errorf("podworker: capability token: %w", err)
+		return Handle{}, "", err
 	}
-	files := map[string][]byte{TokenFile: []byte(tok.Secret())}
-	if w.cfg.Identity != nil {
-		idf, err := w.cfg.Identity.Files(st.Task, st.Epoch(), st.LeaseExpires)
-		if err != nil {
-			return Handle{}, "", fmt.Errorf("podworker: identity: %w", err)
-		}
-		for k, v := range idf {
-			files[k] = v
-		}
-	}
-	env := envOf(w.cfg.ExecutorEnv, st)
 	progress, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() {
@@ -443,7 +452,46 @@ func (w *Worker) start(ctx context.Context, msg jetstream.Msg, st assignment.Sta
 	if err != nil {
 		return Handle{}, "", err
 	}
-	return h, tok.ID(), nil
+	return h, tokenID, nil
+}
+
+// giteaEnvironment is a Gitea assignment's environment: the executor contract, the capability
+// token it registers with and, with a development CA, its SVID.
+func (w *Worker) giteaEnvironment(st assignment.State) (map[string]string, map[string][]byte, string, error) {
+	tok, err := w.cfg.Issuer.Issue(st.Task, st.Epoch(), captoken.PurposeRegister, st.PickupDeadline)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("podworker: capability token: %w", err)
+	}
+	files := map[string][]byte{TokenFile: []byte(tok.Secret())}
+	if w.cfg.Identity != nil {
+		idf, err := w.cfg.Identity.Files(st.Task, st.Epoch(), st.LeaseExpires)
+		if err != nil {
+			return nil, nil, "", fmt.Errorf("podworker: identity: %w", err)
+		}
+		maps.Copy(files, idf)
+	}
+	return envOf(w.cfg.ExecutorEnv, st), files, tok.ID(), nil
+}
+
+// githubEnvironment is a GitHub slot's environment: the pinned GitHub Actions runner and the
+// slot's JIT configuration, its only credential (no token, no SVID: it never reaches the
+// facade).
+func (w *Worker) githubEnvironment(ctx context.Context, st assignment.State) (map[string]string, map[string][]byte, error) {
+	gh := w.cfg.GitHub
+	if gh == nil || gh.Box == nil {
+		return nil, nil, fmt.Errorf("podworker: GitHub slot %d reached a worker not configured for GitHub (GITHUB_RUNNER_BIN, GITHUB_RUNNER_SHA256 and TASK_KEY)", st.Task)
+	}
+	sealed, err := w.log.GetTask(ctx, st.Task)
+	if err != nil {
+		return nil, nil, fmt.Errorf("podworker: the JIT configuration of slot %d: %w", st.Task, err)
+	}
+	jit, err := sealedtask.OpenJIT(gh.Box, st.Task, sealed, st.TaskDigest)
+	if err != nil {
+		return nil, nil, fmt.Errorf("podworker: %w", err)
+	}
+	cfg := gh.Env
+	cfg.Task, cfg.Epoch = st.Task, st.Epoch()
+	return cfg.Environ(), map[string][]byte{executor.JITConfigFile: []byte(jit)}, nil
 }
 
 // envOf is the environment variables of st's environment before its backend adds its own:
@@ -545,7 +593,10 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 			exit = Exit{Code: -1, Reason: err.Error()}
 		}
 		cur, gerr := w.ended(ctx, st)
-		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Active() {
+		// A GitHub runner that exits 0 ran its job (or was told to stop): GitHub's messages
+		// say how the job ended, which may come after the runner exited.
+		githubDone := cur.GitHub() && exit.Code == 0 && err == nil
+		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Active() && !githubDone {
 			reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
 			if errors.Is(err, ErrNotFound) {
 				reason = "the environment disappeared before the job completed"

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
@@ -38,6 +39,7 @@ type memBackend struct {
 	lists     int
 	waiting   map[string]int    // Wait calls blocked on each environment: the workers watching it
 	tokens    map[string]string // the capability token each environment was started with
+	specs     map[string]podworker.Spec
 }
 
 type memEnv struct {
@@ -47,7 +49,7 @@ type memEnv struct {
 }
 
 func newMem() *memBackend {
-	return &memBackend{envs: map[string]*memEnv{}, waiting: map[string]int{}, tokens: map[string]string{}}
+	return &memBackend{envs: map[string]*memEnv{}, waiting: map[string]int{}, tokens: map[string]string{}, specs: map[string]podworker.Spec{}}
 }
 
 func (m *memBackend) Name() string { return "mem" }
@@ -60,11 +62,12 @@ func (m *memBackend) Start(_ context.Context, spec podworker.Spec) (podworker.Ha
 		return podworker.Handle{}, m.failStart
 	}
 	tok, ok := spec.Files[podworker.TokenFile]
-	if !ok {
-		return podworker.Handle{}, errors.New("no capability token")
+	if _, jit := spec.Files[executor.JITConfigFile]; !ok && !jit {
+		return podworker.Handle{}, errors.New("no capability token and no JIT configuration")
 	}
 	id := fmt.Sprintf("%d-%d", spec.Task, spec.Epoch)
 	m.tokens[id] = string(tok)
+	m.specs[id] = spec
 	h := podworker.Handle{Backend: "mem", ID: id, Task: spec.Task, Epoch: spec.Epoch}
 	m.envs[id] = &memEnv{h: h, done: make(chan struct{})}
 	return h, nil

@@ -140,7 +140,17 @@ func executorScenarios(*testing.T) []scenario {
 		SpiffeEndpointSocket: "unix:///run/spire/agent.sock",
 		RunnerBin:            "/opt/gitea-runner", RunnerSHA256: strings.Repeat("ab", 32), RunnerVersion: "v1.0.8",
 	}
-	return []scenario{{"a pod environment", c.Environ()}}
+	gh := executor.GitHubConfig{Task: assignment.SlotBase + 7, Epoch: 2, SecretsDir: "/envs/7-2/secrets", WorkDir: "/envs/7-2/work",
+		RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: strings.Repeat("cd", 32), LogFormat: executor.DefaultLogFormat}
+	return []scenario{{"a pod environment", c.Environ()}, {"a GitHub slot's environment", gh.Environ()}}
+}
+
+// parseExecutor is runExecutor's parsing: a GitHub slot's environment or a Gitea one.
+func parseExecutor(g func(string) string) (any, error) {
+	if executor.IsGitHub(g) {
+		return executor.ParseGitHubEnv(g)
+	}
+	return executor.ParseEnv(g)
 }
 
 func launcherScenarios(t *testing.T) []scenario {
@@ -199,7 +209,7 @@ func statusScenarios(t *testing.T) []scenario {
 func subcommands(t *testing.T) []subcommand {
 	return []subcommand{
 		{"controller", "Controller variables", func(g func(string) string) (any, error) { return config.LoadController(g) }, controllerScenarios(t)},
-		{"executor", "Executor variables", func(g func(string) string) (any, error) { return executor.ParseEnv(g) }, executorScenarios(t)},
+		{"executor", "Executor variables", parseExecutor, executorScenarios(t)},
 		{"launcher", "Launcher variables", func(g func(string) string) (any, error) { return parseLauncher(nil, g, io.Discard) }, launcherScenarios(t)},
 		{"guest", "Guest variables", func(g func(string) string) (any, error) { return parseGuest(nil, g) }, guestScenarios(t)},
 		{"identity", "Identity registrar variables", func(g func(string) string) (any, error) { return config.LoadIdentity(g) }, identityScenarios(t)},

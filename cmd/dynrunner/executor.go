@@ -24,6 +24,9 @@ func runExecutor(ctx context.Context, args []string, getenv func(string) string)
 	if len(args) > 0 {
 		return errors.New("executor takes no arguments; the pod worker configures it through the environment")
 	}
+	if executor.IsGitHub(getenv) {
+		return runGitHubExecutor(ctx, getenv)
+	}
 	cfg, err := executor.ParseEnv(getenv)
 	if err != nil {
 		return err
@@ -61,6 +64,21 @@ func runExecutor(ctx context.Context, args []string, getenv func(string) string)
 	return executor.Run(ctx, executor.RunConfig{
 		Config: cfg, Token: string(token), TLS: workload.ClientTLSConfig(src, facadeID), Env: os.Environ(), Output: os.Stdout, Log: log,
 	})
+}
+
+// runGitHubExecutor runs a GitHub slot's environment: GitHub's runner with the slot's JIT
+// configuration, and nothing of the facade path.
+func runGitHubExecutor(ctx context.Context, getenv func(string) string) error {
+	cfg, err := executor.ParseGitHubEnv(getenv)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(os.Stderr, cfg.LogFormat, "info", "executor")
+	if err != nil {
+		return err
+	}
+	log = log.With().Int64("task_id", int64(cfg.Task)).Uint64("epoch", uint64(cfg.Epoch)).Logger()
+	return executor.RunGitHub(ctx, executor.GitHubRunConfig{GitHubConfig: cfg, Env: os.Environ(), Output: os.Stdout, Log: log})
 }
 
 // waitOwnSVID waits until src holds the SVID of the assignment (task, epoch) and returns it. A
