@@ -1,6 +1,7 @@
 package config
 
 import (
+	"net"
 	"net/url"
 	"strconv"
 	"time"
@@ -68,8 +69,9 @@ func loadGitHub(e *env) GitHub {
 		}
 		return g
 	}
-	if u, err := url.Parse(g.URL); err != nil || u.Scheme != "https" || u.Host == "" || u.User != nil || u.RawQuery != "" {
-		e.fail("GITHUB_CONFIG_URL=%q: want https://<host>/<org>[/<repo>] or https://<host>/enterprises/<name>", g.URL)
+	if u, err := url.Parse(g.URL); err != nil || (u.Scheme != "https" && !(u.Scheme == "http" && loopbackHost(u.Hostname()))) ||
+		u.Host == "" || u.User != nil || u.RawQuery != "" {
+		e.fail("GITHUB_CONFIG_URL=%q: want https://<host>/<org>[/<repo>] or https://<host>/enterprises/<name> (http only for a loopback host, in development)", g.URL)
 	}
 	if err := g.Auth.Validate(); err != nil {
 		e.fail("%v", err)
@@ -78,4 +80,13 @@ func loadGitHub(e *env) GitHub {
 		e.fail("GITHUB_IDLE_SECS (%s) must be below GITHUB_JOB_LEASE_SECS (%s)", g.Idle, g.JobLease)
 	}
 	return g
+}
+
+// loopbackHost reports whether host is a loopback address or localhost.
+func loopbackHost(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -33,6 +33,7 @@ func TestGitHub(t *testing.T) {
 		want string
 	}{
 		{map[string]string{"GITHUB_CONFIG_URL": "http://github.com/acme"}, "GITHUB_CONFIG_URL"},
+		{map[string]string{"GITHUB_CONFIG_URL": "http://10.0.0.1/acme"}, "http only for a loopback host"},
 		{map[string]string{"GITHUB_CONFIG_URL": "https://user:pw@github.com/acme"}, "GITHUB_CONFIG_URL"},
 		{map[string]string{"GITHUB_APP_INSTALLATION_ID": "seventy"}, "GITHUB_APP_INSTALLATION_ID"},
 		{map[string]string{"GITHUB_APP_INSTALLATION_ID": ""}, "GITHUB_APP_INSTALLATION_ID"},
@@ -47,6 +48,11 @@ func TestGitHub(t *testing.T) {
 		_, err := LoadController(envOf(env))
 		require.ErrorContains(t, err, tc.want, "%v", tc.set)
 	}
+
+	loop := app()
+	loop["GITHUB_CONFIG_URL"] = "http://127.0.0.1:8080/acme"
+	_, err = LoadController(envOf(loop))
+	require.NoError(t, err, "a loopback http URL (development) was refused")
 
 	token := base()
 	token["GITHUB_CONFIG_URL"], token["GITHUB_TOKEN_FILE"] = "https://ghes.example.com/acme/app", "/etc/dynrunner/github-token"

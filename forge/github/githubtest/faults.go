@@ -3,6 +3,7 @@ package githubtest
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 )
 
 // Op names one operation of the protocol, for Requests and InjectFault.
@@ -38,6 +39,12 @@ type Fault struct {
 	Status      int
 	Body        string
 	ContentType string
+	// Withhold serves the request (its effect happens, as on GitHub) but sends no answer
+	// until the client goes away or the server closes: the client sees a request that never
+	// finished, as a controller killed after GitHub acted and before it heard back does.
+	// Stalled, when set, is closed once the request was served.
+	Withhold bool
+	Stalled  chan struct{}
 }
 
 // InjectFault makes the next request to op, after any faults queued before it, answer f
@@ -65,6 +72,17 @@ func (s *Server) operation(op Op, h http.HandlerFunc) http.Handler {
 		s.mu.Unlock()
 		if fault == nil {
 			h(w, r)
+			return
+		}
+		if fault.Withhold {
+			h(httptest.NewRecorder(), r)
+			if fault.Stalled != nil {
+				close(fault.Stalled)
+			}
+			select {
+			case <-r.Context().Done():
+			case <-s.done:
+			}
 			return
 		}
 		if fault.Body == "" {

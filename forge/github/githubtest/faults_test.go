@@ -1,10 +1,12 @@
 package githubtest_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/actions/scaleset"
 	"github.com/stretchr/testify/assert"
@@ -159,4 +161,23 @@ func TestScaleSetUpdateAndDelete(t *testing.T) {
 	got, err := c.GetRunnerScaleSet(ctx, group.ID, "dynrunner-pod")
 	require.NoError(t, err)
 	assert.Nil(t, got)
+}
+
+// TestWithheldAnswer: a withheld request takes effect, and its client hears nothing until it
+// gives up.
+func TestWithheldAnswer(t *testing.T) {
+	ctx := testContext(t)
+	srv := newServer(t, nil)
+	c := appClient(t, srv)
+	set := podScaleSet(ctx, t, c)
+	stalled := make(chan struct{})
+	srv.InjectFault(githubtest.OpGenerateJITConfig, githubtest.Fault{Withhold: true, Stalled: stalled})
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err := c.GenerateJitRunnerConfig(short, &scaleset.RunnerScaleSetJitRunnerSetting{Name: "withheld"}, set.ID)
+	require.Error(t, err, "a withheld answer arrived")
+	<-stalled
+	rn, err := c.GetRunnerByName(ctx, "withheld")
+	require.NoError(t, err)
+	require.NotNil(t, rn, "the withheld request did not take effect")
 }
