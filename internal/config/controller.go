@@ -355,7 +355,7 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	}
 	c.Admission = loadAdmission(e)
 	c.AdmitCapacity, c.Autoscale = loadAutoscale(e, c)
-	c.GitHub = loadGitHub(e)
+	c.GitHub = loadGitHub(e, c)
 	c.DrainTimeout = e.seconds("DRAIN_SECS", 0, 0)
 	c.VM = loadVM(e, c, vmImage)
 	c.Tiers = []string{"pod"}

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/dynrunner/dynrunner/forge/github"
@@ -30,6 +31,11 @@ type GitHub struct {
 	// JobLease is GITHUB_JOB_LEASE_SECS: the longest a slot's job may run (a slot is not
 	// renewed).
 	JobLease time.Duration
+	// RunnerBin is GITHUB_RUNNER_BIN: the pinned GitHub Actions runner's run.sh as the
+	// environments see it; RunnerSHA256 (GITHUB_RUNNER_SHA256) its SHA-256. The workers need
+	// them.
+	RunnerBin    string
+	RunnerSHA256 string
 }
 
 // Enabled reports whether GitHub is configured.
@@ -43,7 +49,7 @@ const (
 
 // loadGitHub reads the GITHUB_* variables. Credentials are named by file only; which files
 // exist and hold a key is checked when the clients are made (forge/github.NewClients), at boot.
-func loadGitHub(e *env) GitHub {
+func loadGitHub(e *env, c Controller) GitHub {
 	g := GitHub{URL: e.str("GITHUB_CONFIG_URL", "")}
 	appID, _ := e.lookup("GITHUB_APP_ID")
 	g.Auth = github.Auth{
@@ -63,6 +69,8 @@ func loadGitHub(e *env) GitHub {
 	g.ScaleSetPrefix = e.str("GITHUB_SCALE_SET_PREFIX", DefaultScaleSetPrefix)
 	g.Idle = e.seconds("GITHUB_IDLE_SECS", int(DefaultGitHubIdle/time.Second), 30)
 	g.JobLease = e.seconds("GITHUB_JOB_LEASE_SECS", int(github.DefaultSlotLease/time.Second), 60)
+	g.RunnerBin = e.str("GITHUB_RUNNER_BIN", "")
+	g.RunnerSHA256 = strings.ToLower(e.str("GITHUB_RUNNER_SHA256", ""))
 	if !g.Enabled() {
 		if g.Auth != (github.Auth{}) {
 			e.fail("GITHUB_APP_* or GITHUB_TOKEN_FILE is set without GITHUB_CONFIG_URL: name the organisation, repository or enterprise (e.g. https://github.com/acme), or unset them")
@@ -75,6 +83,14 @@ func loadGitHub(e *env) GitHub {
 	}
 	if err := g.Auth.Validate(); err != nil {
 		e.fail("%v", err)
+	}
+	if c.Has(PodWorker) || c.Has(VMWorker) {
+		switch {
+		case g.RunnerBin == "":
+			e.fail("GITHUB_RUNNER_BIN is required with GitHub and a worker: the pinned GitHub Actions runner's run.sh as environments see it (scripts/github-runner.sh)")
+		case len(g.RunnerSHA256) != 64 || strings.Trim(g.RunnerSHA256, "0123456789abcdef") != "":
+			e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)
+		}
 	}
 	if g.Idle >= g.JobLease {
 		e.fail("GITHUB_IDLE_SECS (%s) must be below GITHUB_JOB_LEASE_SECS (%s)", g.Idle, g.JobLease)

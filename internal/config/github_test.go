@@ -2,6 +2,7 @@ package config
 
 import (
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,13 +21,15 @@ func TestGitHub(t *testing.T) {
 		env := base()
 		env["GITHUB_CONFIG_URL"], env["GITHUB_APP_ID"], env["GITHUB_APP_INSTALLATION_ID"], env["GITHUB_APP_PRIVATE_KEY_FILE"] =
 			"https://github.com/acme", "4242", "77", "/etc/dynrunner/github-app.pem"
+		env["GITHUB_RUNNER_BIN"], env["GITHUB_RUNNER_SHA256"] = "/opt/actions-runner/run.sh", strings.Repeat("AB", 32)
 		return env
 	}
 	c, err = LoadController(envOf(app()))
 	require.NoError(t, err)
 	assert.Equal(t, GitHub{URL: "https://github.com/acme",
 		Auth:        github.Auth{AppID: "4242", InstallationID: 77, PrivateKeyFile: "/etc/dynrunner/github-app.pem"},
-		RunnerGroup: "Default", ScaleSetPrefix: "dynrunner", Idle: 10 * time.Minute, JobLease: 6 * time.Hour}, c.GitHub)
+		RunnerGroup: "Default", ScaleSetPrefix: "dynrunner", Idle: 10 * time.Minute, JobLease: 6 * time.Hour,
+		RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: strings.Repeat("ab", 32)}, c.GitHub)
 
 	for _, tc := range []struct {
 		set  map[string]string
@@ -41,6 +44,8 @@ func TestGitHub(t *testing.T) {
 		{map[string]string{"GITHUB_APP_ID": "", "GITHUB_APP_INSTALLATION_ID": "", "GITHUB_APP_PRIVATE_KEY_FILE": ""}, "no credentials"},
 		{map[string]string{"GITHUB_CONFIG_URL": ""}, "without GITHUB_CONFIG_URL"},
 		{map[string]string{"GITHUB_IDLE_SECS": "10"}, "GITHUB_IDLE_SECS"},
+		{map[string]string{"GITHUB_RUNNER_BIN": ""}, "GITHUB_RUNNER_BIN is required"},
+		{map[string]string{"GITHUB_RUNNER_SHA256": "abc"}, "GITHUB_RUNNER_SHA256 must be"},
 		{map[string]string{"GITHUB_IDLE_SECS": "7200", "GITHUB_JOB_LEASE_SECS": "3600"}, "must be below GITHUB_JOB_LEASE_SECS"},
 	} {
 		env := app()
@@ -56,6 +61,7 @@ func TestGitHub(t *testing.T) {
 
 	token := base()
 	token["GITHUB_CONFIG_URL"], token["GITHUB_TOKEN_FILE"] = "https://ghes.example.com/acme/app", "/etc/dynrunner/github-token"
+	token["COMPONENTS"] = "scheduler,facade" // no worker: no runner pin needed
 	c, err = LoadController(envOf(token))
 	require.NoError(t, err)
 	assert.Equal(t, github.Auth{TokenFile: "/etc/dynrunner/github-token"}, c.GitHub.Auth)
