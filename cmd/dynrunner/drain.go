@@ -7,14 +7,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/clock"
 	"github.com/dynrunner/dynrunner/internal/fleet"
@@ -32,30 +29,14 @@ type drainWorker struct {
 	w   *podworker.Worker
 }
 
-// followCordon keeps w draining while its cordon exists in eventlog.BucketCordons, or while
-// the process stops with DRAIN_SECS. A read that fails keeps the state it had.
+// followCordon registers w, a worker of this process, for drains: it drains while its cordon
+// exists or the process stops with DRAIN_SECS.
 func (p *plane) followCordon(kind string, w *podworker.Worker) {
 	key := kind + "." + liveness.Instance(p.actor)
 	p.workersMu.Lock()
 	p.workers = append(p.workers, drainWorker{key: key, w: w})
 	p.workersMu.Unlock()
-	logger := p.log.With().Str("component", kind).Str("worker", key).Logger()
-	p.g.Go(func() error {
-		for {
-			_, err := liveness.GetCordon(p.gctx, p.evlog.Cordons(), key)
-			switch {
-			case err == nil:
-				w.SetDraining(true)
-			case errors.Is(err, liveness.ErrNoCordon):
-				w.SetDraining(p.stopping.Load())
-			case p.gctx.Err() == nil:
-				logger.Warn().Err(err).Msg("read the worker's cordon; keeping its drain state")
-			}
-			if clock.Sleep(p.gctx, cordonPoll) != nil {
-				return nil //nolint:nilerr // the controller stops: no failure
-			}
-		}
-	})
+	p.g.Go(func() error { return w.FollowCordon(p.gctx, p.evlog.Cordons(), key, cordonPoll, p.stopping.Load) })
 }
 
 // drainOnStop waits for stop (SIGTERM), then drains this process's workers: they take nothing
@@ -102,111 +83,17 @@ func (p *plane) inFlight() int {
 	return n
 }
 
-// workerStatus is what GET /v1/workers/{id} answers: one worker's drain state.
-type workerStatus struct {
-	ID       string `json:"id"`
-	Kind     string `json:"kind"`
-	Host     string `json:"host"`
-	Capacity int    `json:"capacity"`
-	InFlight int    `json:"in_flight"`
-	// Cordoned: a cordon exists; Draining: the worker's last heartbeat says it drains.
-	Cordoned bool `json:"cordoned"`
-	Draining bool `json:"draining"`
-	// SafeToRemove: cordoned, and its last heartbeat drains with nothing in flight.
-	SafeToRemove bool      `json:"safe_to_remove"`
-	LastBeat     time.Time `json:"last_beat"`
-	Error        string    `json:"error,omitempty"`
+// drainAPI is the workers' drain API this controller serves at /v1/workers/.
+func (p *plane) drainAPI() http.Handler {
+	return liveness.DrainHandler(liveness.DrainAPI{
+		Cordons: p.evlog.Cordons(), Components: p.readComponents, Actor: p.actor, Log: p.log,
+	})
 }
 
-// errNoWorker: no worker alive has the id.
-var errNoWorker = errors.New("no worker alive has this id")
-
-// workerOf finds the worker id names among the heartbeats: its heartbeat key
-// (<kind>.<instance>), or an instance that only one worker has.
-func workerOf(ctx context.Context, js jetstream.JetStream, id string) (liveness.Record, error) {
-	records, _, err := fleet.ReadComponents(ctx, js)
-	if err != nil {
-		return liveness.Record{}, err
-	}
-	var found []liveness.Record
-	for _, r := range records {
-		if r.Worker != nil && (r.Key() == id || r.Instance == id) {
-			found = append(found, r)
-		}
-	}
-	switch len(found) {
-	case 0:
-		return liveness.Record{}, fmt.Errorf("worker %q: %w (the ids are the KIND.INSTANCE of `dynrunner status`)", id, errNoWorker)
-	case 1:
-		return found[0], nil
-	}
-	return liveness.Record{}, fmt.Errorf("worker %q: several workers of this process; name one as pod-worker.%s or vm-worker.%s", id, id, id)
-}
-
-// statusOf is the drain state of worker r.
-func statusOf(ctx context.Context, cordons jetstream.KeyValue, r liveness.Record) (workerStatus, error) {
-	_, err := liveness.GetCordon(ctx, cordons, r.Key())
-	if err != nil && !errors.Is(err, liveness.ErrNoCordon) {
-		return workerStatus{}, err
-	}
-	cordoned := err == nil
-	return workerStatus{ID: r.Key(), Kind: r.Kind, Host: r.Host, Capacity: r.Worker.Capacity, InFlight: r.Worker.InFlight,
-		Cordoned: cordoned, Draining: r.Worker.Draining, SafeToRemove: cordoned && r.Worker.SafeToRemove(), LastBeat: r.LastBeat}, nil
-}
-
-// workersHandler serves GET /v1/workers/{id}, and POST and DELETE /v1/workers/{id}/drain: the
-// drain state of a worker, and its cordon put or lifted (by the scheduler's NATS user on a
-// split deployment).
-func (p *plane) workersHandler(mux *http.ServeMux) {
-	answer := func(rw http.ResponseWriter, code int, s workerStatus) {
-		rw.Header().Set("Content-Type", "application/json")
-		rw.WriteHeader(code)
-		_ = json.NewEncoder(rw).Encode(s)
-	}
-	fail := func(rw http.ResponseWriter, id string, err error) {
-		code := http.StatusServiceUnavailable
-		if errors.Is(err, errNoWorker) {
-			code = http.StatusNotFound
-		} else if strings.Contains(err.Error(), "several workers") {
-			code = http.StatusConflict
-		}
-		answer(rw, code, workerStatus{ID: id, Error: err.Error()})
-	}
-	serve := func(change func(ctx context.Context, r liveness.Record) error) http.HandlerFunc {
-		return func(rw http.ResponseWriter, req *http.Request) {
-			ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
-			defer cancel()
-			id := req.PathValue("id")
-			r, err := workerOf(ctx, p.js, id)
-			if err == nil && change != nil {
-				err = change(ctx, r)
-			}
-			var s workerStatus
-			if err == nil {
-				s, err = statusOf(ctx, p.evlog.Cordons(), r)
-			}
-			if err != nil {
-				fail(rw, id, err)
-				return
-			}
-			answer(rw, http.StatusOK, s)
-		}
-	}
-	mux.Handle("GET /v1/workers/{id}", serve(nil))
-	mux.Handle("POST /v1/workers/{id}/drain", serve(func(ctx context.Context, r liveness.Record) error {
-		err := liveness.PutCordon(ctx, p.evlog.Cordons(), r.Key(), liveness.Cordon{By: p.actor, At: time.Now().UTC()})
-		if err == nil {
-			p.log.Info().Str("worker", r.Key()).Msg("worker cordoned: it drains")
-		}
-		return err
-	}))
-	mux.Handle("DELETE /v1/workers/{id}/drain", serve(func(ctx context.Context, r liveness.Record) error {
-		err := liveness.DeleteCordon(ctx, p.evlog.Cordons(), r.Key())
-		if err == nil {
-			p.log.Info().Str("worker", r.Key()).Msg("worker's cordon lifted")
-		}
-		return err
-	}))
+// readComponents reads the heartbeats alive.
+func (p *plane) readComponents(ctx context.Context) ([]liveness.Record, error) {
+	records, _, err := fleet.ReadComponents(ctx, p.js)
+	return records, err
 }
 
 // runDrain is `dynrunner drain [--undo] [--wait D] WORKER`: it cordons the worker through the
@@ -263,21 +150,21 @@ func drainSettings(getenv func(string) string) (string, error) {
 	return strings.TrimSuffix(status, "/status") + "/v1/workers/", nil
 }
 
-func workerCall(ctx context.Context, method, u string) (workerStatus, error) {
+func workerCall(ctx context.Context, method, u string) (liveness.WorkerStatus, error) {
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(rctx, method, u, nil)
 	if err != nil {
-		return workerStatus{}, err
+		return liveness.WorkerStatus{}, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return workerStatus{}, fmt.Errorf("no controller answers at %s (is one running, with this HTTP_LISTEN?): %w", u, err)
+		return liveness.WorkerStatus{}, fmt.Errorf("no controller answers at %s (is one running, with this HTTP_LISTEN?): %w", u, err)
 	}
 	defer resp.Body.Close()
-	var s workerStatus
+	var s liveness.WorkerStatus
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&s); err != nil {
-		return workerStatus{}, fmt.Errorf("%s %s: %s", method, u, resp.Status)
+		return liveness.WorkerStatus{}, fmt.Errorf("%s %s: %s", method, u, resp.Status)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return s, fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, s.Error)
@@ -285,66 +172,10 @@ func workerCall(ctx context.Context, method, u string) (workerStatus, error) {
 	return s, nil
 }
 
-// sweepCordons removes the cordons of workers that are gone: a cordon names one worker process
-// (its heartbeat key holds its pid and a random part), so once that process has no heartbeat
-// its cordon can never apply again. Only the scheduler holding the reconcile lease sweeps, every
-// LIVENESS_TTL; a cordon goes only when its worker's heartbeat was missing at two sweeps in a
-// row, so a heartbeat that lapsed for a moment on a loaded host does not lift a drain.
-func (p *plane) sweepCordons(held func() bool) {
-	missing := map[string]bool{}
-	for clock.Sleep(p.gctx, p.cfg.LivenessTTL) == nil {
-		if !held() {
-			clear(missing)
-			continue
-		}
-		n, err := sweepCordonsOnce(p.gctx, p.js, p.evlog.Cordons(), missing)
-		if err != nil && p.gctx.Err() == nil {
-			p.log.Warn().Err(err).Msg("sweep the cordons of workers that are gone")
-		} else if n > 0 {
-			p.log.Info().Int("removed", n).Msg("removed the cordons of workers that are gone")
-		}
-	}
-}
-
-// sweepCordonsOnce deletes the cordons whose worker had no heartbeat now and at the previous
-// sweep (missing, updated here), and returns how many it deleted.
-func sweepCordonsOnce(ctx context.Context, js jetstream.JetStream, cordons jetstream.KeyValue, missing map[string]bool) (int, error) {
-	keys, err := cordons.ListKeys(ctx)
-	if err != nil {
-		return 0, err
-	}
-	var cordoned []string
-	for k := range keys.Keys() {
-		cordoned = append(cordoned, k)
-	}
-	if len(cordoned) == 0 {
-		clear(missing)
-		return 0, nil
-	}
-	records, _, err := fleet.ReadComponents(ctx, js)
-	if err != nil {
-		return 0, err
-	}
-	alive := map[string]bool{}
-	for _, r := range records {
-		alive[r.Key()] = true
-	}
-	n := 0
-	now := map[string]bool{}
-	for _, k := range cordoned {
-		if alive[k] {
-			continue
-		}
-		if missing[k] {
-			if err := liveness.DeleteCordon(ctx, cordons, k); err != nil {
-				return n, err
-			}
-			n++
-			continue
-		}
-		now[k] = true
-	}
-	clear(missing)
-	maps.Copy(missing, now)
-	return n, nil
+// sweepCordons removes the cordons of workers that are gone, every LIVENESS_TTL while held
+// (the reconcile lease) reports true.
+func (p *plane) sweepCordons(held func() bool) error {
+	s := &liveness.CordonSweeper{Cordons: p.evlog.Cordons(), Components: p.readComponents, Held: held,
+		Every: p.cfg.LivenessTTL, Log: p.log}
+	return s.Run(p.gctx)
 }

@@ -352,7 +352,7 @@ func (p *plane) startScheduler() error {
 	}, p.upstream, p.evlog, p.view)
 	p.g.Go(func() error { return s.Run(p.gctx) })
 	p.ready = append(p.ready, s.Ready())
-	p.g.Go(func() error { p.sweepCordons(s.LeaseHeld); return nil })
+	p.g.Go(func() error { return p.sweepCordons(s.LeaseHeld) })
 	if cfg.Autoscale.Backend == "docker" {
 		if err := p.startActuator(p.gctx, s.LeaseHeld); err != nil {
 			return err
@@ -496,7 +496,7 @@ func (p *plane) serveHTTP() error {
 	mux.Handle("/readyz", readyHandler(&isReady, p.evlog))
 	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns, p.fleet))
 	mux.Handle("GET /v1/fleet/autoscale", autoscaleHandler(p.fleet))
-	p.workersHandler(mux)
+	mux.Handle("/v1/workers/", p.drainAPI())
 	mux.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	hln, err := net.Listen("tcp", p.cfg.HTTPListen)
 	if err != nil {
