@@ -338,9 +338,9 @@ func (p *plane) startScheduler() error {
 	cfg := p.cfg
 	var capacityOf func() (map[assignment.Backend]int, bool)
 	if cfg.AdmitCapacity == config.CapacityWorkers {
-		wc := &workerCapacity{stale: cfg.LivenessTTL}
-		p.g.Go(func() error { wc.follow(p.gctx, p.js, time.Second); return nil })
-		capacityOf = wc.get
+		wc := &fleet.CapacityFollower{JS: p.js, Every: time.Second, Stale: cfg.LivenessTTL}
+		p.g.Go(func() error { return wc.Run(p.gctx) })
+		capacityOf = wc.Get
 	}
 	s := scheduler.New(scheduler.Config{
 		Actor: "scheduler@" + p.actor, Backends: tierBackends(cfg), Lease: cfg.Lease, Pickup: cfg.Pickup,
