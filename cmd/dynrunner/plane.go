@@ -118,7 +118,7 @@ func (p *plane) open(ctx context.Context) error {
 	p.facadeMetrics = facade.NewMetrics(p.reg)
 	p.workerMetrics = podworker.NewMetrics(p.reg)
 	rejectedRecords := newRejectedRecords(p.reg)
-	p.reg.MustRegister(newAutoscaleCollector(p.fleet))
+	p.reg.MustRegister(fleet.NewAutoscaleCollector(p.fleet))
 
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Replicas = cfg.NATSReplicas
@@ -495,7 +495,7 @@ func (p *plane) serveHTTP() error {
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.Handle("/readyz", readyHandler(&isReady, p.evlog))
 	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns, p.fleet))
-	mux.Handle("GET /v1/fleet/autoscale", autoscaleHandler(p.fleet))
+	mux.Handle("GET /v1/fleet/autoscale", fleet.AutoscaleHandler(p.fleet))
 	mux.Handle("/v1/workers/", p.drainAPI())
 	mux.Handle("/metrics", promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{}))
 	hln, err := net.Listen("tcp", p.cfg.HTTPListen)

@@ -1,4 +1,4 @@
-package main
+package fleet
 
 import (
 	"context"
@@ -9,21 +9,21 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/fleet"
 )
 
-// autoscaleAnswer is the body of GET /v1/fleet/autoscale.
-type autoscaleAnswer struct {
+// AutoscaleAnswer is the body of GET /v1/fleet/autoscale.
+type AutoscaleAnswer struct {
 	At time.Time `json:"at"`
 	// Tiers holds the decision per tier ("pod", "vm"): desired_workers, the reason, and the
 	// demand it was decided from. A KEDA metrics-api trigger reads tiers.pod.desired_workers.
-	Tiers map[assignment.Backend]fleet.Scale `json:"tiers"`
-	Error string                             `json:"error,omitempty"`
+	Tiers map[assignment.Backend]Scale `json:"tiers"`
+	Error string                       `json:"error,omitempty"`
 }
 
-// autoscaleHandler serves the autoscaling decision of the fleet fleetOf reads, as JSON: 200
-// with the decision, 503 when the fleet cannot be read (an autoscaler then keeps its size).
-func autoscaleHandler(fleetOf func(context.Context) (fleet.Report, error)) http.Handler {
+// AutoscaleHandler serves GET /v1/fleet/autoscale: the autoscaling decision of the fleet
+// fleetOf reads, as JSON (AutoscaleAnswer): 200 with the decision, 503 when the fleet cannot
+// be read (an autoscaler then keeps its size).
+func AutoscaleHandler(fleetOf func(context.Context) (Report, error)) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, req *http.Request) {
 		ctx, cancel := context.WithTimeout(req.Context(), 5*time.Second)
 		defer cancel()
@@ -31,29 +31,30 @@ func autoscaleHandler(fleetOf func(context.Context) (fleet.Report, error)) http.
 		rw.Header().Set("Content-Type", "application/json")
 		if err != nil {
 			rw.WriteHeader(http.StatusServiceUnavailable)
-			_ = json.NewEncoder(rw).Encode(autoscaleAnswer{At: time.Now().UTC(), Tiers: map[assignment.Backend]fleet.Scale{}, Error: err.Error()})
+			_ = json.NewEncoder(rw).Encode(AutoscaleAnswer{At: time.Now().UTC(), Tiers: map[assignment.Backend]Scale{}, Error: err.Error()})
 			return
 		}
 		tiers := r.Autoscale
 		if tiers == nil {
-			tiers = map[assignment.Backend]fleet.Scale{}
+			tiers = map[assignment.Backend]Scale{}
 		}
-		_ = json.NewEncoder(rw).Encode(autoscaleAnswer{At: r.At, Tiers: tiers})
+		_ = json.NewEncoder(rw).Encode(AutoscaleAnswer{At: r.At, Tiers: tiers})
 	})
 }
 
-// autoscaleCollector exports the autoscaling decision as gauges, read from the fleet at each
-// scrape.
-type autoscaleCollector struct {
-	fleetOf                                             func(context.Context) (fleet.Report, error)
+// AutoscaleCollector exports the autoscaling decision as gauges (dynrunner_autoscale_*), read
+// from the fleet at each scrape; a scrape when the fleet cannot be read has no sample.
+type AutoscaleCollector struct {
+	fleetOf                                             func(context.Context) (Report, error)
 	desired, queued, inFlight, workers, slots, draining *prometheus.Desc
 }
 
-func newAutoscaleCollector(fleetOf func(context.Context) (fleet.Report, error)) *autoscaleCollector {
+// NewAutoscaleCollector returns the collector of the decisions of the fleet fleetOf reads.
+func NewAutoscaleCollector(fleetOf func(context.Context) (Report, error)) *AutoscaleCollector {
 	d := func(name, help string) *prometheus.Desc {
 		return prometheus.NewDesc("dynrunner_autoscale_"+name, help, []string{"backend"}, nil)
 	}
-	return &autoscaleCollector{
+	return &AutoscaleCollector{
 		fleetOf:  fleetOf,
 		desired:  d("desired_workers", "Workers the tier wants (not counting draining ones): its queued and in-flight work over one worker's capacity, 0 when idle. The same as GET /v1/fleet/autoscale."),
 		queued:   d("queued", "Claimed assignments of the tier waiting for capacity, as the autoscaling decision saw them."),
@@ -64,13 +65,15 @@ func newAutoscaleCollector(fleetOf func(context.Context) (fleet.Report, error)) 
 	}
 }
 
-func (c *autoscaleCollector) Describe(ch chan<- *prometheus.Desc) {
+// Describe is prometheus.Collector.Describe.
+func (c *AutoscaleCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.desired, c.queued, c.inFlight, c.workers, c.slots, c.draining} {
 		ch <- d
 	}
 }
 
-func (c *autoscaleCollector) Collect(ch chan<- prometheus.Metric) {
+// Collect is prometheus.Collector.Collect.
+func (c *AutoscaleCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := c.fleetOf(ctx)
