@@ -95,8 +95,8 @@ func dockerBackend(ctx context.Context, cfg config.Controller, log zerolog.Logge
 func localBackend(cfg config.Controller, exe string, log zerolog.Logger, warns *bootWarnings) (podworker.Backend, string, error) {
 	users, warning := localUsers(cfg, os.Geteuid())
 	if users != nil {
-		if err := openStateDir(cfg.StateDir, log); err != nil {
-			return nil, "", fmt.Errorf("POD_BACKEND=local: %w", err)
+		if err := local.OpenStateDir(cfg.StateDir, log); err != nil {
+			return nil, "", fmt.Errorf("POD_BACKEND=local: STATE_DIR: %w", err)
 		}
 	} else {
 		warns.warn(log, warning)
@@ -130,36 +130,6 @@ func localUsers(cfg config.Controller, euid int) (*local.Users, string) {
 	return nil, fmt.Sprintf("POD_BACKEND=local and the controller is not root: every job runs as the controller's user (uid %d) "+
 		"and can read its secrets: the keys and NATS password in STATE_DIR, the resident runner's credentials, other jobs' secrets and, "+
 		"through them, their tasks. Run the controller as root to give each job a uid of its own, or use the docker or kubernetes backend", euid)
-}
-
-// openStateDir makes the state directory 0711, so that environments under their own uids pass
-// through it to STATE_DIR/envs, and takes every access for other users from its other
-// entries (the controller creates them without any; this catches what someone else put there).
-func openStateDir(dir string, log zerolog.Logger) error {
-	if err := os.Chmod(dir, 0o711); err != nil {
-		return fmt.Errorf("STATE_DIR: %w", err)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("STATE_DIR: %w", err)
-	}
-	for _, e := range entries {
-		if e.Name() == "envs" || e.Type()&os.ModeSymlink != 0 {
-			continue
-		}
-		fi, err := e.Info()
-		if err != nil {
-			return fmt.Errorf("STATE_DIR: %w", err)
-		}
-		if perm := fi.Mode().Perm(); perm&0o007 != 0 {
-			p := filepath.Join(dir, e.Name())
-			if err := os.Chmod(p, perm&^0o007); err != nil {
-				return fmt.Errorf("STATE_DIR: %w", err)
-			}
-			log.Warn().Str("path", p).Str("was", fmt.Sprintf("%04o", perm)).Msg("took other users' access away from an entry of STATE_DIR: local environments pass through STATE_DIR")
-		}
-	}
-	return nil
 }
 
 // kubeBackend builds the kubernetes pod backend from KUBECONFIG (or the in-cluster

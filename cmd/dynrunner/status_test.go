@@ -5,8 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -120,21 +118,4 @@ func TestStatusCommandShowsTheFleet(t *testing.T) {
 	assert.Equal(t, []string{liveness.KindFacade}, got.Fleet.Missing)
 	assert.Equal(t, components, got.Fleet.Components)
 	assert.Equal(t, 1, got.Fleet.Live.ByTierPhase[assignment.BackendPod][assignment.Running])
-}
-
-func TestOpenStateDir(t *testing.T) {
-	dir := t.TempDir()
-	require.NoError(t, os.Mkdir(filepath.Join(dir, "envs"), 0o711))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "nats.password"), []byte("x"), 0o600))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "notes"), []byte("x"), 0o644))
-	require.NoError(t, os.Mkdir(filepath.Join(dir, "jetstream"), 0o755))
-	require.NoError(t, os.Chmod(filepath.Join(dir, "jetstream"), 0o755))
-	require.NoError(t, openStateDir(dir, zerolog.Nop()))
-	for name, want := range map[string]os.FileMode{
-		".": 0o711, "envs": 0o711, "nats.password": 0o600, "notes": 0o640, "jetstream": 0o750,
-	} {
-		fi, err := os.Stat(filepath.Join(dir, name))
-		require.NoError(t, err)
-		assert.Equal(t, want, fi.Mode().Perm(), name)
-	}
 }
