@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -62,7 +63,7 @@ func newPodTier(ctx context.Context, cfg config.Controller, exe string, log zero
 func dockerBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger, warns *bootWarnings) (*docker.Backend, error) {
 	d := cfg.Docker
 	b, err := docker.New(docker.Config{
-		Socket: d.Socket, Image: d.Image, Network: d.Network,
+		Socket: d.Socket, Image: d.Image, RunnerSHA256: cfg.GiteaRunnerSHA256, Network: d.Network,
 		Memory: int64(d.MemoryMiB) << 20, CPUs: d.CPUs, Pids: int64(d.Pids),
 		Privileged: d.Privileged, User: d.User, Scope: d.Scope,
 		StateDir:     filepath.Join(cfg.StateDir, "docker-envs"),
@@ -72,15 +73,10 @@ func dockerBackend(ctx context.Context, cfg config.Controller, log zerolog.Logge
 	if err != nil {
 		return nil, err
 	}
-	if err := b.Check(ctx); err != nil {
+	if err := b.Check(ctx); errors.Is(err, docker.ErrRunnerMismatch) {
+		return nil, fmt.Errorf("POD_BACKEND=docker: POD_EXECUTOR_IMAGE and GITEA_RUNNER_SHA256 disagree: %w", err)
+	} else if err != nil {
 		return nil, fmt.Errorf("POD_BACKEND=docker: %w", err)
-	}
-	labels, err := b.ImageLabels(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("POD_BACKEND=docker: %w", err)
-	}
-	if sha := labels[docker.LabelRunnerSHA256]; sha != "" && sha != cfg.GiteaRunnerSHA256 {
-		return nil, fmt.Errorf("POD_EXECUTOR_IMAGE %s holds a Gitea runner with SHA-256 %s, but GITEA_RUNNER_SHA256 is %s", d.Image, sha, cfg.GiteaRunnerSHA256)
 	}
 	if d.Privileged {
 		warns.warn(log, "POD_DOCKER_PRIVILEGED=true: job containers run privileged, as root, with every capability and device; a job can take over this host")

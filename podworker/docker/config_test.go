@@ -242,3 +242,31 @@ func FuzzLastExecutorError(f *testing.F) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestCheckRunner(t *testing.T) {
+	sha := strings.Repeat("ab", 32)
+	other := strings.Repeat("cd", 32)
+	tests := []struct {
+		name    string
+		labels  map[string]string
+		want    string
+		wantErr bool
+	}{
+		{name: "same runner", labels: map[string]string{LabelRunnerSHA256: sha}, want: sha},
+		{name: "another runner", labels: map[string]string{LabelRunnerSHA256: other}, want: sha, wantErr: true},
+		{name: "image without the label", labels: map[string]string{"other": "x"}, want: sha},
+		{name: "image without labels", want: sha},
+		{name: "no runner asked for", labels: map[string]string{LabelRunnerSHA256: other}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkRunner("sha256:"+sha, tt.labels, tt.want)
+			if !tt.wantErr {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorIs(t, err, ErrRunnerMismatch)
+			assert.ErrorContains(t, err, other, "the error names the image's runner")
+		})
+	}
+}

@@ -90,12 +90,19 @@ var (
 	ErrEngineTooOld = errors.New("docker: engine too old")
 	// ErrImageMissing reports an executor image the engine does not have (Check).
 	ErrImageMissing = errors.New("docker: executor image missing")
+	// ErrRunnerMismatch reports an executor image whose LabelRunnerSHA256 names another Gitea
+	// runner than Config.RunnerSHA256 (Check).
+	ErrRunnerMismatch = errors.New("docker: executor image holds another Gitea runner")
 )
 
 // Config configures a Backend. The caller fills it; the backend reads no environment variables.
 type Config struct {
 	// Socket is the engine's unix socket (DefaultSocket when empty); "unix://" is accepted.
 	Socket string
+	// RunnerSHA256, when set, is the SHA-256 of the Gitea runner the environments must run
+	// (hex): Check refuses an image whose LabelRunnerSHA256 names another. An image without
+	// the label is not checked.
+	RunnerSHA256 string
 	// Image is the executor image, pinned by digest: a local image ID ("sha256:<64 hex>", as
 	// scripts/executor-image.sh prints) or "name@sha256:<64 hex>". A tag alone is refused.
 	Image string
@@ -142,6 +149,7 @@ type Config struct {
 type Backend struct {
 	eng        *engine
 	image      string
+	runnerSHA  string
 	network    string
 	memory     int64
 	nanoCPUs   int64
@@ -264,6 +272,7 @@ func New(cfg Config) (*Backend, error) {
 	return &Backend{
 		eng:          eng,
 		image:        cfg.Image,
+		runnerSHA:    cfg.RunnerSHA256,
 		network:      network,
 		memory:       memory,
 		nanoCPUs:     int64(math.Round(cpus * 1e9)),
@@ -290,15 +299,29 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-// Check contacts the engine and checks that it is recent enough and holds the executor image.
-// The controller calls it at boot, so a wrong socket or a missing image is a boot error rather
-// than a failed job.
+// Check contacts the engine and checks that it is recent enough and holds the executor image,
+// with the Gitea runner of Config.RunnerSHA256 (ErrRunnerMismatch). The controller calls it at
+// boot, so a wrong socket, a missing image or the wrong runner is a boot error rather than a
+// failed job.
 func (b *Backend) Check(ctx context.Context) error {
 	if _, err := b.eng.api(ctx); err != nil {
 		return fmt.Errorf("docker: check: %w", err)
 	}
-	if _, err := b.ImageLabels(ctx); err != nil {
+	labels, err := b.ImageLabels(ctx)
+	if err != nil {
 		return fmt.Errorf("docker: check: %w", err)
+	}
+	if err := checkRunner(b.image, labels, b.runnerSHA); err != nil {
+		return fmt.Errorf("docker: check: %w", err)
+	}
+	return nil
+}
+
+// checkRunner checks that the labels of image name the Gitea runner with SHA-256 want, when
+// want is set and the image has the label.
+func checkRunner(image string, labels map[string]string, want string) error {
+	if sha := labels[LabelRunnerSHA256]; want != "" && sha != "" && sha != want {
+		return fmt.Errorf("image %s holds a Gitea runner with SHA-256 %s, not %s: %w", image, sha, want, ErrRunnerMismatch)
 	}
 	return nil
 }
