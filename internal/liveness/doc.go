@@ -8,5 +8,7 @@
 // one that is killed stops beating and its key expires with the bucket's TTL. A record is a
 // claim of liveness, never an input to an assignment's decision: the fleet report, the
 // autoscaling advice and a drain's safe_to_remove read it. Cordons (Cordon, in
-// eventlog.BucketCordons) tell a worker to drain.
+// eventlog.BucketCordons) tell a worker to drain: DrainHandler serves the drain API
+// (/v1/workers/{id}) that puts and lifts them, and CordonSweeper removes those of workers that
+// are gone (the pure StaleCordons decides which).
 package liveness
