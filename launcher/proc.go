@@ -9,12 +9,12 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/dynrunner/dynrunner/internal/envlock"
+	"github.com/dynrunner/dynrunner/internal/procfs"
 )
 
 // childEnv is the whole environment of every program the launcher runs: nothing of the
@@ -105,19 +105,15 @@ func flock(f *os.File, how int) error { return envlock.Flock(f, how) }
 // procsWithArgPrefix lists the processes (zombies left out) one of whose arguments contains
 // prefix: the hypervisor of an instance names files inside the instance directory.
 func procsWithArgPrefix(prefix string) []int {
-	entries, err := os.ReadDir("/proc")
+	procs, err := procfs.Running()
 	if err != nil {
 		return nil
 	}
 	self := os.Getpid()
 	var pids []int
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 1 || pid == self {
-			continue
-		}
-		if procHasArg(pid, prefix) {
-			pids = append(pids, pid)
+	for _, p := range procs {
+		if p.PID > 1 && p.PID != self && childHasArg(p.PID, p.Stat, prefix) {
+			pids = append(pids, p.PID)
 		}
 	}
 	return pids
@@ -131,28 +127,18 @@ var childComms = []string{"qemu", "cloud-hyperviso", "genisoimage"}
 // procHasArg reports whether pid runs (is no zombie), is one of childComms and has an argument
 // containing s.
 func procHasArg(pid int, s string) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
+	st, err := procfs.ReadStat(pid)
+	return err == nil && !st.Exited() && childHasArg(pid, st, s)
+}
+
+// childHasArg reports whether pid, whose stat is st, is one of childComms and has an argument
+// containing s.
+func childHasArg(pid int, st procfs.Stat, s string) bool {
+	if !slices.ContainsFunc(childComms, func(c string) bool { return strings.HasPrefix(st.Comm, c) }) {
 		return false
 	}
-	open, i := bytes.IndexByte(stat, '('), bytes.LastIndexByte(stat, ')')
-	if open < 0 || i < open || i+2 >= len(stat) || stat[i+2] == 'Z' || stat[i+2] == 'X' {
-		return false
-	}
-	comm := string(stat[open+1 : i])
-	if !slices.ContainsFunc(childComms, func(c string) bool { return strings.HasPrefix(comm, c) }) {
-		return false
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil {
-		return false
-	}
-	for arg := range bytes.SplitSeq(b, []byte{0}) {
-		if bytes.Contains(arg, []byte(s)) {
-			return true
-		}
-	}
-	return false
+	args, err := procfs.Cmdline(pid)
+	return err == nil && slices.ContainsFunc(args, func(arg string) bool { return strings.Contains(arg, s) })
 }
 
 // killStragglers SIGKILLs every process with an argument containing marker and waits until

@@ -83,7 +83,7 @@ func count(live []assignment.State, owners bool) load {
 				l.add(l.ownerTier, st.Backend, st.Owner())
 				l.owner[st.Owner()]++
 			}
-		case st.Active() && st.Phase == assignment.Queued:
+		case st.Waiting():
 			l.queued[st.Backend]++
 			if owners {
 				l.add(l.queuedOwner, st.Backend, st.Owner())
@@ -143,7 +143,7 @@ func planAdmit(live []assignment.State, capacity map[assignment.Backend]int, adm
 	l := tally(live)
 	waiting := map[assignment.Backend][]assignment.State{}
 	for _, st := range live {
-		if st.Active() && st.Phase == assignment.Queued && !now.After(st.QueueDeadline) {
+		if st.Waiting() && !now.After(st.QueueDeadline) {
 			waiting[st.Backend] = append(waiting[st.Backend], st)
 		}
 	}

@@ -10,16 +10,15 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"regexp"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/rs/zerolog"
 
 	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
+	"github.com/dynrunner/dynrunner/launcher"
 )
 
 // EndpointConfig configures the nonce endpoint.
@@ -65,17 +64,6 @@ func NewEndpoint(cfg EndpointConfig, nonces *Nonces, log Assignments) (*Endpoint
 	return &Endpoint{cfg: cfg, nonces: nonces, log: log}, nil
 }
 
-var (
-	nonceRe = regexp.MustCompile(`^[A-Za-z0-9_-]{16,128}$`)
-)
-
-// canonicalUUID reports whether s is a UUID in canonical lowercase form, the only form instance
-// ids are given out in.
-func canonicalUUID(s string) bool {
-	u, err := uuid.Parse(s)
-	return err == nil && u.String() == s
-}
-
 // Handler serves POST /v1/redeem, GET /v1/runner and GET /v1/ping.
 func (e *Endpoint) Handler() http.Handler {
 	mux := http.NewServeMux()
@@ -93,11 +81,19 @@ func (e *Endpoint) Handler() http.Handler {
 	})
 }
 
+// validRedeem reports whether req names an instance id in the canonical form instances are
+// given out in (launcher.ParseInstanceID) and a well-formed nonce (launcher.ParseNonce).
+func validRedeem(req executor.RedeemRequest) bool {
+	_, ierr := launcher.ParseInstanceID(req.InstanceID)
+	_, nerr := launcher.ParseNonce(req.Nonce)
+	return ierr == nil && nerr == nil
+}
+
 func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	var req executor.RedeemRequest
 	dec := json.NewDecoder(io.LimitReader(r.Body, 4096))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || !canonicalUUID(req.InstanceID) || !nonceRe.MatchString(req.Nonce) {
+	if err := dec.Decode(&req); err != nil || !validRedeem(req) {
 		http.Error(w, "dynrunner nonce endpoint: want {\"instance_id\": <uuid>, \"nonce\": <url-safe nonce>}", http.StatusBadRequest)
 		return
 	}

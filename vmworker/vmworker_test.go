@@ -123,6 +123,8 @@ func TestEndpoint(t *testing.T) {
 		"braced instance id":          {InstanceID: "{" + instance + "}", Nonce: nonce},
 		"urn instance id":             {InstanceID: "urn:uuid:" + instance, Nonce: nonce},
 		"instance id without hyphens": {InstanceID: strings.ReplaceAll(instance, "-", ""), Nonce: nonce},
+		"nil instance id":             {InstanceID: "00000000-0000-0000-0000-000000000000", Nonce: nonce},
+		"short nonce":                 {InstanceID: instance, Nonce: nonce[:15]},
 		"bad nonce":                   {InstanceID: instance, Nonce: "a b;c"},
 	} {
 		assert.Equal(t, http.StatusBadRequest, post(h, guest, req).Code, name)

@@ -230,7 +230,7 @@ func podBackendOf(cfg config.Controller) string {
 // which the worker and the backend add.
 func executorEnv(cfg config.Controller, facadeURL, runnerBin string) map[string]string {
 	return executor.Config{
-		FacadeURL: facadeURL, FacadeID: cfg.FacadeID, Renew: time.Duration(int(cfg.Lease.Seconds())/3) * time.Second,
+		FacadeURL: facadeURL, FacadeID: cfg.FacadeID, Renew: assignment.RenewEvery(cfg.Lease),
 		Labels: executor.Labels(assignment.BackendPod), RunnerBin: runnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256,
 		RunnerVersion: cfg.GiteaRunnerVersion, SpiffeEndpointSocket: cfg.SpiffeEndpointSocket, LogFormat: cfg.LogFormat,
 	}.Environ()

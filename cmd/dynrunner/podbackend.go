@@ -128,18 +128,21 @@ func localUsers(cfg config.Controller, euid int) (*local.Users, string) {
 		"through them, their tasks. Run the controller as root to give each job a uid of its own, or use the docker or kubernetes backend", euid)
 }
 
+// kubeRESTConfig returns the Kubernetes client configuration of the kubeconfig file, or the
+// in-cluster one when kubeconfig is "".
+func kubeRESTConfig(kubeconfig string) (*rest.Config, error) {
+	if kubeconfig != "" {
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+	}
+	return rest.InClusterConfig()
+}
+
 // kubeBackend builds the kubernetes pod backend from KUBECONFIG (or the in-cluster
 // configuration) and checks its permissions at boot.
 func kubeBackend(ctx context.Context, cfg config.Controller, log zerolog.Logger, warns *bootWarnings,
 	onPhase func(context.Context, podworker.Handle, kube.PhaseChange)) (podworker.Backend, string, error) {
 	k := cfg.Kube
-	var rc *rest.Config
-	var err error
-	if k.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", k.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := kubeRESTConfig(k.Kubeconfig)
 	if err != nil {
 		return nil, "", fmt.Errorf("POD_BACKEND=kubernetes: cluster configuration (KUBECONFIG, or in-cluster): %w", err)
 	}

@@ -16,8 +16,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dynrunner/dynrunner/identity"
 	"github.com/dynrunner/dynrunner/internal/config"
@@ -93,13 +91,7 @@ func registrarSource(cfg config.Identity, rcfg *identity.Config) (func(), error)
 		rcfg.Docker = inv
 		return func() { _ = inv.Close() }, nil
 	}
-	var rc *rest.Config
-	var err error
-	if cfg.Kubeconfig != "" {
-		rc, err = clientcmd.BuildConfigFromFlags("", cfg.Kubeconfig)
-	} else {
-		rc, err = rest.InClusterConfig()
-	}
+	rc, err := kubeRESTConfig(cfg.Kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}

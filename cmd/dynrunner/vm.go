@@ -46,7 +46,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 		Executor: executor.Config{
 			FacadeURL: cfg.VM.FacadeGuestURL, FacadeID: cfg.FacadeID,
 			RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
-			Labels: executor.Labels(assignment.BackendVM), Renew: cfg.Lease / 3,
+			Labels: executor.Labels(assignment.BackendVM), Renew: assignment.RenewEvery(cfg.Lease),
 		},
 	}, nonces, p.evlog)
 	if err != nil {

@@ -375,6 +375,10 @@ func decideClaim(cur *State, ev Event) (Record, error) {
 	}, nil
 }
 
+// RenewEvery is how often an environment renews its lease of length lease: a third of it, in
+// whole seconds (rounded down), the unit environments are told it in (executor.Config.Renew).
+func RenewEvery(lease time.Duration) time.Duration { return (lease / 3).Truncate(time.Second) }
+
 // RestartGrace is how long after a start the scheduler and the facade let environments reach
 // them again before enforcing deadlines that passed while they were down: two renewal
 // intervals.

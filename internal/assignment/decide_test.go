@@ -277,3 +277,27 @@ func TestOwnerOf(t *testing.T) {
 	require.Equal(t, "solo", OwnerOf("solo"))
 	require.Empty(t, OwnerOf(""))
 }
+
+func TestRenewEvery(t *testing.T) {
+	tests := []struct {
+		name  string
+		lease time.Duration
+		want  time.Duration
+	}{
+		{name: "default lease", lease: 300 * time.Second, want: 100 * time.Second},
+		{name: "shortest lease", lease: 90 * time.Second, want: 30 * time.Second},
+		{name: "not a multiple of three seconds", lease: 100 * time.Second, want: 33 * time.Second},
+		{name: "fractional lease", lease: 301*time.Second + 500*time.Millisecond, want: 100 * time.Second},
+		{name: "under three seconds", lease: 2 * time.Second, want: 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := RenewEvery(tt.lease)
+			require.Equal(t, tt.want, got)
+			// What the pod worker computed before, and what the VM grant carried (whole seconds
+			// of a third of the lease): both unchanged.
+			require.Equal(t, time.Duration(int(tt.lease.Seconds())/3)*time.Second, got, "pod environment")
+			require.Equal(t, int((tt.lease / 3).Seconds()), int(got.Seconds()), "VM grant")
+		})
+	}
+}

@@ -90,6 +90,11 @@ type Phase = Transition
 // Terminal reports whether no transition can follow p.
 func Terminal(p Phase) bool { return p == Completed || p == Closed }
 
+// InFlightPhase reports whether an assignment in phase p holds capacity of its tier: it is
+// neither terminal, failed, nor waiting in the admission queue. State.InFlight is this
+// predicate; tallies that count assignments by phase use it directly.
+func InFlightPhase(p Phase) bool { return !Terminal(p) && p != Failed && p != Queued }
+
 // Record is one append to an assignment's subject. Every record carries the assignment's whole
 // non-secret state, so the last record of a subject is its current state. The task itself
 // (secrets, tokens, workflow payload) is sealed and stored apart; Record never holds a secret.
@@ -190,8 +195,12 @@ func (s State) Live() bool { return !Terminal(s.Phase) }
 func (s State) Active() bool { return s.Live() && s.Phase != Failed }
 
 // InFlight reports whether the assignment holds capacity of its tier: it is active and not
-// waiting in the admission queue.
-func (s State) InFlight() bool { return s.Active() && s.Phase != Queued }
+// waiting in the admission queue (InFlightPhase).
+func (s State) InFlight() bool { return InFlightPhase(s.Phase) }
+
+// Waiting reports whether the assignment waits in the admission queue for capacity: it is
+// active and queued.
+func (s State) Waiting() bool { return s.Active() && s.Phase == Queued }
 
 // Owner returns the repository owner (user or organisation) of the assignment's job, lower
 // case: the unit of admission fairness. "" when the forge named no repository.

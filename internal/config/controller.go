@@ -280,16 +280,8 @@ func LoadController(getenv func(string) string) (Controller, error) {
 	} else {
 		c.FacadeURLs, c.FacadeURL = urls, strings.Join(urls, ",")
 	}
-	if v, ok := e.lookup("RUNNER_FACADE_SPIFFE_ID"); ok {
-		id, err := spiffeid.FromString(v)
-		switch {
-		case err != nil:
-			e.fail("RUNNER_FACADE_SPIFFE_ID=%q: %v", v, err)
-		case !td.IsZero() && id.TrustDomain() != td:
-			e.fail("RUNNER_FACADE_SPIFFE_ID=%q is not in SPIFFE_TRUST_DOMAIN %s", v, td)
-		default:
-			c.FacadeID = id
-		}
+	if id, set := e.spiffeIDIn("RUNNER_FACADE_SPIFFE_ID", td); set {
+		c.FacadeID = id
 	} else if !td.IsZero() {
 		c.FacadeID = spiffeid.RequireFromPath(td, "/dynrunner/facade")
 	}

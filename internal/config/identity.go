@@ -84,41 +84,21 @@ func LoadIdentity(getenv func(string) string) (Identity, error) {
 		e.fail("SPIFFE_TRUST_DOMAIN: %v", err)
 	}
 	c.TrustDomain = td
-	if v, ok := e.lookup("IDENTITY_PARENT_ID"); !ok {
+	if id, set := e.spiffeIDIn("IDENTITY_PARENT_ID", td); !set {
 		e.fail("IDENTITY_PARENT_ID is required: the SPIFFE ID of the node alias or agent that job Pod entries are parented to")
-	} else if id, err := spiffeid.FromString(v); err != nil {
-		e.fail("IDENTITY_PARENT_ID=%q: %v", v, err)
-	} else if !td.IsZero() && !id.MemberOf(td) {
-		e.fail("IDENTITY_PARENT_ID=%q is not in trust domain %s", v, td)
 	} else {
 		c.ParentID = id
 	}
 	c.NodeAliasSelectors = e.selectors("IDENTITY_NODE_ALIAS_SELECTORS", "k8s_psat:cluster:dynrunner")
 	c.FacadeSelectors = e.selectors("IDENTITY_FACADE_SELECTORS", "k8s:sa:dynrunner-controller")
 	c.FacadeNodeSelectors = e.selectors("IDENTITY_FACADE_NODE_SELECTORS", "k8s_psat:agent_node_label:dynrunner.io/facade:true")
-	if v, ok := e.lookup("IDENTITY_FACADE_PARENT_ID"); ok {
-		if id, err := spiffeid.FromString(v); err != nil {
-			e.fail("IDENTITY_FACADE_PARENT_ID=%q: %v", v, err)
-		} else if !td.IsZero() && !id.MemberOf(td) {
-			e.fail("IDENTITY_FACADE_PARENT_ID=%q is not in trust domain %s", v, td)
-		} else {
-			c.FacadeParentID = id
-		}
-	}
+	c.FacadeParentID, _ = e.spiffeIDIn("IDENTITY_FACADE_PARENT_ID", td)
 	if (len(c.FacadeNodeSelectors) > 0) != (e.str("IDENTITY_FACADE_PARENT_ID", "") != "") {
 		e.fail("IDENTITY_FACADE_PARENT_ID and IDENTITY_FACADE_NODE_SELECTORS go together: the facade nodes' alias and the node selectors it stands for")
 	} else if len(c.FacadeNodeSelectors) > 0 && len(c.FacadeSelectors) == 0 {
 		e.fail("IDENTITY_FACADE_PARENT_ID needs IDENTITY_FACADE_SELECTORS: without the facade's entry there is nothing to parent")
 	}
-	if v, ok := e.lookup("RUNNER_FACADE_SPIFFE_ID"); ok {
-		if id, err := spiffeid.FromString(v); err != nil {
-			e.fail("RUNNER_FACADE_SPIFFE_ID=%q: %v", v, err)
-		} else if !td.IsZero() && !id.MemberOf(td) {
-			e.fail("RUNNER_FACADE_SPIFFE_ID=%q is not in trust domain %s", v, td)
-		} else {
-			c.FacadeID = id
-		}
-	}
+	c.FacadeID, _ = e.spiffeIDIn("RUNNER_FACADE_SPIFFE_ID", td)
 	if c.Selectors != "k8s" && c.Selectors != "docker" {
 		e.fail("IDENTITY_SELECTORS=%q: want k8s or docker", c.Selectors)
 	}
@@ -126,6 +106,27 @@ func LoadIdentity(getenv func(string) string) (Identity, error) {
 		e.fail("HTTP_LISTEN=%q: want host:port", c.HTTPListen)
 	}
 	return c, errors.Join(e.errs...)
+}
+
+// spiffeIDIn parses the SPIFFE ID in variable name, which must be a member of trust domain td
+// (of any when td is zero: its own variable failed). set reports whether name is set at all;
+// a set value that is malformed or of another trust domain is recorded as a failure and gives
+// the zero ID.
+func (e *env) spiffeIDIn(name string, td spiffeid.TrustDomain) (id spiffeid.ID, set bool) {
+	v, set := e.lookup(name)
+	if !set {
+		return spiffeid.ID{}, false
+	}
+	id, err := spiffeid.FromString(v)
+	switch {
+	case err != nil:
+		e.fail("%s=%q: %v", name, v, err)
+		return spiffeid.ID{}, true
+	case !td.IsZero() && !id.MemberOf(td):
+		e.fail("%s=%q is not in trust domain %s (SPIFFE_TRUST_DOMAIN)", name, v, td)
+		return spiffeid.ID{}, true
+	}
+	return id, true
 }
 
 // selectors parses a comma-separated list of type:value selectors; example is shown in the

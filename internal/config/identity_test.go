@@ -2,10 +2,11 @@ package config
 
 import (
 	"testing"
+	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"time"
 )
 
 func identityEnv(kv map[string]string) func(string) string {
@@ -88,6 +89,43 @@ func TestLoadIdentityFailsClosed(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			_, err := LoadIdentity(identityEnv(tc.env))
 			assert.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestSpiffeIDIn(t *testing.T) {
+	td := spiffeid.RequireTrustDomainFromString("dynrunner.test")
+	tests := []struct {
+		name    string
+		value   string
+		td      spiffeid.TrustDomain
+		want    string // the ID, "" for the zero one
+		set     bool
+		wantErr string
+	}{
+		{name: "unset", value: "", td: td},
+		{name: "blank is unset", value: "  ", td: td},
+		{name: "member", value: "spiffe://dynrunner.test/a", td: td, want: "spiffe://dynrunner.test/a", set: true},
+		{name: "any trust domain when none", value: "spiffe://other.test/a", want: "spiffe://other.test/a", set: true},
+		{name: "other trust domain", value: "spiffe://other.test/a", td: td, set: true, wantErr: `X="spiffe://other.test/a" is not in trust domain dynrunner.test`},
+		{name: "malformed", value: "https://dynrunner.test/a", td: td, set: true, wantErr: `X="https://dynrunner.test/a": `},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := &env{get: func(string) string { return tt.value }}
+			id, set := e.spiffeIDIn("X", tt.td)
+			assert.Equal(t, tt.set, set, "set")
+			if tt.want == "" {
+				assert.True(t, id.IsZero(), "id %s", id)
+			} else {
+				assert.Equal(t, tt.want, id.String())
+			}
+			if tt.wantErr == "" {
+				assert.Empty(t, e.errs)
+			} else {
+				require.Len(t, e.errs, 1)
+				assert.ErrorContains(t, e.errs[0], tt.wantErr)
+			}
 		})
 	}
 }

@@ -109,11 +109,10 @@ func (r Report) Decisions(perWorker map[assignment.Backend]int) map[assignment.B
 	for tier, phases := range r.Live.ByTierPhase {
 		d := of(tier)
 		for ph, n := range phases {
-			switch ph {
-			case assignment.Queued:
+			switch {
+			case ph == assignment.Queued:
 				d.Queued += n
-			case assignment.Failed:
-			default:
+			case assignment.InFlightPhase(ph):
 				d.InFlight += n
 			}
 		}

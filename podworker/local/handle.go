@@ -89,7 +89,7 @@ func (r procRef) data(dir string) map[string]string {
 // alive reports whether the process still runs (a zombie does not).
 func (r procRef) alive() bool {
 	st, err := readStat(r.pid)
-	return err == nil && st.start == r.start && !st.exited()
+	return err == nil && st.Start == r.start && !st.Exited()
 }
 
 // readHandle reads the handle.json of environment id through root, which refuses to follow

@@ -3,8 +3,6 @@
 package local
 
 import (
-	"bytes"
-	"fmt"
 	"os"
 	"testing"
 
@@ -14,73 +12,13 @@ import (
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
-func TestParseStat(t *testing.T) {
-	tests := []struct {
-		name string
-		in   string
-		want procStat
-		ok   bool
-	}{
-		{"plain", "1 (init) S 0 1 1 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 42 48459776 2920 18446744073709551615", procStat{'S', 1, 42}, true},
-		{"comm with parens and spaces", "77 (a) (b c) Z 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0", procStat{'Z', 77, 999}, true},
-		{"short", "1 (x) S 0 1", procStat{}, false},
-		{"no comm", "1 x S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 42 0", procStat{}, false},
-		{"bad start", "1 (x) S 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 -4 0", procStat{}, false},
-		{"bad pgrp", "1 (x) S 0 y 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 4 0", procStat{}, false},
-		{"empty", "", procStat{}, false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseStat([]byte(tt.in))
-			assert.Equal(t, tt.want, got)
-			if tt.ok {
-				assert.NoError(t, err)
-			} else {
-				assert.ErrorIs(t, err, errBadStat)
-			}
-		})
-	}
-}
-
-func TestReadStatSelf(t *testing.T) {
+func TestProcRefAliveSelf(t *testing.T) {
 	st, err := readStat(os.Getpid())
 	require.NoError(t, err)
-	assert.False(t, st.exited(), "readStat(self) = %+v", st)
-	assert.NotZero(t, st.start, "readStat(self) = %+v", st)
-	ref := procRef{pid: os.Getpid(), pgid: os.Getpid(), start: st.start}
+	ref := procRef{pid: os.Getpid(), pgid: os.Getpid(), start: st.Start}
 	assert.True(t, ref.alive(), "alive(self)")
 	ref.start++
 	assert.False(t, ref.alive(), "alive(self with another start time)")
-}
-
-// FuzzParseStat: whatever a process names itself (the command may hold spaces and
-// parentheses), a stat line parses back to the state, process group and start time it
-// carries; bytes that are no stat line are errBadStat and yield nothing.
-func FuzzParseStat(f *testing.F) {
-	f.Add([]byte("1 (init) S 0 1 1 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 42 48459776 2920"), "init", byte('S'), 1, uint64(42))
-	f.Add([]byte("77 (a) (b c) Z 1 77 77 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 999 0 0"), "a) (b c", byte('Z'), 77, uint64(999))
-	f.Add([]byte(")"), ") R 1 (", byte('R'), -1, uint64(0))
-	f.Add([]byte("0 (0) \x89"), "0", byte(0x89), 1, uint64(42))
-	f.Fuzz(func(t *testing.T, b []byte, comm string, state byte, pgrp int, start uint64) {
-		st, err := parseStat(b)
-		if err != nil {
-			require.ErrorIs(t, err, errBadStat)
-			assert.Zero(t, st, "parseStat(%q) failed but returned fields", b)
-		} else {
-			// The state is the one byte after the command's closing parenthesis.
-			rest := bytes.Fields(b[bytes.LastIndexByte(b, ')')+1:])
-			assert.Equal(t, []byte{st.state}, rest[0])
-		}
-
-		// Round trip: a line the kernel would write for these values.
-		if bytes.ContainsAny([]byte{state}, " \t\n\v\f\r)") {
-			return
-		}
-		line := fmt.Sprintf("4242 (%s) %s 1 %d %d 0 -1 4194560 1 2 0 0 4 2 3 2 20 0 1 0 %d 48459776 2920\n", comm, []byte{state}, pgrp, pgrp, start)
-		st, err = parseStat([]byte(line))
-		require.NoError(t, err, "%q", line)
-		assert.Equal(t, procStat{state: state, pgrp: pgrp, start: start}, st, "%q", line)
-	})
 }
 
 func TestEnvIDs(t *testing.T) {

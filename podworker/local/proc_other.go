@@ -10,15 +10,15 @@ import (
 const procSupported = false
 
 type procStat struct {
-	state byte
-	pgrp  int
-	start uint64
+	State byte
+	Pgrp  int
+	Start uint64
 }
 
-func (s procStat) exited() bool { return true }
+func (s procStat) Exited() bool { return true }
 
 type procInfo struct {
-	pid int
+	PID int
 	procStat
 	marked bool
 }

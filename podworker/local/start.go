@@ -175,7 +175,7 @@ func (b *Backend) create(ctx context.Context, id string, spec podworker.Spec) (h
 	pid := cmd.Process.Pid
 	// Not reaped yet, so /proc/<pid> exists even if the executor already exited.
 	st, serr := readStat(pid)
-	c = &child{ref: procRef{pid: pid, pgid: pid, start: st.start}, done: make(chan struct{})}
+	c = &child{ref: procRef{pid: pid, pgid: pid, start: st.Start}, done: make(chan struct{})}
 	b.mu.Lock()
 	b.children[id] = c
 	b.mu.Unlock()

@@ -24,7 +24,7 @@ func (b *Backend) stop(ctx context.Context, id string, refs []procRef, uid int) 
 	groups := make(map[int]bool) // pgid of a ref -> proven ours
 	for _, r := range refs {
 		st, err := readStat(r.pid)
-		groups[r.pgid] = groups[r.pgid] || (err == nil && st.start == r.start)
+		groups[r.pgid] = groups[r.pgid] || (err == nil && st.Start == r.start)
 	}
 	// targets lists what still runs: members of proven groups, and marked processes outside them.
 	targets := func() (pgids []int, procs []procInfo, n int, err error) {
@@ -34,10 +34,10 @@ func (b *Backend) stop(ctx context.Context, id string, refs []procRef, uid int) 
 		}
 		members := make(map[int]int)
 		for _, p := range all {
-			if _, known := groups[p.pgrp]; known {
-				members[p.pgrp]++
+			if _, known := groups[p.Pgrp]; known {
+				members[p.Pgrp]++
 				if p.marked {
-					groups[p.pgrp] = true
+					groups[p.Pgrp] = true
 				}
 			}
 		}
@@ -51,7 +51,7 @@ func (b *Backend) stop(ctx context.Context, id string, refs []procRef, uid int) 
 		}
 		for _, p := range all {
 			switch {
-			case groups[p.pgrp]:
+			case groups[p.Pgrp]:
 				n++
 			case p.marked:
 				procs = append(procs, p)
@@ -71,8 +71,8 @@ func (b *Backend) stop(ctx context.Context, id string, refs []procRef, uid int) 
 			}
 		}
 		for _, p := range procs {
-			if err := signalProc(p.pid, p.start, sig); err != nil {
-				return n, fmt.Errorf("signal %d: %w", p.pid, err)
+			if err := signalProc(p.PID, p.Start, sig); err != nil {
+				return n, fmt.Errorf("signal %d: %w", p.PID, err)
 			}
 		}
 		return n, nil
