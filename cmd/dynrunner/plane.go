@@ -353,6 +353,11 @@ func (p *plane) startScheduler() error {
 	p.g.Go(func() error { return s.Run(p.gctx) })
 	p.ready = append(p.ready, s.Ready())
 	p.g.Go(func() error { return p.sweepCordons(s.LeaseHeld) })
+	if cfg.GitHub.Enabled() {
+		if err := p.startGitHub(); err != nil {
+			return err
+		}
+	}
 	if cfg.Autoscale.Backend == "docker" {
 		if err := p.startActuator(p.gctx, s.LeaseHeld); err != nil {
 			return err
@@ -468,6 +473,7 @@ func (p *plane) startPodWorker(pods podTier) error {
 		Actor: "pod-worker@" + p.actor, Tier: assignment.BackendPod, Concurrency: cfg.PodConcurrency,
 		Issuer: p.issuer, Identity: ident, Log: p.log.With().Str("component", "pod-worker").Logger(),
 		ExecutorEnv: executorEnv(cfg, pods.facadeURL, pods.runnerBin), Grants: cfg.Grants, Metrics: p.workerMetrics,
+		GitHub: p.gitHubWorker(),
 	}, pods.backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())

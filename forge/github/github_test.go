@@ -406,3 +406,19 @@ func TestCredentialsFailClosed(t *testing.T) {
 		})
 	}
 }
+
+// TestSessionOfADeadHolderTimesOut: a holder that died leaves its session open; once GitHub
+// times it out (the fake's SessionTimeout), the next holder opens its own.
+func TestSessionOfADeadHolderTimesOut(t *testing.T) {
+	b := newBed(t, func(o *githubtest.Options) { o.SessionTimeout = 2 * time.Second })
+	sets, err := github.EnsureScaleSets(t.Context(), b.clients.Client(), tiers)
+	require.NoError(t, err)
+	_, err = b.clients.Client().MessageSessionClient(t.Context(), sets[0].ID, "a-dead-holder", fastRetries())
+	require.NoError(t, err)
+	run(t, b.session(sets[0], "scheduler@a", &recorder{seen: map[string][]int64{}}))
+	require.Eventually(t, func() bool {
+		ss := b.srv.Sessions()
+		return len(ss) == 1 && ss[0].Owner == "scheduler@a"
+	}, 10*time.Second, 20*time.Millisecond, "the next holder did not open its session once the dead one's timed out")
+	assert.Positive(t, testutil.ToFloat64(b.metrics.SessionConflicts.WithLabelValues(itoa(sets[0].ID))))
+}

@@ -80,8 +80,10 @@
 //     registration-token path; every scope sees the same runner groups, scale sets and runners.
 //     Registration tokens are reusable until they expire. No rate limits, no pagination.
 //   - Tokens are random strings (the admin token a JWT signed with a per-server HMAC key), not
-//     GitHub's formats; a session never times out for want of polling; messages are kept per scale
-//     set, so a new session receives what an earlier one left undeleted.
+//     GitHub's formats; a session times out for want of polling only with
+//     Options.SessionTimeout, and then only when another session of its scale set is asked for
+//     (GitHub times out a dead listener's session after a delay it does not document); messages
+//     are kept per scale set, so a new session receives what an earlier one left undeleted.
 //   - Statistics: TotalAssignedJobs counts jobs assigned to the scale set and not finished
 //     (running ones included), which is what the listener scales to; the other totals count jobs
 //     or runners in the state they name. GitHub's exact accounting is not documented.

@@ -42,6 +42,11 @@ type Options struct {
 	RunnerGroups []string
 	// TLS serves HTTPS with a test certificate; give the client RootCAs.
 	TLS bool
+	// SessionTimeout, when set, ends a session whose owner has not polled its queue for that
+	// long, when another session of its scale set is asked for: GitHub times out the session of
+	// a listener that died without deleting it (after some minutes; not documented). Zero: a
+	// session lasts until deleted.
+	SessionTimeout time.Duration
 }
 
 // Counts is how many credentials of each kind the fake has issued.

@@ -20,6 +20,7 @@ type session struct {
 	token       string
 	tokenValid  bool
 	maxCapacity int // the last X-ScaleSetMaxCapacity the client sent; -1 before any poll
+	seen        time.Time
 }
 
 // Session is a snapshot of one message session.
@@ -87,14 +88,18 @@ func (s *Server) handleCreateSession(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	for _, sess := range s.sessions {
+	for id, sess := range s.sessions {
+		if s.opts.SessionTimeout > 0 && time.Since(sess.seen) > s.opts.SessionTimeout {
+			delete(s.sessions, id) // its owner stopped polling: GitHub times the session out
+			continue
+		}
 		if sess.scaleSetID == set.id {
 			writeException(w, http.StatusConflict, ExceptionSessionConflict,
 				fmt.Sprintf("githubtest: runner scale set %d already has a session, owned by %q; delete it or wait for its owner to", set.id, sess.owner))
 			return
 		}
 	}
-	sess := &session{id: uuid.NewString(), scaleSetID: set.id, owner: in.OwnerName, maxCapacity: -1}
+	sess := &session{id: uuid.NewString(), scaleSetID: set.id, owner: in.OwnerName, maxCapacity: -1, seen: time.Now()}
 	s.issueSessionTokenLocked(sess)
 	s.sessions[sess.id] = sess
 	writeJSON(w, http.StatusOK, s.wireSessionLocked(sess))
@@ -175,6 +180,7 @@ func (s *Server) handleGetMessage(w http.ResponseWriter, r *http.Request) {
 		if c, err := strconv.Atoi(r.Header.Get("X-ScaleSetMaxCapacity")); err == nil {
 			sess.maxCapacity = c
 		}
+		sess.seen = time.Now()
 		if out, ok := s.nextMessageLocked(sess.scaleSetID, last); ok {
 			s.counts.MessagesFetched++
 			s.mu.Unlock()

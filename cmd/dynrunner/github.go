@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/forge/github"
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+// gitHubTiers are the tiers GitHub slots are served on: the pod tier, when enabled. A vm slot's
+// guest does not run GitHub's runner yet, so no vm scale set is made.
+func gitHubTiers(tiers []assignment.Backend) []assignment.Backend {
+	var out []assignment.Backend
+	for _, t := range tiers {
+		if t == assignment.BackendPod {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// startGitHub starts the GitHub forge in a scheduler process (GITHUB_CONFIG_URL): the clients,
+// then, in the background until GitHub answers, the scale sets and one session with its slots
+// per scale set. Credentials that cannot be read refuse the boot; GitHub being unreachable
+// does not: Gitea's jobs go on meanwhile.
+func (p *plane) startGitHub() error {
+	gh := p.cfg.GitHub
+	var roots *x509.CertPool
+	if gh.CAFile != "" {
+		pem, err := secretfile.Read(gh.CAFile)
+		if err != nil {
+			return fmt.Errorf("GITHUB_CA_FILE: %w", err)
+		}
+		roots = x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return fmt.Errorf("GITHUB_CA_FILE %s holds no PEM certificate", gh.CAFile)
+		}
+	}
+	log := p.log.With().Str("component", "github").Logger()
+	metrics := github.NewMetrics(p.reg)
+	clients, err := github.NewClients(github.ClientsConfig{URL: gh.URL, Auth: gh.Auth, RootCAs: roots,
+		Version: version, Log: log, Metrics: metrics})
+	if err != nil {
+		return err
+	}
+	actor := "scheduler@" + p.actor
+	capacity := func(tier assignment.Backend) int {
+		if tier == assignment.BackendVM {
+			return p.cfg.VMConcurrency
+		}
+		return p.cfg.PodConcurrency
+	}
+	slots := github.NewSlots(github.SlotsConfig{Events: p.evlog, View: p.view, Box: p.box, Actor: actor,
+		Capacity: capacity, Pickup: gh.Idle, Lease: gh.JobLease, Log: log})
+	want := github.ScaleSets{Prefix: gh.ScaleSetPrefix, RunnerGroup: gh.RunnerGroup, Tiers: gitHubTiers(tierBackends(p.cfg))}
+	p.g.Go(func() error {
+		sets, err := ensureScaleSets(p.gctx, clients, want, log)
+		if err != nil {
+			return nil // stopping
+		}
+		for _, set := range sets {
+			s := github.NewSession(github.SessionConfig{Set: set, Clients: clients, Leases: p.evlog.Leases(),
+				TTL: p.evlog.Config().LeasesTTL, Holder: actor, Capacity: func() int { return capacity(set.Tier) },
+				Handler: slots, Log: log.With().Str("scale_set", set.Name).Logger(), Metrics: metrics})
+			p.g.Go(func() error { return s.Run(p.gctx) })
+		}
+		return nil
+	})
+	return nil
+}
+
+// ensureScaleSets creates or adopts the scale sets, trying again every 10 s until GitHub
+// answers or ctx ends.
+func ensureScaleSets(ctx context.Context, clients *github.Clients, want github.ScaleSets, log zerolog.Logger) ([]github.ScaleSet, error) {
+	for {
+		sets, err := github.EnsureScaleSets(ctx, clients.Client(), want)
+		if err == nil {
+			return sets, nil
+		}
+		log.Warn().Err(err).Msg("github: the scale sets; trying again in 10s")
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Second):
+		}
+	}
+}
+
+// gitHubWorker configures a pod worker for GitHub slots; nil without GitHub.
+func (p *plane) gitHubWorker() *podworker.GitHub {
+	gh := p.cfg.GitHub
+	if !gh.Enabled() {
+		return nil
+	}
+	return &podworker.GitHub{Box: p.box,
+		Env: executor.GitHubConfig{RunnerBin: gh.RunnerBin, RunnerSHA256: gh.RunnerSHA256, LogFormat: p.cfg.LogFormat}}
+}
