@@ -69,7 +69,7 @@ func (p *plane) startGitHub() error {
 		for _, set := range sets {
 			s := github.NewSession(github.SessionConfig{Set: set, Clients: clients, Leases: p.evlog.Leases(),
 				TTL: p.evlog.Config().LeasesTTL, Holder: actor, Capacity: func() int { return capacity(set.Tier) },
-				Handler: slots, Log: log.With().Str("scale_set", set.Name).Logger(), Metrics: metrics})
+				Handler: slots, Log: log, Metrics: metrics})
 			p.g.Go(func() error { return s.Run(p.gctx) })
 		}
 		return nil
