@@ -401,7 +401,7 @@ func Overdue(s State, now time.Time) (Event, bool) {
 		reason = fmt.Sprintf("the fleet was full: no %s environment became free within %s of the claim (QUEUE_SECS); retry the job when the fleet is less busy",
 			s.Backend, s.QueueDeadline.Sub(s.ClaimedAt).Round(time.Second))
 	case s.Phase != Running && now.After(s.PickupDeadline) && s.GitHub():
-		reason = fmt.Sprintf("GitHub gave the slot's runner no job within %s of its creation (PICKUP_SECS); the runner is removed, and a job still waiting gets another slot",
+		reason = fmt.Sprintf("GitHub gave the slot's runner no job within %s of its creation (GITHUB_IDLE_SECS); the runner is removed, and a job still waiting gets another slot",
 			s.PickupDeadline.Sub(s.ClaimedAt).Round(time.Second))
 	case s.Phase != Running && now.After(s.PickupDeadline):
 		since := "claim"
