@@ -62,8 +62,8 @@ func (p *plane) startGitHub() error {
 		Capacity: capacity, Pickup: gh.Idle, Lease: gh.JobLease, Log: log})
 	want := github.ScaleSets{Prefix: gh.ScaleSetPrefix, RunnerGroup: gh.RunnerGroup, Tiers: gitHubTiers(tierBackends(p.cfg))}
 	p.g.Go(func() error {
-		sets, err := ensureScaleSets(p.gctx, clients, want, log)
-		if err != nil {
+		sets, ok := ensureScaleSets(p.gctx, clients, want, log)
+		if !ok {
 			return nil // stopping
 		}
 		for _, set := range sets {
@@ -78,17 +78,17 @@ func (p *plane) startGitHub() error {
 }
 
 // ensureScaleSets creates or adopts the scale sets, trying again every 10 s until GitHub
-// answers or ctx ends.
-func ensureScaleSets(ctx context.Context, clients *github.Clients, want github.ScaleSets, log zerolog.Logger) ([]github.ScaleSet, error) {
+// answers; false when ctx ended first.
+func ensureScaleSets(ctx context.Context, clients *github.Clients, want github.ScaleSets, log zerolog.Logger) ([]github.ScaleSet, bool) {
 	for {
 		sets, err := github.EnsureScaleSets(ctx, clients.Client(), want)
 		if err == nil {
-			return sets, nil
+			return sets, true
 		}
 		log.Warn().Err(err).Msg("github: the scale sets; trying again in 10s")
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, false
 		case <-time.After(10 * time.Second):
 		}
 	}

@@ -77,7 +77,7 @@ func loadGitHub(e *env, c Controller) GitHub {
 		}
 		return g
 	}
-	if u, err := url.Parse(g.URL); err != nil || (u.Scheme != "https" && !(u.Scheme == "http" && loopbackHost(u.Hostname()))) ||
+	if u, err := url.Parse(g.URL); err != nil || (u.Scheme != "https" && (u.Scheme != "http" || !loopbackHost(u.Hostname()))) ||
 		u.Host == "" || u.User != nil || u.RawQuery != "" {
 		e.fail("GITHUB_CONFIG_URL=%q: want https://<host>/<org>[/<repo>] or https://<host>/enterprises/<name> (http only for a loopback host, in development)", g.URL)
 	}

@@ -58,7 +58,7 @@ func (f *CapacityFollower) Run(ctx context.Context) error {
 			f.mu.Unlock()
 		}
 		if clock.Sleep(ctx, f.Every) != nil {
-			return nil
+			return nil //nolint:nilerr // the context ended: a stop, not a failure
 		}
 	}
 }
