@@ -98,6 +98,16 @@ func (b *gitHubBed) slotRecords(t *testing.T) []assignment.State {
 	return recs
 }
 
+// cli runs a dynrunner subcommand against the bed's NATS and returns what it printed; status
+// exits non-zero when the fleet is incomplete, which is not this helper's concern.
+func (b *gitHubBed) cli(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(controllerBin(t), args...)
+	cmd.Env = b.c.env
+	out, _ := cmd.Output()
+	return string(out)
+}
+
 // transitions counts each slot's transitions.
 func transitions(recs []assignment.State) map[assignment.TaskID]map[assignment.Transition]int {
 	out := map[assignment.TaskID]map[assignment.Transition]int{}
@@ -189,6 +199,13 @@ func TestGitHubSlotsSurviveAControllerKill(t *testing.T) {
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { j, _ := b.srv.Job(second); return j.State == githubtest.JobRunning },
 		2*time.Minute, 200*time.Millisecond, "the second job did not start")
+	// The operator's view of it: `dynrunner status` counts the slot running a job, `dynrunner
+	// events` names its runner and the job GitHub gave it.
+	require.Eventually(t, func() bool {
+		return strings.Contains(b.cli(t, "status"), "of which GitHub slots: 1 (1 running a job")
+	}, time.Minute, time.Second, "status does not show the slot running a job:\n%s", b.cli(t, "status"))
+	assert.Regexp(t, `running +backend=pod actor=\S+ forge=github slot=\d+ scale_set=\d+ runner=dynrunner-pod-\S+ runner_id=\d+ github_job=\S+ run=\d+`,
+		b.cli(t, "events", "--follow=false", "--environments=false"))
 	b.c.kill()
 	b.c.start()
 	require.NoError(t, os.WriteFile(marker, nil, 0o644))

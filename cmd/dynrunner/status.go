@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/rs/zerolog"
 
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/config"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/fleet"
@@ -291,6 +292,10 @@ func printFleet(out io.Writer, r fleet.Report) error {
 			parts = append(parts, fmt.Sprintf("%s %d", ph, phases[ph]))
 		}
 		fmt.Fprintf(&b, "  %s: %d (%s)\n", tier, r.Live.ByTier[tier], strings.Join(parts, ", "))
+	}
+	if n := r.Live.ByForge[assignment.ForgeGitHub.String()]; n > 0 {
+		fmt.Fprintf(&b, "  of which GitHub slots: %d (%d running a job GitHub gave their runner, %d waiting for one or ending)\n",
+			n, r.Live.GitHubJobs, n-r.Live.GitHubJobs)
 	}
 	for _, tier := range slices.Sorted(maps.Keys(r.Capacity)) {
 		c := r.Capacity[tier]

@@ -119,3 +119,25 @@ func TestStatusCommandShowsTheFleet(t *testing.T) {
 	assert.Equal(t, components, got.Fleet.Components)
 	assert.Equal(t, 1, got.Fleet.Live.ByTierPhase[assignment.BackendPod][assignment.Running])
 }
+
+// TestStatusShowsGitHubSlots: the text status counts the GitHub slots among the live work and
+// how many of them run a job.
+func TestStatusShowsGitHubSlots(t *testing.T) {
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	slot := func(n int, phase assignment.Phase) assignment.State {
+		return assignment.State{Record: assignment.Record{Task: assignment.SlotBase + assignment.TaskID(n), Backend: assignment.BackendPod,
+			Phase: phase, Forge: assignment.ForgeGitHub, ScaleSet: 1, RunnerName: "dynrunner-pod"}}
+	}
+	states := []assignment.State{
+		{Record: assignment.Record{Task: 7, Backend: assignment.BackendPod, Phase: assignment.Running}},
+		slot(1, assignment.Running), slot(2, assignment.Started), slot(3, assignment.Claimed),
+	}
+	var out bytes.Buffer
+	require.NoError(t, printFleet(&out, fleet.Build(nil, states, at)))
+	assert.Contains(t, out.String(), "live work: 4 assignments\n  pod: 4 (claimed 1, running 2, started 1)\n"+
+		"  of which GitHub slots: 3 (1 running a job GitHub gave their runner, 2 waiting for one or ending)\n")
+
+	out.Reset()
+	require.NoError(t, printFleet(&out, fleet.Build(nil, states[:1], at)))
+	assert.NotContains(t, out.String(), "GitHub")
+}

@@ -43,6 +43,12 @@ type Work struct {
 	ByTier map[assignment.Backend]int `json:"by_tier"`
 	// ByTierPhase counts them by tier, then phase.
 	ByTierPhase map[assignment.Backend]map[assignment.Phase]int `json:"by_tier_phase"`
+	// ByForge counts them by the forge their job comes from (gitea, github); for GitHub they
+	// are slots: an environment whose runner GitHub gives some job of its scale set.
+	ByForge map[string]int `json:"by_forge"`
+	// GitHubJobs counts the GitHub slots whose runner has taken a job (JobStarted, phase
+	// running); the others wait for GitHub to give them one, or are ending.
+	GitHubJobs int `json:"github_jobs"`
 }
 
 // Required are the kinds a deployment needs at least one of: without a scheduler no job is
@@ -58,7 +64,7 @@ func Build(components []liveness.Record, states []assignment.State, at time.Time
 		At: at, Components: slices.Clone(components), Count: map[string]int{}, Missing: []string{},
 		Capacity: map[assignment.Backend]liveness.WorkerInfo{},
 		Live: Work{ByPhase: map[assignment.Phase]int{}, ByTier: map[assignment.Backend]int{},
-			ByTierPhase: map[assignment.Backend]map[assignment.Phase]int{}},
+			ByTierPhase: map[assignment.Backend]map[assignment.Phase]int{}, ByForge: map[string]int{}},
 	}
 	if r.Components == nil {
 		r.Components = []liveness.Record{}
@@ -98,6 +104,10 @@ func Build(components []liveness.Record, states []assignment.State, at time.Time
 			r.Live.ByTierPhase[s.Backend] = map[assignment.Phase]int{}
 		}
 		r.Live.ByTierPhase[s.Backend][s.Phase]++
+		r.Live.ByForge[s.Forge.String()]++
+		if s.GitHub() && s.Phase == assignment.Running {
+			r.Live.GitHubJobs++
+		}
 	}
 	return r
 }

@@ -2,6 +2,7 @@ package fleet_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -32,6 +33,19 @@ func state(task assignment.TaskID, tier assignment.Backend, phase assignment.Pha
 	return assignment.State{Record: assignment.Record{Task: task, Backend: tier, Phase: phase, Transition: phase}, Seq: uint64(task)}
 }
 
+// slot is a GitHub slot's state.
+func slot(n int, tier assignment.Backend, phase assignment.Phase) assignment.State {
+	s := state(assignment.SlotBase+assignment.TaskID(n), tier, phase)
+	s.Forge, s.ScaleSet, s.RunnerName = assignment.ForgeGitHub, 1, fmt.Sprintf("dynrunner-pod-%d", n)
+	return s
+}
+
+// noWork is the Work of a fleet with nothing live.
+func noWork() fleet.Work {
+	return fleet.Work{ByPhase: map[assignment.Phase]int{}, ByTier: map[assignment.Backend]int{},
+		ByTierPhase: map[assignment.Backend]map[assignment.Phase]int{}, ByForge: map[string]int{}}
+}
+
 func TestBuild(t *testing.T) {
 	tests := []struct {
 		name       string
@@ -47,7 +61,7 @@ func TestBuild(t *testing.T) {
 			missing:  []string{liveness.KindScheduler, liveness.KindFacade},
 			count:    map[string]int{"scheduler": 0, "facade": 0, "pod-worker": 0, "vm-worker": 0},
 			capacity: map[assignment.Backend]liveness.WorkerInfo{},
-			live:     fleet.Work{ByPhase: map[assignment.Phase]int{}, ByTier: map[assignment.Backend]int{}, ByTierPhase: map[assignment.Backend]map[assignment.Phase]int{}},
+			live:     noWork(),
 		},
 		{
 			name: "a split deployment with work",
@@ -72,6 +86,28 @@ func TestBuild(t *testing.T) {
 					"pod": {assignment.Running: 2, assignment.Claimed: 1},
 					"vm":  {assignment.Started: 1, assignment.Failed: 1},
 				},
+				ByForge: map[string]int{"gitea": 5},
+			},
+		},
+		{
+			name:       "GitHub slots beside Gitea tasks",
+			components: []liveness.Record{sched("s", true), facade("f"), worker(liveness.KindPodWorker, "p", 4, 4)},
+			states: []assignment.State{
+				state(1, assignment.BackendPod, assignment.Running),
+				slot(1, assignment.BackendPod, assignment.Claimed), slot(2, assignment.BackendPod, assignment.Started),
+				slot(3, assignment.BackendPod, assignment.Running), slot(4, assignment.BackendPod, assignment.Failed),
+				slot(5, assignment.BackendPod, assignment.Closed),
+			},
+			missing:  []string{},
+			count:    map[string]int{"scheduler": 1, "facade": 1, "pod-worker": 1, "vm-worker": 0},
+			capacity: map[assignment.Backend]liveness.WorkerInfo{"pod": {Capacity: 4, InFlight: 4}},
+			live: fleet.Work{
+				Total:       5,
+				ByPhase:     map[assignment.Phase]int{assignment.Running: 2, assignment.Claimed: 1, assignment.Started: 1, assignment.Failed: 1},
+				ByTier:      map[assignment.Backend]int{"pod": 5},
+				ByTierPhase: map[assignment.Backend]map[assignment.Phase]int{"pod": {assignment.Running: 2, assignment.Claimed: 1, assignment.Started: 1, assignment.Failed: 1}},
+				ByForge:     map[string]int{"gitea": 1, "github": 4},
+				GitHubJobs:  1,
 			},
 		},
 		{
@@ -80,7 +116,7 @@ func TestBuild(t *testing.T) {
 			missing:    []string{liveness.KindFacade},
 			count:      map[string]int{"scheduler": 1, "facade": 0, "pod-worker": 1, "vm-worker": 0},
 			capacity:   map[assignment.Backend]liveness.WorkerInfo{"pod": {Capacity: 4}},
-			live:       fleet.Work{ByPhase: map[assignment.Phase]int{}, ByTier: map[assignment.Backend]int{}, ByTierPhase: map[assignment.Backend]map[assignment.Phase]int{}},
+			live:       noWork(),
 		},
 	}
 	for _, tt := range tests {
