@@ -94,10 +94,11 @@ func ensureScaleSets(ctx context.Context, clients *github.Clients, want github.S
 	}
 }
 
-// gitHubWorker configures a pod worker for GitHub slots; nil without GitHub.
+// gitHubWorker configures a pod worker for GitHub slots; nil without the runner's pin
+// (GITHUB_RUNNER_BIN): the worker then refuses slots.
 func (p *plane) gitHubWorker() *podworker.GitHub {
 	gh := p.cfg.GitHub
-	if !gh.Enabled() {
+	if !gh.Slots() {
 		return nil
 	}
 	return &podworker.GitHub{Box: p.box,

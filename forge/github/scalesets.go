@@ -64,7 +64,19 @@ func EnsureScaleSets(ctx context.Context, c *scaleset.Client, want ScaleSets) ([
 				RunnerSetting: scaleset.RunnerSetting{DisableUpdate: true},
 			})
 			if err != nil {
-				return nil, fmt.Errorf("github: create scale set %q: %w", name, err)
+				// Another replica may have made it in the meantime (GitHub refuses a second of
+				// the name): adopt that one.
+				again, gerr := c.GetRunnerScaleSet(ctx, group.ID, name)
+				if gerr != nil || again == nil {
+					return nil, fmt.Errorf("github: create scale set %q: %w", name, err)
+				}
+				set = again
+			}
+			if !sameLabels(set.Labels, Labels(tier)) {
+				set.Labels = Labels(tier)
+				if set, err = c.UpdateRunnerScaleSet(ctx, set.ID, set); err != nil {
+					return nil, fmt.Errorf("github: set the labels of scale set %q back to %s+%s: %w", name, LabelSelfHosted, tier, err)
+				}
 			}
 		case !sameLabels(set.Labels, Labels(tier)):
 			set.Labels = Labels(tier)

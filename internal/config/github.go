@@ -38,8 +38,12 @@ type GitHub struct {
 	RunnerSHA256 string
 }
 
-// Enabled reports whether GitHub is configured.
+// Enabled reports whether GitHub is configured: a scheduler serves its scale sets.
 func (g GitHub) Enabled() bool { return g.URL != "" }
+
+// Slots reports whether a worker serves GitHub slots: it has the runner's pin. A worker in a
+// process of its own needs nothing else of GitHub, no credential in particular.
+func (g GitHub) Slots() bool { return g.RunnerBin != "" }
 
 // GitHub defaults.
 const (
@@ -71,10 +75,19 @@ func loadGitHub(e *env, c Controller) GitHub {
 	g.JobLease = e.seconds("GITHUB_JOB_LEASE_SECS", int(github.DefaultSlotLease/time.Second), 60)
 	g.RunnerBin = e.str("GITHUB_RUNNER_BIN", "")
 	g.RunnerSHA256 = strings.ToLower(e.str("GITHUB_RUNNER_SHA256", ""))
-	if !g.Enabled() {
-		if g.Auth != (github.Auth{}) {
-			e.fail("GITHUB_APP_* or GITHUB_TOKEN_FILE is set without GITHUB_CONFIG_URL: name the organisation, repository or enterprise (e.g. https://github.com/acme), or unset them")
-		}
+	worker := c.Has(PodWorker) || c.Has(VMWorker)
+	if worker && g.RunnerBin != "" && (len(g.RunnerSHA256) != 64 || strings.Trim(g.RunnerSHA256, "0123456789abcdef") != "") {
+		e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)
+	}
+	// Only a scheduler talks to GitHub. A worker serves slots when it has the runner's pin
+	// (GitHub.Slots), and needs no credential: the App key and tokens stay off its host.
+	switch {
+	case !g.Enabled() && g.Auth != (github.Auth{}):
+		e.fail("GITHUB_APP_* or GITHUB_TOKEN_FILE is set without GITHUB_CONFIG_URL: name the organisation, repository or enterprise (e.g. https://github.com/acme), or unset them")
+	case !c.Has(Scheduler) && g.Auth != (github.Auth{}):
+		e.fail("GITHUB_APP_* or GITHUB_TOKEN_FILE is set in a process without the scheduler (COMPONENTS=%s): only the scheduler talks to GitHub; keep the App key and tokens off this host", strings.Join(c.Components, ","))
+	}
+	if !g.Enabled() || !c.Has(Scheduler) {
 		return g
 	}
 	if u, err := url.Parse(g.URL); err != nil || (u.Scheme != "https" && (u.Scheme != "http" || !loopbackHost(u.Hostname()))) ||
@@ -84,13 +97,8 @@ func loadGitHub(e *env, c Controller) GitHub {
 	if err := g.Auth.Validate(); err != nil {
 		e.fail("%v", err)
 	}
-	if c.Has(PodWorker) || c.Has(VMWorker) {
-		switch {
-		case g.RunnerBin == "":
-			e.fail("GITHUB_RUNNER_BIN is required with GitHub and a worker: the pinned GitHub Actions runner's run.sh as environments see it (scripts/github-runner.sh)")
-		case len(g.RunnerSHA256) != 64 || strings.Trim(g.RunnerSHA256, "0123456789abcdef") != "":
-			e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)
-		}
+	if worker && g.RunnerBin == "" {
+		e.fail("GITHUB_RUNNER_BIN is required with GitHub and a worker in one process: the pinned GitHub Actions runner's run.sh as environments see it (scripts/github-runner.sh)")
 	}
 	if g.Idle >= g.JobLease {
 		e.fail("GITHUB_IDLE_SECS (%s) must be below GITHUB_JOB_LEASE_SECS (%s)", g.Idle, g.JobLease)

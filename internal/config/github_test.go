@@ -65,4 +65,27 @@ func TestGitHub(t *testing.T) {
 	c, err = LoadController(envOf(token))
 	require.NoError(t, err)
 	assert.Equal(t, github.Auth{TokenFile: "/etc/dynrunner/github-token"}, c.GitHub.Auth)
+	assert.False(t, c.GitHub.Slots())
+
+	// A worker of its own serves slots with the runner's pin alone, and refuses credentials.
+	worker := base()
+	worker["COMPONENTS"] = "pod-worker"
+	worker["NATS_URL"], worker["RUNNER_FACADE_CAPABILITY_KEY_FILE"], worker["TASK_ENCRYPTION_KEY_FILE"] = "nats://10.0.0.5:4222", "/k/cap", "/k/task"
+	worker["GITHUB_RUNNER_BIN"], worker["GITHUB_RUNNER_SHA256"] = "/opt/actions-runner/run.sh", strings.Repeat("ab", 32)
+	c, err = LoadController(envOf(worker))
+	require.NoError(t, err)
+	assert.True(t, c.GitHub.Slots())
+	assert.False(t, c.GitHub.Enabled())
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"GITHUB_CONFIG_URL": "https://github.com/acme", "GITHUB_TOKEN_FILE": "/etc/token"}, "without the scheduler"},
+		{map[string]string{"GITHUB_RUNNER_SHA256": ""}, "GITHUB_RUNNER_SHA256 must be"},
+	} {
+		env := maps.Clone(worker)
+		maps.Copy(env, tc.set)
+		_, err := LoadController(envOf(env))
+		require.ErrorContains(t, err, tc.want, "%v", tc.set)
+	}
 }
