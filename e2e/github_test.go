@@ -31,8 +31,36 @@ func newGitHubBed(t *testing.T) *gitHubBed {
 	t.Helper()
 	tools := needTools(t)
 	f := startForge(t, tools)
-	srv := githubtest.New(t, githubtest.Options{Tokens: []string{"ghp_e2e"}, LongPollTimeout: time.Second, AssignOnAcquire: true,
+	srv := newFakeGitHub(t)
+	env := append(gitHubSchedulerEnv(t, srv), gitHubWorkerEnv(t)...)
+	c := newController(t, tools, f, "", append([]string{leaseEnv, pickupEnv, gitHubLeasesEnv}, env...)...)
+	c.start()
+	return &gitHubBed{srv: srv, c: c}
+}
+
+// gitHubLeasesEnv makes the session's lease pass within 3 s of its holder's death; every
+// component against one JetStream must have the same SCHEDULER_LEASE_SECS.
+const gitHubLeasesEnv = "SCHEDULER_LEASE_SECS=3"
+
+// newFakeGitHub starts the fake GitHub the beds use: it accepts the token ghp_e2e, and times out
+// the session of a holder that died after 5 s.
+func newFakeGitHub(t *testing.T) *githubtest.Server {
+	t.Helper()
+	return githubtest.New(t, githubtest.Options{Tokens: []string{"ghp_e2e"}, LongPollTimeout: time.Second, AssignOnAcquire: true,
 		SessionTimeout: 5 * time.Second})
+}
+
+// gitHubSchedulerEnv is what a scheduler needs to serve srv: its URL and a token file.
+func gitHubSchedulerEnv(t *testing.T, srv *githubtest.Server) []string {
+	t.Helper()
+	token := filepath.Join(t.TempDir(), "github-token")
+	require.NoError(t, secretfile.WriteNew(token, []byte("ghp_e2e")))
+	return []string{"GITHUB_CONFIG_URL=" + srv.OrgURL("acme"), "GITHUB_TOKEN_FILE=" + token, "GITHUB_IDLE_SECS=60"}
+}
+
+// gitHubWorkerEnv is what a worker needs to serve slots: the stand-in runner, pinned.
+func gitHubWorkerEnv(t *testing.T) []string {
+	t.Helper()
 	dir := t.TempDir()
 	require.NoError(t, os.Chmod(dir, 0o755)) // environments run under uids of their own
 	bin, err := githubtest.BuildStandInRunner(dir)
@@ -40,14 +68,7 @@ func newGitHubBed(t *testing.T) *gitHubBed {
 	b, err := os.ReadFile(bin)
 	require.NoError(t, err)
 	sum := sha256.Sum256(b)
-	token := filepath.Join(t.TempDir(), "github-token")
-	require.NoError(t, secretfile.WriteNew(token, []byte("ghp_e2e")))
-	c := newController(t, tools, f, "", leaseEnv, pickupEnv,
-		"GITHUB_CONFIG_URL="+srv.OrgURL("acme"), "GITHUB_TOKEN_FILE="+token,
-		"GITHUB_RUNNER_BIN="+bin, "GITHUB_RUNNER_SHA256="+hex.EncodeToString(sum[:]), "GITHUB_IDLE_SECS=60",
-		"SCHEDULER_LEASE_SECS=3")
-	c.start()
-	return &gitHubBed{srv: srv, c: c}
+	return []string{"GITHUB_RUNNER_BIN=" + bin, "GITHUB_RUNNER_SHA256=" + hex.EncodeToString(sum[:])}
 }
 
 // podScaleSet waits for the controller to make the pod scale set and open its session.

@@ -622,7 +622,15 @@ func (l *Log) DeadLetter(ctx context.Context, backend assignment.Backend, data [
 	return nil
 }
 
-func taskKey(task assignment.TaskID) string { return "task." + task.String() }
+// taskKey is a sealed task's key in BucketTasks: task.<id> for a Gitea task, jit.<id> for a
+// GitHub slot's JIT configuration, so the workers' NATS users may read the latter (they start
+// a slot's environment with it) and never the former (deploy/nats/permissions.conf).
+func taskKey(task assignment.TaskID) string {
+	if task.Slot() {
+		return "jit." + task.String()
+	}
+	return "task." + task.String()
+}
 
 // PutTask stores a sealed task, only if the task has none (a KV create): two schedulers handed
 // the same task never overwrite each other's. Storing the same bytes again (a retry) succeeds;

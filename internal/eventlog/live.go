@@ -264,10 +264,9 @@ func (l *Log) Sweep(ctx context.Context) (int, error) {
 	if err == nil {
 		var sealed []assignment.TaskID
 		for k := range lister.Keys() {
-			if rest, ok := strings.CutPrefix(k, "task."); ok {
-				if task, err := assignment.ParseTaskID(rest); err == nil {
-					sealed = append(sealed, task)
-				}
+			_, rest, _ := strings.Cut(k, ".")
+			if task, err := assignment.ParseTaskID(rest); err == nil && taskKey(task) == k {
+				sealed = append(sealed, task)
 			}
 		}
 		_ = lister.Stop()

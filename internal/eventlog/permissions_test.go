@@ -213,10 +213,40 @@ func TestPerComponentUsers(t *testing.T) {
 		_, err := vm.log.Apply(ctx, claim(8), nil)
 		return err
 	})
-	denied(t, sched, "the scheduler appends a registration", func(ctx context.Context) error {
-		_, err := sched.log.Apply(ctx, ev(assignment.Completed), &st)
+	denied(t, sched, "the scheduler renews an environment's lease", func(ctx context.Context) error {
+		_, err := sched.log.Apply(ctx, ev(assignment.Renewed), &st)
 		return err
 	})
+
+	// A GitHub slot: the scheduler claims it, records its runner, and what GitHub says the
+	// runner did; a worker starts its environment.
+	slot := assignment.SlotBase + 1
+	g, err := sched.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: slot, At: t0, Actor: "test", Backend: assignment.BackendPod,
+		Forge: assignment.ForgeGitHub, ScaleSet: 1, RunnerName: "dynrunner-pod-1", Lease: time.Hour, Pickup: time.Minute}, nil)
+	require.NoError(t, err, sched.violations())
+	denied(t, pod, "a pod worker configures a GitHub slot's runner", func(ctx context.Context) error {
+		_, err := pod.log.Apply(ctx, assignment.Event{Transition: assignment.Configured, Task: slot, Epoch: g.Epoch(), At: t0, Actor: "test",
+			RunnerID: 1, TaskDigest: "d"}, &g)
+		return err
+	})
+	g, err = sched.log.Apply(ctx, assignment.Event{Transition: assignment.Configured, Task: slot, Epoch: g.Epoch(), At: t0, Actor: "test",
+		RunnerID: 7, TaskDigest: "d"}, &g)
+	require.NoError(t, err, "scheduler configured: %s", sched.violations())
+	require.NoError(t, sched.log.PutTask(ctx, slot, []byte("sealed jit")), sched.violations())
+	jit, err := pod.log.GetTask(ctx, slot)
+	require.NoError(t, err, "a pod worker reads a slot's JIT configuration: %s", pod.violations())
+	assert.Equal(t, "sealed jit", string(jit))
+	_, err = vm.log.GetTask(ctx, slot)
+	require.NoError(t, err, "a vm worker reads a slot's JIT configuration: %s", vm.violations())
+	for _, tr := range []assignment.Transition{assignment.Dispatched, assignment.Started} {
+		g, err = pod.log.Apply(ctx, assignment.Event{Transition: tr, Task: slot, Epoch: g.Epoch(), At: t0, Actor: "test", Handle: []byte(`{"id":"g"}`)}, &g)
+		require.NoError(t, err, "pod worker %s: %s", tr, pod.violations())
+	}
+	g, err = sched.log.Apply(ctx, assignment.Event{Transition: assignment.Running, Task: slot, Epoch: g.Epoch(), At: t0, Actor: "test",
+		RunnerID: 7, GitHubJob: "j1", RunID: 3, Repo: "acme/app", Job: "build"}, &g)
+	require.NoError(t, err, "scheduler running: %s", sched.violations())
+	_, err = sched.log.Apply(ctx, assignment.Event{Transition: assignment.Completed, Task: slot, Epoch: g.Epoch(), At: t0, Actor: "test", Result: "success"}, &g)
+	require.NoError(t, err, "scheduler completed: %s", sched.violations())
 
 	// The scheduler takes, renews and releases a lease, and claims a failure report.
 	leases := sched.log.Leases()
