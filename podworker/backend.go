@@ -33,9 +33,17 @@ type Handle struct {
 type Exit struct {
 	// Code is the executor's exit code, or -1 when the backend cannot tell (an adopted process).
 	Code int
-	// Reason says why, for humans: "exited", "killed", "deleted", "oom".
+	// Reason says why, for humans: "exited", "killed", "deleted", "evicted", or ExitOOM and
+	// ExitDeadline, the two the worker does not count as a lost environment.
 	Reason string
 }
+
+// Exit reasons of an environment whose job exceeded the environment's limits: the job ended
+// it, the environment was not lost.
+const (
+	ExitOOM      = "oom"      // the executor was killed for exceeding its memory limit
+	ExitDeadline = "deadline" // the environment ran past its deadline (a Pod's activeDeadlineSeconds)
+)
 
 // Backend creates, watches and destroys one-shot environments.
 type Backend interface {

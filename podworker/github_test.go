@@ -89,6 +89,15 @@ func TestWorkerStartsGitHubSlots(t *testing.T) {
 	eventually(t, "the worker waits on the second environment", func() bool { return mem.watchers(otherID) == 1 })
 	mem.exit(otherID, 1)
 	eventually(t, "failed", func() bool { return r.phase(other.Task).Phase == assignment.Failed })
+	assert.True(t, r.phase(other.Task).Lost, "a runner that died before its job ended did not lose its environment")
+
+	// A job that exceeds its environment's memory ends it by itself: failed, not lost.
+	greedy := r.slot(3, "eyJqaXQiOiIzIn0=")
+	greedyID := fmt.Sprintf("%d-%d", greedy.Task, greedy.Epoch())
+	eventually(t, "the worker waits on the third environment", func() bool { return mem.watchers(greedyID) == 1 })
+	mem.exitWith(greedyID, 137, podworker.ExitOOM)
+	eventually(t, "failed", func() bool { return r.phase(greedy.Task).Phase == assignment.Failed })
+	assert.False(t, r.phase(greedy.Task).Lost, "a job killed for its memory was recorded as a lost environment")
 }
 
 // TestWorkerWithoutGitHubRefusesSlots: a worker not configured for GitHub starts nothing for

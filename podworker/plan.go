@@ -173,3 +173,9 @@ func handleID(raw json.RawMessage) string {
 	_ = json.Unmarshal(raw, &h)
 	return h.ID
 }
+
+// lostEnvironment reports whether an environment that ended before its job completed was lost
+// (evicted, deleted, killed, disappeared, or its runner died) rather than ended by its job
+// exceeding the environment's limits: its memory ("oom") or its deadline ("deadline"). A
+// GitHub slot whose environment was lost has its job run again (forge/github, Reruns).
+func lostEnvironment(exit Exit) bool { return exit.Reason != ExitOOM && exit.Reason != ExitDeadline }

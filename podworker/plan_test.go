@@ -145,3 +145,20 @@ func TestPlanSweep(t *testing.T) {
 		})
 	}
 }
+
+func TestLostEnvironment(t *testing.T) {
+	for _, tt := range []struct {
+		exit Exit
+		want bool
+	}{
+		{Exit{Code: 1, Reason: "exited"}, true},
+		{Exit{Code: -1, Reason: "killed"}, true},
+		{Exit{Code: -1, Reason: "deleted"}, true},
+		{Exit{Code: -1, Reason: "evicted"}, true},
+		{Exit{Code: -1, Reason: "lost: no such process"}, true},
+		{Exit{Code: 137, Reason: ExitOOM}, false},
+		{Exit{Code: -1, Reason: ExitDeadline}, false},
+	} {
+		assert.Equal(t, tt.want, lostEnvironment(tt.exit), "%+v", tt.exit)
+	}
+}

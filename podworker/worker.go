@@ -606,7 +606,7 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 				}
 			}
 			next, aerr := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
-				Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: reason}, &cur)
+				Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: reason, Lost: lostEnvironment(exit)}, &cur)
 			if aerr == nil {
 				w.view.Observe(next)
 				logger.Warn().Str("reason", reason).Msg("assignment failed")

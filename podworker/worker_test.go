@@ -43,9 +43,10 @@ type memBackend struct {
 }
 
 type memEnv struct {
-	h    podworker.Handle
-	done chan struct{}
-	code int
+	h      podworker.Handle
+	done   chan struct{}
+	code   int
+	reason string
 }
 
 func newMem() *memBackend {
@@ -79,11 +80,14 @@ func (m *memBackend) add(h podworker.Handle) {
 	m.envs[h.ID] = &memEnv{h: h, done: make(chan struct{})}
 }
 
-func (m *memBackend) exit(id string, code int) {
+func (m *memBackend) exit(id string, code int) { m.exitWith(id, code, "exited") }
+
+// exitWith ends environment id with code, for reason (an Exit's).
+func (m *memBackend) exitWith(id string, code int, reason string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e, ok := m.envs[id]; ok {
-		e.code = code
+		e.code, e.reason = code, reason
 		close(e.done)
 		delete(m.envs, id)
 	}
@@ -106,7 +110,11 @@ func (m *memBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Ex
 	}()
 	select {
 	case <-e.done:
-		return podworker.Exit{Code: e.code, Reason: "exited"}, nil
+		reason := e.reason
+		if reason == "" {
+			reason = "exited" // destroyed
+		}
+		return podworker.Exit{Code: e.code, Reason: reason}, nil
 	case <-ctx.Done():
 		return podworker.Exit{}, ctx.Err()
 	}

@@ -79,6 +79,8 @@ type Event struct {
 	Result string
 	// Failed.
 	Reason string
+	// Failed: the environment was lost (Record.Lost).
+	Lost bool
 	// Failed: the failure is a deadline that passed at At (Overdue). Decide checks it again
 	// against the state it is given, so a failure decided on a stale state (a view behind a
 	// renewal or the fetch, e.g. while NATS fails over) is not appended once the compare-and-swap
@@ -264,6 +266,7 @@ func Decide(cur *State, ev Event) (Record, error) {
 		next.Reason = ev.Reason
 		next.Result = "failure"
 		next.FailedAt = ev.At
+		next.Lost = ev.Lost && !ev.Deadline // a deadline is the job's own: it ran too long
 	case Reporting:
 		// Whoever appends this first reports the failure upstream; the compare-and-swap of the
 		// append decides between schedulers racing for it. A claim that ran out (its holder

@@ -157,6 +157,12 @@ type Record struct {
 	Reason string `json:"reason,omitempty"`
 	// FailedAt is when the assignment failed (from `failed` on).
 	FailedAt time.Time `json:"failed_at,omitzero"`
+	// Lost: the assignment failed because its environment was lost before its job completed
+	// (it was evicted, deleted or killed, or disappeared), not because the job ended or
+	// exceeded its environment's limits (memory, deadline). Recorded with `failed` by the
+	// worker that watched the environment. A GitHub slot's lost job is run again through
+	// GitHub's rerun-failed-jobs (forge/github, Reruns).
+	Lost bool `json:"lost,omitempty"`
 
 	// Reporter is the actor that claimed the failure report (Reporting); no other may report
 	// before ReportUntil, and Reporter itself reports only before it.

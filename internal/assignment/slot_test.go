@@ -136,3 +136,23 @@ func TestSlotOverdue(t *testing.T) {
 	require.True(t, due)
 	assert.Contains(t, ev.Reason, "a slot is not renewed")
 }
+
+// TestSlotLost: a failure that lost the environment says so, and the mark stays through the
+// report and the close; a deadline's failure is never a loss, even when asked to be one.
+func TestSlotLost(t *testing.T) {
+	running := advance(t, slotClaimed(t, 8), evConfigured, Event{Transition: Dispatched}, evSlotStart, evJobStarted)
+	lost := advance(t, running, Event{Transition: Failed, Reason: "the environment disappeared before the job completed", Lost: true, At: t0})
+	assert.True(t, lost.Lost)
+	closed := advance(t, lost, Event{Transition: Reporting, Lease: time.Minute, At: t0}, Event{Transition: Closed, At: t0})
+	assert.True(t, closed.Lost, "closing the slot forgot that its environment was lost")
+	assert.Equal(t, "job-1", closed.GitHubJob)
+	assert.EqualValues(t, 9, closed.RunID)
+	assert.Equal(t, "acme/app", closed.Repo)
+
+	ev, due := Overdue(*running, t0.Add(6*time.Hour+time.Second))
+	require.True(t, due)
+	ev.Lost = true
+	timedOut := advance(t, running, ev)
+	assert.False(t, timedOut.Lost, "a job that ran past its lease was recorded as a lost environment")
+	assert.False(t, advance(t, running, Event{Transition: Failed, Reason: "refused", At: t0}).Lost)
+}

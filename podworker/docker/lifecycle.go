@@ -68,7 +68,7 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 	case c.State.Status == container.StateCreated:
 		return podworker.Exit{Code: -1, Reason: "never started"}, nil
 	case c.State.OOMKilled:
-		return podworker.Exit{Code: c.State.ExitCode, Reason: "oom"}, nil
+		return podworker.Exit{Code: c.State.ExitCode, Reason: podworker.ExitOOM}, nil
 	}
 	return podworker.Exit{Code: c.State.ExitCode, Reason: "exited"}, nil
 }

@@ -145,12 +145,12 @@ func exitOf(pod *corev1.Pod) (podworker.Exit, bool) {
 	if t := terminated(pod); t != nil {
 		exit.Code = int(t.ExitCode)
 		if t.Reason == "OOMKilled" {
-			exit.Reason = "oom"
+			exit.Reason = podworker.ExitOOM
 		}
 	}
 	switch {
 	case pod.Status.Reason == "DeadlineExceeded":
-		exit.Reason = "deadline"
+		exit.Reason = podworker.ExitDeadline
 	case pod.Status.Reason == "Evicted":
 		exit.Reason = "evicted"
 	case pod.DeletionTimestamp != nil && exit.Reason == "exited":
