@@ -2,7 +2,8 @@
 // assignment transitions.
 //
 // Open creates every stream and bucket dynrunner uses; no other package creates one. The
-// buckets other components keep their state in are reached through the Log (Workers, Nonces, Leases, Live, Components).
+// buckets other components keep their state in are reached through the Log (Workers, Nonces, Leases, Live, Components,
+// Cordons, GitHubReruns).
 //
 // Streams, subjects and buckets (see docs/events.md):
 //
@@ -17,6 +18,8 @@
 //	KV dynrunner_leases     reconcile                        which scheduler replica reconciles (package scheduler), TTL Config.LeasesTTL
 //	KV dynrunner_live       task.<task_id>, tail             the index of live assignments a start loads (Watch)
 //	KV dynrunner_components <kind>.<instance>                one heartbeat per component process (package liveness), TTL Config.ComponentsTTL
+//	KV dynrunner_cordons    <kind>.<instance>                the cordoned workers (package liveness)
+//	KV dynrunner_github_reruns run.<run_id>                  GitHub runs to run again after a lost environment (package forge/github), history 16, TTL 35 days
 //
 // Every transition is exactly one publish guarded by Nats-Expected-Last-Subject-Sequence over
 // the task's subjects; the claim's stream sequence is the assignment's fencing epoch. Every

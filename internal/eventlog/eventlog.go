@@ -47,6 +47,11 @@ const (
 	// (package liveness), value: who cordoned it and when. No TTL: a cordon holds until it is
 	// lifted, or swept once its worker's heartbeat is gone.
 	BucketCordons = "dynrunner_cordons"
+	// BucketGitHubReruns holds one record per GitHub workflow run that lost a slot's
+	// environment, run.<run_id>: whether and when its failed jobs are run again (package
+	// forge/github, Reruns). History GitHubRerunsHistory; a key expires GitHubRerunsTTL after
+	// its last write.
+	BucketGitHubReruns = "dynrunner_github_reruns"
 
 	SubjectAssignment = "dynrunner.assignment."
 	// AllRecords matches every assignment record: dynrunner.assignment.<task_id>.<transition>.
@@ -99,6 +104,14 @@ const (
 	DefaultComponentsTTL = 30 * time.Second
 )
 
+// BucketGitHubReruns keeps this many revisions of each key, for the audit trail (`nats kv history`),
+// and each for GitHubRerunsTTL: longer than GitHub accepts a rerun (30 days after the run), so
+// a run's count of reruns outlives every rerun it could still get.
+const (
+	GitHubRerunsHistory = 16
+	GitHubRerunsTTL     = 35 * 24 * time.Hour
+)
+
 // DefaultConfig is the single-node topology.
 func DefaultConfig() Config {
 	return Config{Replicas: 1, Retention: 7 * 24 * time.Hour, DispatchMaxDeliver: 5, DispatchAckWait: 30 * time.Second,
@@ -118,6 +131,7 @@ type Log struct {
 	live     jetstream.KeyValue
 	comps    jetstream.KeyValue
 	cordons  jetstream.KeyValue
+	reruns   jetstream.KeyValue
 	liveTTL  bool // purge markers in live expire
 	keyed    keyedSet
 	appended appended // this Log's own appends, for its views
@@ -244,9 +258,20 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	if err != nil {
 		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketCordons, err)
 	}
+	reruns, err := ensureKeyValue(ctx, js, jetstream.KeyValueConfig{
+		Bucket:      BucketGitHubReruns,
+		Description: "dynrunner GitHub workflow runs whose failed jobs are run again after a lost environment: run.<run_id>, value: the rerun record (JSON)",
+		History:     GitHubRerunsHistory,
+		TTL:         GitHubRerunsTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: bucket %s: %w", BucketGitHubReruns, err)
+	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, cordons: cordons, liveTTL: liveTTL,
+	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, cordons: cordons, reruns: reruns, liveTTL: liveTTL,
 		sign: signer{key: key.Sum(nil)}}, nil
 }
 
@@ -269,6 +294,10 @@ func (l *Log) Components() jetstream.KeyValue { return l.comps }
 
 // Cordons returns BucketCordons, the cordoned workers (package liveness: Cordon).
 func (l *Log) Cordons() jetstream.KeyValue { return l.cordons }
+
+// GitHubReruns returns BucketGitHubReruns, the GitHub workflow runs to run again (package
+// forge/github: Reruns).
+func (l *Log) GitHubReruns() jetstream.KeyValue { return l.reruns }
 
 // ensureStream returns the stream as configured, creating or updating it only when it is
 // missing or differs: a component whose NATS user may only look streams up (docs/security.md)
@@ -324,7 +353,7 @@ func ensureKeyValue(ctx context.Context, js jetstream.JetStream, want jetstream.
 // every job fail; /readyz shows it with Check's error, which names what is missing.
 func (l *Log) Check(ctx context.Context) error {
 	var errs []error
-	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive, "KV_" + BucketComponents, "KV_" + BucketCordons} {
+	for _, name := range []string{StreamAssignments, StreamDispatch, StreamDead, StreamEnvironments, "KV_" + BucketTasks, "KV_" + BucketWorkers, "KV_" + BucketNonces, "KV_" + BucketLeases, "KV_" + BucketLive, "KV_" + BucketComponents, "KV_" + BucketCordons, "KV_" + BucketGitHubReruns} {
 		if _, err := l.js.Stream(ctx, name); err != nil {
 			if errors.Is(err, jetstream.ErrStreamNotFound) {
 				err = fmt.Errorf("eventlog: stream %s is missing (deleted?); restart the controller to create it again: %w", name, err)

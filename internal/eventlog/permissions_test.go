@@ -437,3 +437,43 @@ func TestCordonsUsers(t *testing.T) {
 	assert.Empty(t, sched.violations())
 	assert.Empty(t, pod.violations())
 }
+
+// TestGitHubRerunsUsers: the scheduler's user keeps the GitHub runs to run again (create,
+// compare-and-swap update, read, watch); no other user may write one (a stolen pod-worker
+// password cannot make the controller rerun a workflow), and the others only look it up.
+func TestGitHubRerunsUsers(t *testing.T) {
+	s := permissionedServer(t)
+	sched := connectAs(t, s, "dynrunner-scheduler", "pw-scheduler")
+	pod := connectAs(t, s, "dynrunner-pod-worker", "pw-pod_worker")
+	facade := connectAs(t, s, "dynrunner-facade", "pw-facade")
+	ctx := t.Context()
+	kv := sched.log.GitHubReruns()
+	rev, err := kv.Create(ctx, "run.7", []byte(`{"state":"pending"}`))
+	require.NoError(t, err, sched.violations())
+	_, err = kv.Update(ctx, "run.7", []byte(`{"state":"asking"}`), rev)
+	require.NoError(t, err, sched.violations())
+	_, err = kv.Get(ctx, "run.7")
+	require.NoError(t, err, sched.violations())
+	w, err := kv.WatchAll(ctx)
+	require.NoError(t, err, sched.violations())
+	select {
+	case e := <-w.Updates():
+		require.NotNil(t, e, "the watch did not deliver the record")
+		assert.Equal(t, "run.7", e.Key())
+	case <-time.After(5 * time.Second):
+		require.FailNow(t, "the scheduler's watch of the reruns delivered nothing", sched.violations())
+	}
+	require.NoError(t, w.Stop())
+	assert.Empty(t, sched.violations())
+
+	for name, c := range map[string]*component{"pod worker": pod, "facade": facade} {
+		denied(t, c, "a "+name+" writes a rerun", func(ctx context.Context) error {
+			_, err := c.log.GitHubReruns().Put(ctx, "run.8", []byte(`{"state":"pending"}`))
+			return err
+		})
+		denied(t, c, "a "+name+" reads a rerun", func(ctx context.Context) error {
+			_, err := c.log.GitHubReruns().Get(ctx, "run.7")
+			return err
+		})
+	}
+}
