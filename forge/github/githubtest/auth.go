@@ -99,22 +99,34 @@ func (s *Server) handleInstallationToken(w http.ResponseWriter, r *http.Request)
 	writeJSON(w, http.StatusCreated, map[string]any{"token": tok, "expires_at": exp})
 }
 
-// handleRegistrationToken is POST /repos|orgs|enterprises/.../actions/runners/registration-token.
-func (s *Server) handleRegistrationToken(w http.ResponseWriter, r *http.Request) {
+// restAuth authorises a call of the REST API as GitHub does: "Authorization: Bearer <token>"
+// (or "token <token>") with an installation token that has not expired or a personal access
+// token the fake accepts. It answers 401 itself and reports false otherwise.
+func (s *Server) restAuth(w http.ResponseWriter, r *http.Request) bool {
 	tok, ok := bearer(r, "Bearer")
 	if !ok {
-		s.rejectAuth(w, "Requires authentication")
-		return
+		tok, ok = bearer(r, "token")
 	}
-	now := time.Now()
+	if !ok {
+		s.rejectAuth(w, "Requires authentication")
+		return false
+	}
 	s.mu.Lock()
 	exp, isInstall := s.installTokens[tok]
-	valid := (isInstall && now.Before(exp)) || slices.Contains(s.opts.Tokens, tok)
+	valid := (isInstall && time.Now().Before(exp)) || slices.Contains(s.opts.Tokens, tok)
 	s.mu.Unlock()
 	if !valid {
 		s.rejectAuth(w, "Bad credentials")
+	}
+	return valid
+}
+
+// handleRegistrationToken is POST /repos|orgs|enterprises/.../actions/runners/registration-token.
+func (s *Server) handleRegistrationToken(w http.ResponseWriter, r *http.Request) {
+	if !s.restAuth(w, r) {
 		return
 	}
+	now := time.Now()
 	reg := randomToken("AREG")
 	regExp := now.Add(registrationTokenTTL).UTC()
 	s.mu.Lock()

@@ -15,6 +15,14 @@
 //     for a registration token (201); and POST /actions/runner-registration with
 //     "Authorization: RemoteAuth <registration token>" for the Actions-service URL and an admin
 //     token, a JWT whose exp the client reads to decide when to refresh.
+//   - Workflow runs through the REST API, authorised by an installation token or a personal
+//     access token: GET /repos/{owner}/{repo}/actions/runs/{run_id} (id, run_attempt, status
+//     queued / in_progress / completed, conclusion, run_started_at, repository.full_name) and
+//     POST .../rerun-failed-jobs (201 with {}): a completed run gets a new attempt (run_attempt
+//     one more, run_started_at now) in which each of its failed or cancelled jobs is queued again
+//     as a new job (a JobAvailable message); a run that is not completed is refused with 403
+//     {"message": "This workflow is already running"}, GitHub's answer (the GitHub CLI's users
+//     recorded it, cli/cli#9221). A run is known under its own repository only (404 otherwise).
 //   - The Actions service under that URL, every call carrying api-version and the admin token:
 //     runner groups by name, scale set CRUD (_apis/runtime/runnerscalesets), one message session
 //     per scale set (create 200, a second one 409 TaskAgentSessionConflictException, refresh with
@@ -84,6 +92,12 @@
 //     Options.SessionTimeout, and then only when another session of its scale set is asked for
 //     (GitHub times out a dead listener's session after a delay it does not document); messages
 //     are kept per scale set, so a new session receives what an earlier one left undeleted.
+//   - A workflow run is the jobs queued with its id (JobSpec.WorkflowRunID), no workflow file: its
+//     status and conclusion are its current attempt's jobs' (completed once all are, a failure if
+//     one failed), it has no dependencies between jobs (a rerun queues the failed jobs only,
+//     not their dependents), no re-run limits (GitHub's 50 attempts, 30 days) and no
+//     permissions (GitHub wants Actions: write for a rerun). The 403 for a rerun of a run with
+//     nothing failed is a guess (MessageNothingFailed).
 //   - Statistics: TotalAssignedJobs counts jobs assigned to the scale set and not finished
 //     (running ones included), which is what the listener scales to; the other totals count jobs
 //     or runners in the state they name. GitHub's exact accounting is not documented.

@@ -28,6 +28,8 @@ const (
 	OpGenerateJITConfig  Op = "generate-jit-config"
 	OpGetRunner          Op = "get-runner"
 	OpRemoveRunner       Op = "remove-runner"
+	OpGetWorkflowRun     Op = "get-workflow-run"
+	OpRerunFailedJobs    Op = "rerun-failed-jobs"
 	// The stand-in protocol's calls (package standin), not GitHub's.
 	OpStandInTakeJob  Op = "standin-take-job"
 	OpStandInComplete Op = "standin-complete"

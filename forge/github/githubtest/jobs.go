@@ -58,6 +58,7 @@ type job struct {
 	id         int64
 	scaleSetID int
 	spec       JobSpec
+	attempt    int // the attempt of its workflow run it belongs to
 	state      JobState
 	runnerID   int
 	runnerName string
@@ -78,6 +79,10 @@ type Job struct {
 	RunnerID   int
 	RunnerName string
 	Result     string
+	// RunID is its workflow run; Attempt the run's attempt it belongs to (1, then one more
+	// per rerun).
+	RunID   int64
+	Attempt int
 }
 
 // Job returns a snapshot of job id.
@@ -88,14 +93,26 @@ func (s *Server) Job(id int64) (Job, error) {
 	if !ok {
 		return Job{}, fmt.Errorf("githubtest: job %d: %w", id, ErrUnknownJob)
 	}
-	return Job{ID: j.id, ScaleSetID: j.scaleSetID, Labels: slices.Clone(j.spec.Labels), State: j.state, RunnerID: j.runnerID, RunnerName: j.runnerName, Result: j.result}, nil
+	return j.snapshot(), nil
+}
+
+func (j *job) snapshot() Job {
+	return Job{ID: j.id, ScaleSetID: j.scaleSetID, Labels: slices.Clone(j.spec.Labels), State: j.state, RunnerID: j.runnerID,
+		RunnerName: j.runnerName, Result: j.result, RunID: j.spec.WorkflowRunID, Attempt: j.attempt}
 }
 
 // QueueJob queues a job for spec.Labels in the first scale set that carries all of them and
-// sends it a JobAvailable message. It returns the job's runner request id.
+// sends it a JobAvailable message. It returns the job's runner request id. The job belongs to
+// the current attempt of its workflow run (spec.WorkflowRunID), which is made for it if the fake
+// does not know it; a run belongs to one repository.
 func (s *Server) QueueJob(spec JobSpec) (int64, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.queueLocked(spec)
+}
+
+// queueLocked is QueueJob; s.mu must be held.
+func (s *Server) queueLocked(spec JobSpec) (int64, error) {
 	var target *scaleSet
 	for id := 1; id < s.nextSetID && target == nil; id++ {
 		if set, ok := s.scaleSets[id]; ok && set.hasLabels(spec.Labels) {
@@ -115,11 +132,15 @@ func (s *Server) QueueJob(spec JobSpec) (int64, error) {
 		spec.EventName = "push"
 	}
 	spec.Labels = slices.Clone(spec.Labels)
-	j := &job{id: s.nextJob, scaleSetID: target.id, spec: spec, state: JobQueued, queued: time.Now().UTC()}
-	s.nextJob++
-	if j.spec.WorkflowRunID == 0 {
-		j.spec.WorkflowRunID = 1000 + j.id
+	if spec.WorkflowRunID == 0 {
+		spec.WorkflowRunID = 1000 + s.nextJob
 	}
+	run, err := s.runLocked(spec)
+	if err != nil {
+		return 0, err
+	}
+	j := &job{id: s.nextJob, scaleSetID: target.id, spec: spec, attempt: run.attempt, state: JobQueued, queued: time.Now().UTC()}
+	s.nextJob++
 	if j.spec.DisplayName == "" {
 		j.spec.DisplayName = "job-" + strconv.FormatInt(j.id, 10)
 	}

@@ -89,6 +89,7 @@ type Server struct {
 	nextRunner int
 	jobs       map[int64]*job
 	nextJob    int64
+	runs       map[int64]*workflowRun
 }
 
 // New starts a Server on loopback and closes it when tb ends.
@@ -119,6 +120,7 @@ func New(tb testing.TB, opts Options) *Server {
 		nextRunner:    1,
 		jobs:          map[int64]*job{},
 		nextJob:       1,
+		runs:          map[int64]*workflowRun{},
 	}
 	for i, name := range opts.RunnerGroups {
 		s.groups = append(s.groups, runnerGroup{ID: i + 2, Name: name})
@@ -213,6 +215,8 @@ func (s *Server) routes() http.Handler {
 	gh("POST "+githubPrefix+"/orgs/{org}/actions/runners/registration-token", OpRegistrationToken, s.handleRegistrationToken)
 	gh("POST "+githubPrefix+"/enterprises/{ent}/actions/runners/registration-token", OpRegistrationToken, s.handleRegistrationToken)
 	gh("POST "+githubPrefix+"/actions/runner-registration", OpRunnerRegistration, s.handleRunnerRegistration)
+	gh("GET "+githubPrefix+"/repos/{owner}/{repo}/actions/runs/{run}", OpGetWorkflowRun, s.handleGetRun)
+	gh("POST "+githubPrefix+"/repos/{owner}/{repo}/actions/runs/{run}/rerun-failed-jobs", OpRerunFailedJobs, s.handleRerunFailedJobs)
 
 	// Actions service, authorised by the admin token.
 	as := func(pattern string, op Op, h http.HandlerFunc) {
