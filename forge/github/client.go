@@ -90,6 +90,8 @@ type Clients struct {
 	token   string // the token file's content the current client was made with
 	made    time.Time
 	stale   bool // GitHub refused the current client's credentials
+
+	rest restToken // the REST calls' installation token (rest.go)
 }
 
 // NewClients checks the configuration and makes the first client. It fails when the
@@ -224,6 +226,14 @@ type Metrics struct {
 	SessionConflicts *prometheus.CounterVec
 	// Dropped counts messages acknowledged unhandled because the client could not parse them.
 	Dropped *prometheus.CounterVec
+	// Reruns counts the rounds of reruns of workflow runs whose environment was lost, by
+	// outcome (Outcome*).
+	Reruns *prometheus.CounterVec
+	// RerunErrors counts the REST calls for reruns that failed, by call (get_run, rerun).
+	RerunErrors *prometheus.CounterVec
+	// RerunsPending is how many workflow runs wait for their rerun (pending or asking), as
+	// this replica follows them.
+	RerunsPending prometheus.Gauge
 }
 
 // NewMetrics registers the metrics with reg (none when nil).
@@ -249,9 +259,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dynrunner_github_messages_dropped_total",
 			Help: "Messages of a scale set's queue acknowledged unhandled because the client could not parse them.",
 		}, []string{"scale_set"}),
+		Reruns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynrunner_github_reruns_total",
+			Help: "Workflow runs whose slots lost their environment, by what came of their rerun: rerun, covered, bound, not_failed, gone, gave_up, refused.",
+		}, []string{"outcome"}),
+		RerunErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynrunner_github_rerun_errors_total",
+			Help: "REST calls for reruns of workflow runs that failed, by call: get_run, rerun.",
+		}, []string{"call"}),
+		RerunsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dynrunner_github_reruns_pending",
+			Help: "Workflow runs waiting for dynrunner to rerun their failed jobs (pending or asking).",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.CredentialOK, m.Refreshes, m.SessionHeld, m.SessionConflicts, m.Dropped)
+		reg.MustRegister(m.CredentialOK, m.Refreshes, m.SessionHeld, m.SessionConflicts, m.Dropped, m.Reruns, m.RerunErrors, m.RerunsPending)
 	}
 	return m
 }

@@ -189,7 +189,9 @@ func (b *bed) session(set github.ScaleSet, holder string, h github.Handler) *git
 	})
 }
 
-func run(t *testing.T, s *github.Session) (stop func()) {
+// run runs s (a Session, Reruns) until the test ends or stop is called, and checks that it
+// stops and returns nil.
+func run(t *testing.T, s interface{ Run(context.Context) error }) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -201,7 +203,7 @@ func run(t *testing.T, s *github.Session) (stop func()) {
 			case err := <-done:
 				assert.NoError(t, err)
 			case <-time.After(15 * time.Second):
-				assert.Fail(t, "a session did not stop")
+				assert.Fail(t, "a session or the reruns did not stop")
 			}
 		})
 	}

@@ -50,7 +50,10 @@ type SlotsConfig struct {
 	// Pickup is how long a slot's runner may wait for GitHub to give it a job; Lease the
 	// longest job (DefaultSlotLease if zero).
 	Pickup, Lease time.Duration
-	Log           zerolog.Logger
+	// Reruns, when set, notes each slot that lost its environment after its runner took a job
+	// before the slot is closed, so its job runs again once its workflow run completes.
+	Reruns *Reruns
+	Log    zerolog.Logger
 	// Now is the clock; time.Now if nil.
 	Now func() time.Time
 }
@@ -116,7 +119,9 @@ func (h *Slots) Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScal
 }
 
 // Reconcile finishes what an earlier holder left half done: it configures claimed slots
-// without a runner and removes the runners of failed slots.
+// without a runner and removes the runners of failed slots. A failed slot whose environment
+// was lost after its runner took a job is noted for a rerun (Reruns.Note) before it is closed:
+// once closed, it is no live slot any more.
 func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 	var errs []error
 	for _, st := range h.live(s.Set()) {
@@ -124,6 +129,12 @@ func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 		case st.Phase == assignment.Claimed && !st.Ready():
 			errs = append(errs, h.configure(ctx, s, st))
 		case st.Phase == assignment.Failed:
+			if h.cfg.Reruns != nil && Wanted(st) {
+				if err := h.cfg.Reruns.Note(ctx, st); err != nil {
+					errs = append(errs, err)
+					continue // closed once noted
+				}
+			}
 			errs = append(errs, h.close(ctx, s, st))
 		}
 	}

@@ -35,15 +35,19 @@ type slotBed struct {
 	sess  *github.Session
 }
 
-func newSlotBed(t *testing.T, capacity int) *slotBed {
+func newSlotBed(t *testing.T, capacity int, mods ...func(*bed, *github.SlotsConfig)) *slotBed {
 	t.Helper()
 	b := newBed(t, func(o *githubtest.Options) { o.AssignOnAcquire = true })
 	sets, err := github.EnsureScaleSets(t.Context(), b.clients.Client(), tiers)
 	require.NoError(t, err)
-	slots := github.NewSlots(github.SlotsConfig{
+	cfg := github.SlotsConfig{
 		Events: b.log, View: b.view, Box: slotBox, Actor: "scheduler@test",
 		Capacity: func(assignment.Backend) int { return capacity }, Pickup: 10 * time.Minute, Log: zerolog.Nop(),
-	})
+	}
+	for _, m := range mods {
+		m(b, &cfg)
+	}
+	slots := github.NewSlots(cfg)
 	return &slotBed{bed: b, pod: sets[0], slots: slots, sess: b.session(sets[0], "scheduler@test", slots)}
 }
 
