@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,13 +48,15 @@ func (b *bed) rerunRecord(t *testing.T, run int64) (github.Rerun, bool) {
 // waitRecord waits until run's record satisfies ok.
 func (b *bed) waitRecord(t *testing.T, run int64, what string, ok func(github.Rerun) bool) github.Rerun {
 	t.Helper()
-	var r github.Rerun
-	require.Eventually(t, func() bool {
-		var found bool
-		r, found = b.rerunRecord(t, run)
+	var last atomic.Pointer[github.Rerun]
+	if !assert.Eventually(t, func() bool {
+		r, found := b.rerunRecord(t, run)
+		last.Store(&r)
 		return found && ok(r)
-	}, 20*time.Second, 10*time.Millisecond, "%s; record: %+v", what, r)
-	return r
+	}, 20*time.Second, 10*time.Millisecond, what) {
+		require.FailNow(t, what, "the last record read: %+v", last.Load())
+	}
+	return *last.Load()
 }
 
 func (b *bed) run(t *testing.T, id int64) githubtest.WorkflowRun {
