@@ -28,8 +28,8 @@ func gitHubTiers(tiers []assignment.Backend) []assignment.Backend {
 }
 
 // startGitHub starts the GitHub forge in a scheduler process (GITHUB_CONFIG_URL): the clients,
-// then, in the background until GitHub answers, the scale sets and one session with its slots
-// per scale set. Credentials that cannot be read refuse the boot; GitHub being unreachable
+// the reruns of jobs whose environment was lost, then, in the background until GitHub
+// answers, the scale sets and one session with its slots per scale set. Credentials that cannot be read refuse the boot; GitHub being unreachable
 // does not: Gitea's jobs go on meanwhile.
 func (p *plane) startGitHub() error {
 	gh := p.cfg.GitHub
@@ -58,8 +58,12 @@ func (p *plane) startGitHub() error {
 		}
 		return p.cfg.PodConcurrency
 	}
+	// Every replica follows the reruns; one claims each call in JetStream.
+	reruns := github.NewReruns(github.RerunsConfig{KV: p.evlog.GitHubReruns(), Events: p.evlog, Clients: clients,
+		Max: gh.Reruns, Actor: actor, Log: log, Metrics: metrics})
+	p.g.Go(func() error { return reruns.Run(p.gctx) })
 	slots := github.NewSlots(github.SlotsConfig{Events: p.evlog, View: p.view, Box: p.box, Actor: actor,
-		Capacity: capacity, Pickup: gh.Idle, Lease: gh.JobLease, Log: log})
+		Capacity: capacity, Pickup: gh.Idle, Lease: gh.JobLease, Reruns: reruns, Log: log})
 	want := github.ScaleSets{Prefix: gh.ScaleSetPrefix, RunnerGroup: gh.RunnerGroup, Tiers: gitHubTiers(tierBackends(p.cfg))}
 	p.g.Go(func() error {
 		sets, ok := ensureScaleSets(p.gctx, clients, want, log)

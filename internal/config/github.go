@@ -36,6 +36,9 @@ type GitHub struct {
 	// them.
 	RunnerBin    string
 	RunnerSHA256 string
+	// Reruns is GITHUB_RERUNS: how many times dynrunner asks GitHub to rerun the failed jobs
+	// of one workflow run whose slots lost their environment (0: never).
+	Reruns int
 }
 
 // Enabled reports whether GitHub is configured: a scheduler serves its scale sets.
@@ -75,6 +78,10 @@ func loadGitHub(e *env, c Controller) GitHub {
 	g.JobLease = e.seconds("GITHUB_JOB_LEASE_SECS", int(github.DefaultSlotLease/time.Second), 60)
 	g.RunnerBin = e.str("GITHUB_RUNNER_BIN", "")
 	g.RunnerSHA256 = strings.ToLower(e.str("GITHUB_RUNNER_SHA256", ""))
+	g.Reruns = e.integer("GITHUB_RERUNS", github.DefaultReruns, 0)
+	if g.Reruns > github.MaxReruns {
+		e.fail("GITHUB_RERUNS=%d: want at most %d reruns of a workflow run (0 turns reruns off)", g.Reruns, github.MaxReruns)
+	}
 	worker := c.Has(PodWorker) || c.Has(VMWorker)
 	if worker && g.RunnerBin != "" && (len(g.RunnerSHA256) != 64 || strings.Trim(g.RunnerSHA256, "0123456789abcdef") != "") {
 		e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)

@@ -29,7 +29,7 @@ func TestGitHub(t *testing.T) {
 	assert.Equal(t, GitHub{URL: "https://github.com/acme",
 		Auth:        github.Auth{AppID: "4242", InstallationID: 77, PrivateKeyFile: "/etc/dynrunner/github-app.pem"},
 		RunnerGroup: "Default", ScaleSetPrefix: "dynrunner", Idle: 10 * time.Minute, JobLease: 6 * time.Hour,
-		RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: strings.Repeat("ab", 32)}, c.GitHub)
+		RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: strings.Repeat("ab", 32), Reruns: 2}, c.GitHub)
 
 	for _, tc := range []struct {
 		set  map[string]string
@@ -47,12 +47,21 @@ func TestGitHub(t *testing.T) {
 		{map[string]string{"GITHUB_RUNNER_BIN": ""}, "GITHUB_RUNNER_BIN is required"},
 		{map[string]string{"GITHUB_RUNNER_SHA256": "abc"}, "GITHUB_RUNNER_SHA256 must be"},
 		{map[string]string{"GITHUB_IDLE_SECS": "7200", "GITHUB_JOB_LEASE_SECS": "3600"}, "must be below GITHUB_JOB_LEASE_SECS"},
+		{map[string]string{"GITHUB_RERUNS": "-1"}, "GITHUB_RERUNS"},
+		{map[string]string{"GITHUB_RERUNS": "11"}, "GITHUB_RERUNS=11: want at most 10"},
+		{map[string]string{"GITHUB_RERUNS": "two"}, "GITHUB_RERUNS"},
 	} {
 		env := app()
 		maps.Copy(env, tc.set)
 		_, err := LoadController(envOf(env))
 		require.ErrorContains(t, err, tc.want, "%v", tc.set)
 	}
+
+	off := app()
+	off["GITHUB_RERUNS"] = "0"
+	c, err = LoadController(envOf(off))
+	require.NoError(t, err)
+	assert.Zero(t, c.GitHub.Reruns, "GITHUB_RERUNS=0 does not turn reruns off")
 
 	loop := app()
 	loop["GITHUB_CONFIG_URL"] = "http://127.0.0.1:8080/acme"
