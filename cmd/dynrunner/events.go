@@ -232,6 +232,9 @@ func formatEvent(s assignment.State) string {
 		fmt.Fprintf(&b, " queued_until=%s", s.QueueDeadline.UTC().Format(time.RFC3339))
 	}
 	field(&b, " result=%s", s.Result)
+	if s.Lost {
+		b.WriteString(" lost")
+	}
 	field(&b, " reason=%q", s.Reason)
 	return b.String()
 }

@@ -134,4 +134,7 @@ func TestFormatEventShowsGitHubSlots(t *testing.T) {
 	slot.Transition, slot.Phase, slot.GitHubJob, slot.RunID, slot.Repo, slot.Job = assignment.Running, assignment.Running, "job-7", 1007, "acme/app", "build"
 	assert.Contains(t, formatEvent(slot), `github_job=job-7 run=1007 repo=acme/app job="build"`)
 	assert.NotContains(t, formatEvent(assignment.State{Record: assignment.Record{Task: 3, At: at}}), "forge=")
+	assert.NotContains(t, formatEvent(slot), " lost")
+	slot.Transition, slot.Phase, slot.Result, slot.Reason, slot.Lost = assignment.Failed, assignment.Failed, "failure", "evicted", true
+	assert.Contains(t, formatEvent(slot), `result=failure lost reason="evicted"`)
 }
