@@ -12,7 +12,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
-	"github.com/dynrunner/dynrunner/internal/clock"
 )
 
 // Defaults of RerunsConfig.
@@ -135,18 +134,20 @@ func (r *Reruns) Note(ctx context.Context, st assignment.State) error {
 // Run follows the records and works the rounds that are not final until ctx ends; it returns
 // nil then.
 func (r *Reruns) Run(ctx context.Context) error {
-	for ctx.Err() == nil {
-		err := r.follow(ctx)
-		if ctx.Err() != nil {
-			break
+	for {
+		if err := r.follow(ctx); err != nil && ctx.Err() == nil {
+			r.cfg.Log.Warn().Err(err).Msg("github: following the reruns; again shortly")
 		}
-		r.cfg.Log.Warn().Err(err).Msg("github: following the reruns; again shortly")
-		_ = clock.Sleep(ctx, r.cfg.Poll)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(r.cfg.Poll):
+		}
 	}
-	return nil
 }
 
-// follow watches the bucket, keeping the rounds to work in r.due, and works those due.
+// follow watches the bucket, keeping the rounds to work in r.due, and works those due, until
+// ctx ends (nil) or the watch fails.
 func (r *Reruns) follow(ctx context.Context) error {
 	w, err := r.cfg.KV.WatchAll(ctx)
 	if err != nil {
@@ -314,11 +315,11 @@ func (r *Reruns) skip(ctx context.Context, key, outcome, reason string, log zero
 		return
 	}
 	r.cfg.Metrics.Reruns.WithLabelValues(outcome).Inc()
-	level := log.Info()
+	level := zerolog.InfoLevel
 	if outcome == OutcomeRefused || outcome == OutcomeGone || outcome == OutcomeGaveUp {
-		level = log.Warn()
+		level = zerolog.WarnLevel
 	}
-	level.Str("outcome", outcome).Str("reason", reason).Int("attempt", rec.Attempt).Ints64("slots", taskIDs(rec.Slots)).
+	log.WithLevel(level).Str("outcome", outcome).Str("reason", reason).Int("attempt", rec.Attempt).Ints64("slots", taskIDs(rec.Slots)).
 		Msg("github: the jobs of a workflow run whose environment was lost are not run again")
 }
 
