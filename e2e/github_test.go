@@ -8,7 +8,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -250,4 +252,77 @@ func TestGitHubSlotsSurviveAControllerKill(t *testing.T) {
 	require.Eventually(t, func() bool { return len(b.srv.Runners()) == 0 }, time.Minute, 200*time.Millisecond,
 		"runners left at GitHub: %+v", b.srv.Runners())
 	_ = set
+}
+
+// TestGitHubLostEnvironmentIsRerun: a job's environment is killed while the job runs. The slot
+// fails as lost; nothing is asked of GitHub while the lost job is still in progress there; once
+// GitHub fails the job (the test plays GitHub giving up on the runner) and the run completes,
+// the controller asks rerun-failed-jobs once, and the rerun's job runs in a new slot and
+// succeeds.
+func TestGitHubLostEnvironmentIsRerun(t *testing.T) {
+	b := newGitHubBed(t)
+	b.podScaleSet(t)
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o777)) // environments run under uids of their own
+	mark := filepath.Join(dir, "first-attempt")
+	const runID = 4242
+	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}, Repository: "app", WorkflowRunID: runID,
+		Run: fmt.Sprintf(`if test -e %[1]s; then echo "rerun ran"; exit 0; fi; touch %[1]s; echo "first attempt"; sleep 600`, mark)})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { _, err := os.Stat(mark); return err == nil }, 2*time.Minute, 200*time.Millisecond,
+		"the first attempt did not start")
+
+	// Evict the environment: kill its process group, as a node going away would.
+	var slot assignment.State
+	require.Eventually(t, func() bool {
+		for _, st := range b.slotRecords(t) {
+			if st.Transition == assignment.Started || (st.Phase == assignment.Running && len(st.Handle) > 0) {
+				slot = st
+			}
+		}
+		return slot.Task != 0
+	}, time.Minute, time.Second, "no started slot")
+	var h struct {
+		Data map[string]string `json:"data"`
+	}
+	require.NoError(t, json.Unmarshal(slot.Handle, &h))
+	pgid, err := strconv.Atoi(h.Data["pgid"])
+	require.NoError(t, err, "handle %s", slot.Handle)
+	require.NoError(t, syscall.Kill(-pgid, syscall.SIGKILL))
+	require.Eventually(t, func() bool {
+		for _, st := range b.slotRecords(t) {
+			if st.Task == slot.Task && st.Transition == assignment.Failed {
+				return st.Lost
+			}
+		}
+		return false
+	}, time.Minute, time.Second, "the killed environment's slot did not fail as lost")
+	j, err := b.srv.Job(job)
+	require.NoError(t, err)
+	require.Equal(t, githubtest.JobRunning, j.State, "the lost job ended at GitHub by itself")
+	reads := b.srv.Requests(githubtest.OpGetWorkflowRun)
+	require.Eventually(t, func() bool { return b.srv.Requests(githubtest.OpGetWorkflowRun) > reads }, 2*time.Minute, time.Second,
+		"the controller did not read the run")
+	assert.Zero(t, b.srv.Requests(githubtest.OpRerunFailedJobs), "a rerun was asked while the run was in progress")
+
+	// GitHub gives up on the lost runner: the job fails and the run completes.
+	require.NoError(t, b.srv.CompleteJob(job, "failed"))
+	var again githubtest.Job
+	require.Eventually(t, func() bool {
+		jobs := b.srv.RunJobs(runID)
+		if len(jobs) == 2 {
+			again = jobs[1]
+		}
+		return again.ID != 0
+	}, 3*time.Minute, time.Second, "the run was not rerun")
+	assert.Equal(t, 2, again.Attempt)
+	assert.Equal(t, "succeeded", b.waitJob(t, again.ID, 3*time.Minute).Result)
+	log, err := b.srv.JobLog(again.ID)
+	require.NoError(t, err)
+	assert.Contains(t, log, "rerun ran")
+	run, err := b.srv.WorkflowRun(runID)
+	require.NoError(t, err)
+	assert.Equal(t, 1, run.Reruns)
+	assert.Equal(t, githubtest.ConclusionSuccess, run.Conclusion)
+	assert.Equal(t, 1, b.srv.Requests(githubtest.OpRerunFailedJobs), "rerun-failed-jobs was called more than once")
 }
