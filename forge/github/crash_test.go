@@ -164,3 +164,41 @@ func dieAt(t *testing.T, at int) (died bool) {
 	assert.Equal(t, 1, counts[slot.Task], "the slot was not dispatched")
 	return false
 }
+
+// staleView is a view behind the log: it shows the states it was given.
+type staleView []assignment.State
+
+func (v staleView) Live() []assignment.State { return v }
+
+// TestSlotsActOnTheLogNotAViewBehindIt: a holder whose view still shows a slot as claimed and
+// unconfigured, or idle, after the slot went on in the log neither configures nor dispatches
+// it again, nor retires it once its runner took a job.
+func TestSlotsActOnTheLogNotAViewBehindIt(t *testing.T) {
+	b := newSlotBed(t, 4)
+	ctx := t.Context()
+	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	run(t, b.sess)
+	var seen assignment.State // the slot as claimed, before its runner was configured
+	require.Eventually(t, func() bool {
+		live := b.live()
+		if len(live) != 1 || !live[0].Ready() {
+			return false
+		}
+		seen = live[0]
+		return true
+	}, 15*time.Second, 20*time.Millisecond)
+	require.Len(t, b.dispatched(t), 1)
+	_, err = b.srv.StartJob(job, int(seen.RunnerID))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return b.state(t, seen.Task).Phase == assignment.Running }, 10*time.Second, 20*time.Millisecond)
+
+	seen.RunnerID, seen.TaskDigest, seen.Phase = 0, "", assignment.Claimed
+	behind := github.NewSlots(github.SlotsConfig{Events: b.log, View: staleView{seen}, Box: slotBox, Actor: "scheduler@behind",
+		Capacity: func(assignment.Backend) int { return 4 }, Pickup: 10 * time.Minute, Log: zerolog.Nop()})
+	runners := len(b.srv.Runners())
+	require.NoError(t, behind.Reconcile(ctx, b.sess))
+	assert.Empty(t, b.dispatched(t), "a slot was dispatched again")
+	assert.Len(t, b.srv.Runners(), runners, "a runner was made again")
+	assert.Equal(t, assignment.Running, b.state(t, seen.Task).Phase)
+}

@@ -127,7 +127,12 @@ func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 	for _, st := range h.live(s.Set()) {
 		switch {
 		case st.Phase == assignment.Claimed && !st.Ready():
-			errs = append(errs, h.configure(ctx, s, st))
+			// The view may be behind the log: configure what the log holds.
+			if cur, err := h.cfg.Events.Get(ctx, st.Task); err != nil {
+				errs = append(errs, err)
+			} else if cur.Phase == assignment.Claimed && !cur.Ready() {
+				errs = append(errs, h.configure(ctx, s, cur))
+			}
 		case st.Phase == assignment.Failed:
 			if h.cfg.Reruns != nil && Wanted(st) {
 				if err := h.cfg.Reruns.Note(ctx, st); err != nil {
@@ -218,6 +223,9 @@ func (h *Slots) configure(ctx context.Context, s *Session, st assignment.State) 
 	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
 		return fmt.Errorf("github: record slot %d's runner %d: %w", st.Task, runnerID, err)
 	}
+	if st.Phase != assignment.Claimed {
+		return nil // dispatched already: it went on while this holder's view was behind
+	}
 	if err := h.cfg.Events.Dispatch(ctx, st.Backend, st.Task, st.Epoch()); err != nil {
 		return fmt.Errorf("github: dispatch slot %d: %w (the scheduler dispatches it again)", st.Task, err)
 	}
@@ -277,8 +285,8 @@ func (h *Slots) generate(ctx context.Context, client *scaleset.Client, set Scale
 // retire fails an idle slot no assigned job needs; closing it removes its runner.
 func (h *Slots) retire(ctx context.Context, id int64) {
 	st, err := h.cfg.Events.Get(ctx, assignment.TaskID(id))
-	if err != nil {
-		return
+	if err != nil || st.GitHubJob != "" || !st.Active() {
+		return // its runner took a job meanwhile (Plan saw a view behind the log), or it ended
 	}
 	_, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
 		Actor: h.cfg.Actor, At: h.cfg.Now(), Reason: "no job assigned to the scale set needs the slot any more (GitHub cancelled or gave the job to another runner)"}, &st)

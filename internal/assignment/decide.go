@@ -144,6 +144,10 @@ func Decide(cur *State, ev Event) (Record, error) {
 			return bad()
 		}
 		switch {
+		case cur.Phase != Claimed && !Terminal(cur.Phase) && cur.Phase != Failed &&
+			cur.RunnerID == ev.RunnerID && cur.TaskDigest == ev.TaskDigest:
+			// A holder that read the slot before it went on (a view behind the log).
+			return Record{}, ErrNoChange
 		case cur.Phase != Claimed:
 			return bad()
 		case ev.RunnerID <= 0 || ev.TaskDigest == "":
