@@ -1,6 +1,8 @@
 package githubtest_test
 
 import (
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -264,4 +266,17 @@ func TestCloseEndsLongPoll(t *testing.T) {
 		require.FailNow(t, "Close did not return")
 	}
 	srv.Close() // idempotent
+}
+
+// TestServesOnAGivenListener: with Options.Listener the fake serves there, and the URLs it
+// hands out (the Actions service's, so the JIT configurations') name that address.
+func TestServesOnAGivenListener(t *testing.T) {
+	ctx := testContext(t)
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := newServer(t, func(o *githubtest.Options) { o.Listener = ln })
+	require.Equal(t, "http://"+ln.Addr().String(), srv.URL())
+	assert.True(t, strings.HasPrefix(srv.ActionsServiceURL(), srv.URL()+"/"), "Actions service at %s", srv.ActionsServiceURL())
+	set := podScaleSet(ctx, t, appClient(t, srv))
+	assert.NotZero(t, set.ID)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"sync"
@@ -47,6 +48,10 @@ type Options struct {
 	// a listener that died without deleting it (after some minutes; not documented). Zero: a
 	// session lasts until deleted.
 	SessionTimeout time.Duration
+	// Listener, when set, is where the server listens instead of a new loopback port: an
+	// address environments reach (a network namespace's, for a job container or a microVM
+	// whose runner talks to the fake). URL and the JIT configurations name its address.
+	Listener net.Listener
 }
 
 // Counts is how many credentials of each kind the fake has issued.
@@ -126,6 +131,10 @@ func New(tb testing.TB, opts Options) *Server {
 		s.groups = append(s.groups, runnerGroup{ID: i + 2, Name: name})
 	}
 	s.srv = httptest.NewUnstartedServer(s.routes())
+	if opts.Listener != nil {
+		_ = s.srv.Listener.Close()
+		s.srv.Listener = opts.Listener
+	}
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // refused handshakes are what TLS tests want
 	if opts.TLS {
 		s.srv.StartTLS()
@@ -144,7 +153,8 @@ func (s *Server) Close() {
 	})
 }
 
-// URL is the server's base URL, http://127.0.0.1:port (https with Options.TLS).
+// URL is the server's base URL, http://127.0.0.1:port, or Options.Listener's address (https
+// with Options.TLS).
 func (s *Server) URL() string { return s.srv.URL }
 
 // RootCAs is a pool holding the certificate the server presents with Options.TLS, for
