@@ -63,7 +63,7 @@ func (p *plane) startGitHub() error {
 		Max: gh.Reruns, Actor: actor, Log: log, Metrics: metrics})
 	p.g.Go(func() error { return reruns.Run(p.gctx) })
 	slots := github.NewSlots(github.SlotsConfig{Events: p.evlog, View: p.view, Box: p.box, Actor: actor,
-		Capacity: capacity, Pickup: gh.Idle, Lease: gh.JobLease, Reruns: reruns, Log: log})
+		Capacity: capacity, Pickup: gh.Idle, Lease: gh.JobLease, Reruns: reruns, Metrics: metrics, Log: log})
 	want := github.ScaleSets{Prefix: gh.ScaleSetPrefix, RunnerGroup: gh.RunnerGroup, Tiers: gitHubTiers(tierBackends(p.cfg))}
 	p.g.Go(func() error {
 		sets, ok := ensureScaleSets(p.gctx, clients, want, log)

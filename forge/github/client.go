@@ -224,8 +224,16 @@ type Metrics struct {
 	// SessionConflicts counts session creations GitHub refused because another session of the
 	// scale set exists (409).
 	SessionConflicts *prometheus.CounterVec
-	// Dropped counts messages acknowledged unhandled because the client could not parse them.
+	// Dropped counts messages acknowledged unhandled because they could not be parsed, and
+	// the parts (statistics, job messages of a batch) dropped from a message handled without
+	// them.
 	Dropped *prometheus.CounterVec
+	// SessionsRefused counts message sessions refused because GitHub's answer was a session
+	// of another scale set.
+	SessionsRefused *prometheus.CounterVec
+	// JobsRefused counts the jobs a scale set's session refused because their runs-on labels
+	// are not the scale set's (Fits): not acquired, no slot made for them.
+	JobsRefused *prometheus.CounterVec
 	// Reruns counts the rounds of reruns of workflow runs whose environment was lost, by
 	// outcome (Outcome*).
 	Reruns *prometheus.CounterVec
@@ -257,7 +265,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"scale_set"}),
 		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynrunner_github_messages_dropped_total",
-			Help: "Messages of a scale set's queue acknowledged unhandled because the client could not parse them.",
+			Help: "Messages of a scale set's queue, or parts of one (its statistics, a job message of its batch), acknowledged unhandled because they could not be parsed.",
+		}, []string{"scale_set"}),
+		SessionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynrunner_github_sessions_refused_total",
+			Help: "Message sessions refused because GitHub answered with a session of another scale set.",
+		}, []string{"scale_set"}),
+		JobsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dynrunner_github_jobs_refused_total",
+			Help: "Jobs a scale set's session refused (not acquired, no slot made) because their runs-on labels are not the scale set's.",
 		}, []string{"scale_set"}),
 		Reruns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dynrunner_github_reruns_total",
@@ -273,7 +289,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.CredentialOK, m.Refreshes, m.SessionHeld, m.SessionConflicts, m.Dropped, m.Reruns, m.RerunErrors, m.RerunsPending)
+		reg.MustRegister(m.CredentialOK, m.Refreshes, m.SessionHeld, m.SessionConflicts, m.Dropped, m.SessionsRefused, m.JobsRefused, m.Reruns, m.RerunErrors, m.RerunsPending)
 	}
 	return m
 }

@@ -35,6 +35,24 @@ func Labels(tier assignment.Backend) []scaleset.Label {
 	return []scaleset.Label{{Type: "System", Name: LabelSelfHosted}, {Type: "System", Name: string(tier)}}
 }
 
+// Fits reports whether a job whose runs-on labels are labels is one set serves: it has labels,
+// and each is the scale set's own (self-hosted, its tier, or its name, which GitHub also
+// routes by), compared without case as GitHub does. The scale set's labels as dynrunner made
+// them count, not as GitHub has them now: someone who added a label to the scale set in
+// GitHub does not make its tier serve jobs of that label.
+func Fits(labels []string, set ScaleSet) bool {
+	if len(labels) == 0 {
+		return false
+	}
+	for _, l := range labels {
+		if !strings.EqualFold(l, LabelSelfHosted) && !strings.EqualFold(l, string(set.Tier)) &&
+			(set.Name == "" || !strings.EqualFold(l, set.Name)) {
+			return false
+		}
+	}
+	return true
+}
+
 // ScaleSet is one tier's scale set as GitHub has it.
 type ScaleSet struct {
 	Tier assignment.Backend

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -23,7 +24,8 @@ import (
 // the session only, one message at a time, under a context that ends with that replica's
 // belief in the session's lease; a message is deleted (acknowledged) only after Handle
 // returned nil. Handle must be idempotent: after a failover the new holder receives again
-// every message the old one did not delete.
+// every message the old one did not delete. A message's Statistics may be nil (GitHub sent
+// none, or they could not be parsed): nothing is known then of the scale set's jobs.
 type Handler interface {
 	Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScaleSetMessage) error
 	// Reconcile runs after every poll, a message or none, under the same context: what
@@ -155,14 +157,10 @@ func (s *Session) step(ctx context.Context) time.Duration {
 			return 0 // the lease's belief ended mid-poll: the next step looks again
 		}
 		if malformed(err) {
-			s.drop(hctx, err)
-			return 0
+			return s.salvage(hctx, err)
 		}
 		s.failed("poll the message queue", err)
 		return s.cfg.Retry
-	}
-	if msg.Statistics == nil {
-		msg.Statistics = &scaleset.RunnerScaleSetStatistic{} // the library's own listener dereferences it
 	}
 	if err := s.cfg.Handler.Handle(hctx, s, msg); err != nil {
 		s.cfg.Log.Warn().Err(err).Int("message", msg.MessageID).Int("scale_set", s.cfg.Set.ID).
@@ -189,6 +187,17 @@ func (s *Session) open(ctx context.Context) error {
 			return err
 		}
 		s.failed("open the message session", err)
+		return err
+	}
+	if got := client.Session().RunnerScaleSet; got != nil && got.ID != s.cfg.Set.ID {
+		// Its message queue is another scale set's: its jobs would get this tier's slots.
+		err := fmt.Errorf("github: GitHub answered the request for a message session of scale set %d (%s) with a session of scale set %d (%s); refused, and closed",
+			s.cfg.Set.ID, s.cfg.Set.Name, got.ID, got.Name)
+		s.cfg.Metrics.SessionsRefused.WithLabelValues(scaleSetLabel(s.cfg.Set.ID)).Inc()
+		s.cfg.Log.Error().Err(err).Int("scale_set", s.cfg.Set.ID).Msg("github: a message session of another scale set")
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = client.Close(ctx)
 		return err
 	}
 	s.client, s.last = client, 0
@@ -242,34 +251,82 @@ func malformed(err error) bool {
 	return false
 }
 
-// drop acknowledges a message the client cannot parse, so it does not block the queue: it
-// reads the message again itself, for its id only, logs why it is dropped and deletes it.
-// GitHub sends only well-formed messages; one that is not is GitHub's change of protocol or
-// a fault, and the jobs it was about are still assigned: the statistics of the next message
-// count them.
-func (s *Session) drop(ctx context.Context, cause error) {
-	id, err := s.peekID(ctx)
+// salvage handles a message the client could not parse. It reads the message again itself:
+// an answer garbled on the way (a proxy cutting it short) reads well the second time and is
+// handled as any other, so no message is acknowledged unhandled for want of a good read. A
+// message that is itself garbled has what can be read of it handled (its statistics and each
+// job message of its batch that decodes) and the rest dropped, logged and counted, then it
+// is acknowledged; one whose type the client does not know, or whose body is no batch of job
+// messages, is dropped whole. It returns how long to wait before the next step.
+func (s *Session) salvage(ctx context.Context, cause error) time.Duration {
+	label := scaleSetLabel(s.cfg.Set.ID)
+	r, err := s.reread(ctx)
 	if err != nil {
-		s.cfg.Log.Error().Err(err).AnErr("cause", cause).Int("scale_set", s.cfg.Set.ID).
-			Msg("github: a message the client cannot parse blocks the queue, and its id cannot be read either")
-		return
+		if ctx.Err() == nil {
+			s.cfg.Log.Error().Err(err).AnErr("cause", cause).Int("scale_set", s.cfg.Set.ID).
+				Msg("github: a message the client cannot parse blocks the queue, and its id cannot be read either")
+		}
+		return s.cfg.Retry
 	}
-	s.cfg.Log.Error().Err(cause).Int("message", id).Int("scale_set", s.cfg.Set.ID).
-		Msg("github: dropping a message the client cannot parse (acknowledged unhandled)")
-	if err := s.client.DeleteMessage(ctx, id); err != nil {
-		s.failed("acknowledge a malformed message", err)
-		return
+	if r == nil {
+		return 0 // nothing there any more: the garbled answer was of a message deleted since
 	}
-	s.cfg.Metrics.Dropped.WithLabelValues(scaleSetLabel(s.cfg.Set.ID)).Inc()
-	s.last = id
+	msg := r.msg
+	if r.whole != nil {
+		s.cfg.Log.Error().Err(r.whole).AnErr("client", cause).Int("message", r.id).Int("scale_set", s.cfg.Set.ID).
+			Msg("github: dropping a message that cannot be parsed (acknowledged unhandled)")
+	} else {
+		for _, bad := range r.bad {
+			s.cfg.Log.Error().Err(bad).Int("message", r.id).Int("scale_set", s.cfg.Set.ID).
+				Msg("github: dropping a part of a message that cannot be parsed (its statistics, or a job message of its batch); the rest is handled")
+		}
+		if len(r.bad) == 0 {
+			s.cfg.Log.Warn().AnErr("client", cause).Int("message", r.id).Int("scale_set", s.cfg.Set.ID).
+				Msg("github: the client could not parse an answer of the message queue, which read well again")
+		}
+		if err := s.cfg.Handler.Handle(ctx, s, msg); err != nil {
+			s.cfg.Log.Warn().Err(err).Int("message", r.id).Int("scale_set", s.cfg.Set.ID).
+				Msg("github: handling a message failed; it stays in the queue and is handled again")
+			return s.cfg.Retry
+		}
+	}
+	if err := s.client.DeleteMessage(ctx, r.id); err != nil {
+		s.failed("acknowledge a message", err)
+		return s.cfg.Retry
+	}
+	switch {
+	case r.whole != nil:
+		s.cfg.Metrics.Dropped.WithLabelValues(label).Inc()
+	case len(r.bad) > 0:
+		s.cfg.Metrics.Dropped.WithLabelValues(label).Add(float64(len(r.bad)))
+	}
+	s.last = r.id
+	return 0
 }
 
-// peekID reads the next message's id from the queue with a request of its own.
-func (s *Session) peekID(ctx context.Context) (int, error) {
+// maxMessage bounds a message read again by salvage.
+const maxMessage = 16 << 20
+
+// reread is a message of the queue as salvage read it: its id, what could be read of it
+// (msg), the reason it is dropped whole, or the errors of the job messages dropped from its
+// batch.
+type reread struct {
+	id    int
+	msg   *scaleset.RunnerScaleSetMessage
+	whole error
+	bad   []error
+}
+
+// messageID finds a message's id in an envelope that is not JSON.
+var messageID = regexp.MustCompile(`"messageId"\s*:\s*([0-9]+)`)
+
+// reread reads the next message of the queue with a request of its own and parses it as far
+// as it can; nil when the queue has none.
+func (s *Session) reread(ctx context.Context) (*reread, error) {
 	sess := s.client.Session()
 	u, err := url.Parse(sess.MessageQueueURL)
 	if err != nil {
-		return 0, fmt.Errorf("message queue URL: %w", err)
+		return nil, fmt.Errorf("message queue URL: %w", err)
 	}
 	if s.last > 0 {
 		q := u.Query()
@@ -278,23 +335,123 @@ func (s *Session) peekID(ctx context.Context) (int, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	req.Header.Set("Accept", "application/json; api-version=6.0-preview")
 	req.Header.Set("Authorization", "Bearer "+sess.MessageQueueAccessToken)
+	req.Header.Set(scaleset.HeaderScaleSetMaxCapacity, strconv.Itoa(max(s.cfg.Capacity(), 0)))
 	resp, err := s.cfg.Clients.HTTP().Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("read the message again: %s", resp.Status)
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusAccepted:
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("read the message again: %s", resp.Status)
 	}
-	var envelope struct {
-		MessageID int `json:"messageId"`
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxMessage+1))
+	if err != nil {
+		return nil, fmt.Errorf("read the message again: %w", err)
 	}
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&envelope); err != nil || envelope.MessageID <= 0 {
-		return 0, fmt.Errorf("read the message's id: %w", errors.Join(err, errors.New("no messageId")))
+	if len(raw) > maxMessage {
+		return nil, fmt.Errorf("read the message again: larger than %d bytes", maxMessage)
 	}
-	return envelope.MessageID, nil
+	return parseLeniently(raw)
+}
+
+// parseLeniently parses a message of the queue as the client does, keeping what can be read:
+// an error only when not even its id can be.
+func parseLeniently(raw []byte) (*reread, error) {
+	var env struct {
+		MessageID   int             `json:"messageId"`
+		MessageType string          `json:"messageType"`
+		Body        json.RawMessage `json:"body"`
+		Statistics  json.RawMessage `json:"statistics"`
+	}
+	if err := json.Unmarshal(raw, &env); err != nil {
+		m := messageID.FindSubmatch(raw)
+		id, aerr := 0, errors.New("no messageId")
+		if m != nil {
+			id, aerr = strconv.Atoi(string(m[1]))
+		}
+		if aerr != nil || id <= 0 {
+			return nil, fmt.Errorf("read the message's id: %w", errors.Join(err, aerr))
+		}
+		return &reread{id: id, whole: fmt.Errorf("the message is not JSON: %w", err)}, nil
+	}
+	if env.MessageID <= 0 {
+		return nil, errors.New("read the message's id: no messageId")
+	}
+	r := &reread{id: env.MessageID, msg: &scaleset.RunnerScaleSetMessage{MessageID: env.MessageID}}
+	if env.MessageType != "RunnerScaleSetJobMessages" {
+		r.whole = fmt.Errorf("unsupported message type %q", env.MessageType)
+		return r, nil
+	}
+	if len(env.Statistics) > 0 && string(env.Statistics) != "null" {
+		var st scaleset.RunnerScaleSetStatistic
+		if err := json.Unmarshal(env.Statistics, &st); err == nil {
+			r.msg.Statistics = &st
+		} else {
+			r.bad = append(r.bad, fmt.Errorf("statistics: %w", err))
+		}
+	}
+	var body string
+	if len(env.Body) > 0 && string(env.Body) != "null" {
+		if err := json.Unmarshal(env.Body, &body); err != nil {
+			r.whole = fmt.Errorf("the body is not a JSON string: %w", err)
+			return r, nil
+		}
+	}
+	var batch []json.RawMessage
+	if body != "" {
+		if err := json.Unmarshal([]byte(body), &batch); err != nil {
+			r.whole = fmt.Errorf("the body is not a JSON array of job messages: %w", err)
+			return r, nil
+		}
+	}
+	for i, jm := range batch {
+		if err := addJobMessage(r.msg, jm); err != nil {
+			r.bad = append(r.bad, fmt.Errorf("job message %d of the batch: %w", i, err))
+		}
+	}
+	return r, nil
+}
+
+// addJobMessage decodes one job message of a batch into msg, as the client does; a type the
+// client ignores is ignored.
+func addJobMessage(msg *scaleset.RunnerScaleSetMessage, raw json.RawMessage) error {
+	var t scaleset.JobMessageType
+	if err := json.Unmarshal(raw, &t); err != nil {
+		return fmt.Errorf("its type: %w", err)
+	}
+	var err error
+	switch t.MessageType {
+	case scaleset.MessageTypeJobAvailable:
+		var m scaleset.JobAvailable
+		if err = json.Unmarshal(raw, &m); err == nil {
+			msg.JobAvailableMessages = append(msg.JobAvailableMessages, &m)
+		}
+	case scaleset.MessageTypeJobAssigned:
+		var m scaleset.JobAssigned
+		if err = json.Unmarshal(raw, &m); err == nil {
+			msg.JobAssignedMessages = append(msg.JobAssignedMessages, &m)
+		}
+	case scaleset.MessageTypeJobStarted:
+		var m scaleset.JobStarted
+		if err = json.Unmarshal(raw, &m); err == nil {
+			msg.JobStartedMessages = append(msg.JobStartedMessages, &m)
+		}
+	case scaleset.MessageTypeJobCompleted:
+		var m scaleset.JobCompleted
+		if err = json.Unmarshal(raw, &m); err == nil {
+			msg.JobCompletedMessages = append(msg.JobCompletedMessages, &m)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.MessageType, err)
+	}
+	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/actions/scaleset"
@@ -53,7 +55,9 @@ type SlotsConfig struct {
 	// Reruns, when set, notes each slot that lost its environment after its runner took a job
 	// before the slot is closed, so its job runs again once its workflow run completes.
 	Reruns *Reruns
-	Log    zerolog.Logger
+	// Metrics counts the jobs refused (Metrics.JobsRefused); none when nil.
+	Metrics *Metrics
+	Log     zerolog.Logger
 	// Now is the clock; time.Now if nil.
 	Now func() time.Time
 }
@@ -66,9 +70,27 @@ type SlotsConfig struct {
 // slot without a runner is configured (a runner of its name that GitHub already has is
 // removed first, as its configuration was lost), a failed slot's runner is removed by id.
 // JobStarted and JobCompleted messages are recorded on the slot whose runner they name.
+//
+// A job whose runs-on labels are not its scale set's (Fits) is refused: it is not acquired,
+// and while GitHub counts it among the scale set's assigned jobs no slot is made for it. The
+// jobs refused are remembered in memory, per scale set, until their JobCompleted: a new
+// holder of the session does not know them.
 type Slots struct {
 	cfg SlotsConfig
+
+	mu      sync.Mutex
+	refused map[refusedJob]bool // → GitHub assigned it to the scale set (its statistics count it)
+	order   []refusedJob        // oldest first, to forget the oldest beyond maxRefused
 }
+
+// refusedJob is a job refused by a scale set: its runner request id there.
+type refusedJob struct {
+	set     int
+	request int64
+}
+
+// maxRefused bounds the refused jobs remembered; the oldest are forgotten beyond it.
+const maxRefused = 4096
 
 // NewSlots returns the Handler.
 func NewSlots(cfg SlotsConfig) *Slots {
@@ -78,30 +100,49 @@ func NewSlots(cfg SlotsConfig) *Slots {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Slots{cfg: cfg}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	return &Slots{cfg: cfg, refused: map[refusedJob]bool{}}
 }
 
 var _ Handler = (*Slots)(nil)
 
 // Handle records the message's job starts and completions, acquires its available jobs and
-// creates or retires slots as Plan says, then reconciles.
+// creates or retires slots as Plan says, then reconciles. Jobs whose labels are not the scale
+// set's are refused (refuse); a message without statistics makes and retires no slot.
 func (h *Slots) Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScaleSetMessage) error {
+	set := s.Set()
 	for _, m := range msg.JobStartedMessages {
-		if err := h.jobStarted(ctx, s.Set(), m.RunnerID, m.RunnerName, m.JobMessageBase); err != nil {
+		if err := h.jobStarted(ctx, set, m.RunnerID, m.RunnerName, m.JobMessageBase); err != nil {
 			return err
 		}
 	}
 	for _, m := range msg.JobCompletedMessages {
+		if h.forget(set, m.RunnerRequestID) {
+			continue // a job refused: no slot of this scale set ran it
+		}
 		if err := h.jobCompleted(ctx, s, m); err != nil {
 			return err
 		}
 	}
 	var available []int64
 	for _, m := range msg.JobAvailableMessages {
-		available = append(available, m.RunnerRequestID)
+		if !h.refuse(set, m.JobMessageBase, false) {
+			available = append(available, m.RunnerRequestID)
+		}
 	}
-	steps := Plan(Snapshot{Assigned: msg.Statistics.TotalAssignedJobs, Available: available,
-		Slots: h.planSlots(s.Set()), Capacity: h.capacity(s.Set())})
+	for _, m := range msg.JobAssignedMessages {
+		h.refuse(set, m.JobMessageBase, true)
+	}
+	steps := Steps{Acquire: available}
+	if msg.Statistics == nil {
+		h.cfg.Log.Warn().Int("message", msg.MessageID).Int("scale_set", set.ID).
+			Msg("github: a message without statistics: no slot is made or retired for it (the next message's statistics say how many jobs are assigned)")
+	} else {
+		assigned := max(msg.Statistics.TotalAssignedJobs-h.refusedAssigned(set), 0)
+		steps = Plan(Snapshot{Assigned: assigned, Available: available, Slots: h.planSlots(set), Capacity: h.capacity(set)})
+	}
 	if len(steps.Acquire) > 0 {
 		if _, err := s.Client().AcquireJobs(ctx, steps.Acquire); err != nil {
 			return fmt.Errorf("github: acquire jobs %v: %w", steps.Acquire, err)
@@ -116,6 +157,61 @@ func (h *Slots) Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScal
 		h.retire(ctx, id)
 	}
 	return h.Reconcile(ctx, s)
+}
+
+// refuse reports whether job, of a JobAvailable or (assigned) a JobAssigned message, is to be
+// refused because its labels are not set's. A job refused the first time is logged and counted;
+// one GitHub assigned to the scale set anyway is remembered as such, so that the statistics'
+// count of it makes no slot.
+func (h *Slots) refuse(set ScaleSet, job scaleset.JobMessageBase, assigned bool) bool {
+	if Fits(job.RequestLabels, set) {
+		return false
+	}
+	key := refusedJob{set: set.ID, request: job.RunnerRequestID}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	was, known := h.refused[key]
+	if !known {
+		h.cfg.Metrics.JobsRefused.WithLabelValues(scaleSetLabel(set.ID)).Inc()
+		h.cfg.Log.Warn().Int("scale_set", set.ID).Str("scale_set_name", set.Name).Int64("runner_request", job.RunnerRequestID).
+			Str("job", job.JobID).Strs("labels", job.RequestLabels).Str("repo", job.OwnerName+"/"+job.RepositoryName).
+			Str("workflow", job.JobWorkflowRef).
+			Msgf("github: refusing a job whose runs-on labels are not the scale set's (%s, %s or %s): not acquired, no slot made; check the workflow's runs-on, and the scale set's labels in GitHub", LabelSelfHosted, set.Tier, set.Name)
+		if len(h.order) >= maxRefused {
+			delete(h.refused, h.order[0])
+			h.order = h.order[1:]
+		}
+		h.order = append(h.order, key)
+	}
+	h.refused[key] = was || assigned
+	return true
+}
+
+// forget forgets a refused job that completed; false when set did not refuse it.
+func (h *Slots) forget(set ScaleSet, request int64) bool {
+	key := refusedJob{set: set.ID, request: request}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.refused[key]; !ok {
+		return false
+	}
+	delete(h.refused, key)
+	h.order = slices.DeleteFunc(h.order, func(k refusedJob) bool { return k == key })
+	return true
+}
+
+// refusedAssigned is how many jobs set refused that GitHub assigned to it: its statistics
+// count them among the assigned jobs.
+func (h *Slots) refusedAssigned(set ScaleSet) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for k, assigned := range h.refused {
+		if k.set == set.ID && assigned {
+			n++
+		}
+	}
+	return n
 }
 
 // Reconcile finishes what an earlier holder left half done: it configures claimed slots
@@ -339,10 +435,16 @@ func (h *Slots) removeRunner(ctx context.Context, client *scaleset.Client, st as
 	return nil
 }
 
-// slotOf finds the live slot of set's scale set whose runner has id or name.
+// slotOf finds the live slot of set's scale set whose runner has id or name. A message that
+// names the runner of one slot by id and of another (or none) by name names no slot.
 func (h *Slots) slotOf(set ScaleSet, runnerID int, name string) (assignment.State, bool) {
 	for _, st := range h.live(set) {
 		if (runnerID != 0 && st.RunnerID == int64(runnerID)) || (name != "" && st.RunnerName == name) {
+			if (name != "" && st.RunnerName != name) || (runnerID != 0 && st.RunnerID != 0 && st.RunnerID != int64(runnerID)) {
+				h.cfg.Log.Warn().Int("runner_id", runnerID).Str("runner", name).Uint64("slot", uint64(st.Task)).
+					Msg("github: a job message names a runner by an id and a name that are not one slot's runner; ignored")
+				return assignment.State{}, false
+			}
 			return st, true
 		}
 	}
@@ -384,6 +486,12 @@ func (h *Slots) jobCompleted(ctx context.Context, s *Session, m *scaleset.JobCom
 		if got, err := h.cfg.Events.Get(ctx, st.Task); err == nil {
 			st = got
 		}
+	}
+	if st.GitHubJob != m.JobID {
+		h.cfg.Log.Warn().Int("runner_id", m.RunnerID).Str("runner", m.RunnerName).Str("job", m.JobID).
+			Uint64("slot", uint64(st.Task)).Str("slot_job", st.GitHubJob).
+			Msg("github: JobCompleted for a job that is not the one the slot's runner took; ignored")
+		return nil
 	}
 	result := m.Result
 	if result == "" {

@@ -193,12 +193,13 @@ func (s *Server) jobLocked(id int64, want ...JobState) (*job, error) {
 	return nil, fmt.Errorf("githubtest: job %d is %s, not %v: %w", id, j.state, want, ErrJobState)
 }
 
-// AssignJob assigns acquired job id to its scale set, as GitHub does after acquisition, and
-// sends JobAssigned.
+// AssignJob assigns job id to its scale set and sends JobAssigned: an acquired one, as GitHub
+// does after acquisition, or a queued one, as github.com does without waiting for the
+// listener to acquire it.
 func (s *Server) AssignJob(id int64) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	j, err := s.jobLocked(id, JobAcquired)
+	j, err := s.jobLocked(id, JobQueued, JobAcquired)
 	if err != nil {
 		return err
 	}

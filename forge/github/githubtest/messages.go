@@ -13,6 +13,7 @@ type message struct {
 	raw       bool
 	rawType   string
 	rawBody   string
+	noStats   bool // sent without statistics (QueueMessageWithoutStatistics)
 	delivered bool // fetched at least once; later job messages go into a new message
 }
 
@@ -52,6 +53,23 @@ func (s *Server) QueueRawMessage(scaleSetID int, messageType, body string) (int,
 	return m.id, nil
 }
 
+// QueueMessageWithoutStatistics puts a message with no job messages and no statistics (the
+// wire's "statistics": null) into scale set scaleSetID's queue and returns its id: what GitHub
+// should not send, as every message of its carries the scale set's statistics.
+func (s *Server) QueueMessageWithoutStatistics(scaleSetID int) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	set, ok := s.scaleSets[scaleSetID]
+	if !ok {
+		return 0, fmt.Errorf("githubtest: queue a message without statistics: %w: %d", ErrUnknownScaleSet, scaleSetID)
+	}
+	m := &message{id: set.nextMsg, noStats: true}
+	set.nextMsg++
+	set.messages = append(set.messages, m)
+	s.notifyLocked()
+	return m.id, nil
+}
+
 // PendingMessages reports how many messages of scale set scaleSetID are not yet deleted.
 func (s *Server) PendingMessages(scaleSetID int) int {
 	s.mu.Lock()
@@ -74,6 +92,9 @@ func (s *Server) nextMessageLocked(setID, last int) (wireMessage, bool) {
 		}
 		m.delivered = true
 		out := wireMessage{MessageID: m.id, MessageType: messageTypeJobMessages, Statistics: s.statisticsLocked(setID)}
+		if m.noStats {
+			out.Statistics = nil
+		}
 		if m.raw {
 			out.MessageType, out.Body = m.rawType, m.rawBody
 			return out, true
