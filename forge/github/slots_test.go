@@ -42,7 +42,7 @@ func newSlotBed(t *testing.T, capacity int, mods ...func(*bed, *github.SlotsConf
 	require.NoError(t, err)
 	cfg := github.SlotsConfig{
 		Events: b.log, View: b.view, Box: slotBox, Actor: "scheduler@test",
-		Capacity: func(assignment.Backend) int { return capacity }, Pickup: 10 * time.Minute, Log: zerolog.Nop(),
+		Capacity: func(assignment.Backend) int { return capacity }, Pickup: 10 * time.Minute, Metrics: b.metrics, Log: zerolog.Nop(),
 	}
 	for _, m := range mods {
 		m(b, &cfg)
