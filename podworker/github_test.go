@@ -112,3 +112,56 @@ func TestWorkerWithoutGitHubRefusesSlots(t *testing.T) {
 	assert.Zero(t, mem.starts, "an environment started for a GitHub slot without GitHub's configuration")
 	mem.mu.Unlock()
 }
+
+// TestWorkerFailsSlotsWithoutTheirJIT: a slot dispatched without a JIT configuration of its
+// own (none stored, one sealed for another slot, one that is not the configuration
+// `configured` recorded) fails at once on its first delivery, saying why, and starts nothing:
+// no retry would bring it one. (The retries are an hour apart here: waiting for them fails
+// the test.)
+func TestWorkerFailsSlotsWithoutTheirJIT(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	r.runWorker(r.log, mem, podworker.Config{Actor: "worker-test", Reap: time.Hour, GitHub: githubEnv, RetryDelay: time.Hour})
+	ctx := t.Context()
+
+	// configured claims slot n and records digest as its configuration's, storing sealed (if
+	// any) as the configuration, then dispatches it.
+	configured := func(n int64, sealed []byte, digest string) assignment.State {
+		t.Helper()
+		id := assignment.SlotBase + assignment.TaskID(n)
+		st, err := r.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: id, At: time.Now(), Actor: "test",
+			Backend: assignment.BackendPod, Forge: assignment.ForgeGitHub, ScaleSet: 1, RunnerName: fmt.Sprintf("dynrunner-pod-%d", n),
+			Lease: time.Hour, Pickup: 10 * time.Minute}, nil)
+		require.NoError(t, err)
+		if sealed != nil {
+			require.NoError(t, r.log.PutTask(ctx, id, sealed))
+		}
+		st, err = r.log.Apply(ctx, assignment.Event{Transition: assignment.Configured, Task: id, Epoch: st.Epoch(), At: time.Now(),
+			Actor: "test", RunnerID: 40 + n, TaskDigest: digest}, &st)
+		require.NoError(t, err)
+		require.NoError(t, r.log.Dispatch(ctx, assignment.BackendPod, id, st.Epoch()))
+		return st
+	}
+	otherSealed, otherDigest, err := sealedtask.SealJIT(jitBox, assignment.SlotBase+99, "eyJqaXQiOiI5OSJ9")
+	require.NoError(t, err)
+	ownSealed, _, err := sealedtask.SealJIT(jitBox, assignment.SlotBase+3, "eyJqaXQiOiIzIn0=")
+	require.NoError(t, err)
+	cases := map[string]assignment.State{
+		"none stored":                     configured(1, nil, otherDigest),
+		"another slot's":                  configured(2, otherSealed, otherDigest),
+		"not the one recorded as its own": configured(3, ownSealed, otherDigest),
+	}
+	for name, st := range cases {
+		eventually(t, name+": failed", func() bool { return r.phase(st.Task).Phase == assignment.Failed })
+		got := r.phase(st.Task)
+		assert.Contains(t, got.Reason, "no JIT configuration of its own", "%s: the reason does not say what is wrong", name)
+		assert.False(t, got.Lost, "%s: a slot without its configuration lost an environment it never had", name)
+	}
+	mem.mu.Lock()
+	assert.Zero(t, mem.starts, "an environment started without the slot's own JIT configuration")
+	mem.mu.Unlock()
+
+	// A slot with its own configuration still starts.
+	good := r.slot(4, "eyJqaXQiOiI0In0=")
+	eventually(t, "started", func() bool { return r.phase(good.Task).Phase == assignment.Started })
+}

@@ -376,6 +376,10 @@ func (w *Worker) startDispatched(ctx context.Context, msg jetstream.Msg, d event
 	}
 	began := time.Now()
 	h, tokenID, err := w.start(ctx, msg, st)
+	if errors.Is(err, errNoJIT) {
+		w.refuse(ctx, msg, st, err.Error(), logger)
+		return false
+	}
 	if err != nil {
 		logger.Warn().Err(err).Msg("start environment")
 		w.retry(ctx, msg, &st, err)
@@ -473,6 +477,10 @@ func (w *Worker) giteaEnvironment(st assignment.State) (map[string]string, map[s
 	return envOf(w.cfg.ExecutorEnv, st), files, tok.ID(), nil
 }
 
+// errNoJIT: a GitHub slot has no JIT configuration of its own, stored and sealed for it, that
+// matches the digest `configured` recorded. The slot fails at once: no retry brings one.
+var errNoJIT = errors.New("podworker: the slot has no JIT configuration of its own")
+
 // githubEnvironment is a GitHub slot's environment: the pinned GitHub Actions runner and the
 // slot's JIT configuration, its only credential (no token, no SVID: it never reaches the
 // facade).
@@ -482,12 +490,17 @@ func (w *Worker) githubEnvironment(ctx context.Context, st assignment.State) (ma
 		return nil, nil, fmt.Errorf("podworker: GitHub slot %d reached a worker not configured for GitHub (GITHUB_RUNNER_BIN, GITHUB_RUNNER_SHA256 and TASK_KEY)", st.Task)
 	}
 	sealed, err := w.log.GetTask(ctx, st.Task)
+	if errors.Is(err, assignment.ErrNotFound) {
+		return nil, nil, fmt.Errorf("%w: slot %d has none stored (%w)", errNoJIT, st.Task, err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("podworker: the JIT configuration of slot %d: %w", st.Task, err)
 	}
 	jit, err := sealedtask.OpenJIT(gh.Box, st.Task, sealed, st.TaskDigest)
 	if err != nil {
-		return nil, nil, fmt.Errorf("podworker: %w", err)
+		// Not the one `configured` recorded, or sealed for another slot (or with another
+		// TASK_KEY): reading it again changes nothing.
+		return nil, nil, fmt.Errorf("%w: %w", errNoJIT, err)
 	}
 	cfg := gh.Env
 	cfg.Task, cfg.Epoch = st.Task, st.Epoch()

@@ -249,7 +249,10 @@ func (r *rig) startWorker(l *eventlog.Log, backend podworker.Backend, cfg podwor
 	r.view = eventlog.NewView()
 	issuer, err := captoken.NewIssuer(capabilityKey)
 	require.NoError(r.t, err)
-	cfg.Tier, cfg.Concurrency, cfg.Issuer, cfg.RetryDelay = assignment.BackendPod, 4, issuer, 10*time.Millisecond
+	cfg.Tier, cfg.Concurrency, cfg.Issuer = assignment.BackendPod, 4, issuer
+	if cfg.RetryDelay == 0 {
+		cfg.RetryDelay = 10 * time.Millisecond
+	}
 	cfg.Log = zerolog.New(zerolog.NewTestWriter(r.t)).With().Str("actor", cfg.Actor).Logger()
 	view := r.view
 	w := podworker.New(cfg, backend, l, view)
