@@ -31,6 +31,11 @@
 //   - Scaling follows the session's statistics (assigned jobs), never above capacity; one message
 //     session per scale set across all scheduler replicas, owned through a lease in JetStream
 //     (GitHub refuses a second session with 409).
+//   - Bad messages change nothing (docs/github.md, "Bad messages"): a job whose labels are not
+//     the scale set's (Fits) is refused, a message without statistics scales nothing, an
+//     answer the client cannot parse is read again and handled as far as it can be, job
+//     messages that name no slot's runner or another job are ignored, and a session of
+//     another scale set is refused.
 //   - A job whose environment was lost (the worker records failed with lost: true after
 //     JobStarted named the job's run and repository) is rerun through rerun-failed-jobs once
 //     its run has completed: the loss is noted in the run's record in JetStream

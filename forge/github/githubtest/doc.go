@@ -34,7 +34,8 @@
 //     is above lastMessageId, or 202 with no body when its timeout passes; a message's body is a
 //     JSON string holding an array of JobAvailable / JobAssigned / JobStarted / JobCompleted
 //     messages, batched while nobody has fetched the message yet; every message and every session
-//     carries the scale set's statistics; a message stays until it is deleted (the
+//     carries the scale set's statistics (but for the message a test sends without them,
+//     QueueMessageWithoutStatistics); a message stays until it is deleted (the
 //     acknowledgement); an expired message-queue token gets 401, on which the client refreshes the
 //     session. The client's X-ScaleSetMaxCapacity header is recorded.
 //   - A job's life: queued for labels (it goes to the scale set whose labels include all of them),
