@@ -54,11 +54,13 @@ func needDocker(t testing.TB) {
 	t.Skip(msg)
 }
 
-// executorImage builds the executor image with scripts/executor-image.sh and returns its ID.
-func executorImage(t testing.TB) string {
+// executorImage builds the executor image with scripts/executor-image.sh and returns its ID;
+// env is added to the script's environment (GITHUB_RUNNER_DIR, for instance).
+func executorImage(t testing.TB, env ...string) string {
 	t.Helper()
 	began := time.Now()
 	cmd := exec.CommandContext(t.Context(), "bash", filepath.Join("..", "scripts", "executor-image.sh"))
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

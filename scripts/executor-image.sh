@@ -4,10 +4,19 @@
 #      `docker import` as the base image (once per recipe version: skipped when the tag exists);
 #   2. deploy/executor-image/Dockerfile FROM that base, adding the static dynrunner binary
 #      (CGO_ENABLED=0) and the pinned Gitea runner (scripts/tools.sh builds it).
+#   3. with GITHUB_RUNNER_DIR, GitHub's runner for GitHub slots: that directory (actions/runner
+#      unpacked by scripts/github-runner.sh, or the tests' stand-in; it must hold an executable
+#      run.sh) goes to /opt/github-runner, and deploy/executor-image/github-runner-launch.sh to
+#      /usr/local/bin/github-runner, which runs it from a writable copy in the home tmpfs (the
+#      runner writes next to itself; the root file system is read-only). The launcher is the
+#      workers' GITHUB_RUNNER_BIN; the image's labels dynrunner.github-runner.bin and
+#      dynrunner.github-runner.sha256 carry it and the SHA-256 for GITHUB_RUNNER_SHA256, which the
+#      script also logs. Untested with the real actions/runner (see the launcher).
 # Prints the image ID (sha256:...) on stdout, the value for POD_EXECUTOR_IMAGE; progress goes to
 # stderr. Installs debootstrap with apt-get when missing (run as root on a fresh machine or CI).
 # Usage: scripts/executor-image.sh            environment: DEBIAN_MIRROR, GITEA_RUNNER_VERSION,
-#        EXECUTOR_IMAGE_TAG (default dynrunner-executor:dev), DYNRUNNER_CACHE
+#        EXECUTOR_IMAGE_TAG (default dynrunner-executor:dev, dynrunner-executor:dev-github with
+#        GITHUB_RUNNER_DIR), GITHUB_RUNNER_DIR, DYNRUNNER_CACHE
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,7 +30,14 @@ RECIPE=2
 SUITE=bookworm
 BASE_TAG=dynrunner-executor-base:$SUITE-r$RECIPE-$(printf %s "$PACKAGES" | sha256sum | cut -c1-8)
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-TAG=${EXECUTOR_IMAGE_TAG:-dynrunner-executor:dev}
+GITHUB_RUNNER_DIR=${GITHUB_RUNNER_DIR:-}
+if [ -n "$GITHUB_RUNNER_DIR" ]; then
+  TAG=${EXECUTOR_IMAGE_TAG:-dynrunner-executor:dev-github}
+else
+  TAG=${EXECUTOR_IMAGE_TAG:-dynrunner-executor:dev}
+fi
+# Where GITHUB_RUNNER_BIN points in an image with GitHub's runner.
+GITHUB_RUNNER_LAUNCHER=/usr/local/bin/github-runner
 GITEA_RUNNER_VERSION=${GITEA_RUNNER_VERSION:-v1.0.8}
 CACHE=${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}
 RUNNER=$CACHE/tools/gitea-runner-$GITEA_RUNNER_VERSION/gitea-runner
@@ -40,6 +56,11 @@ trap cleanup EXIT
 command -v docker >/dev/null || die "the docker CLI is missing (apt-get install docker.io)"
 docker version >/dev/null 2>&1 || die "the Docker engine does not answer (systemctl start docker; is $USER in the docker group?)"
 command -v go >/dev/null || die "go is missing"
+if [ -n "$GITHUB_RUNNER_DIR" ]; then
+  [ -d "$GITHUB_RUNNER_DIR" ] || die "GITHUB_RUNNER_DIR=$GITHUB_RUNNER_DIR is not a directory"
+  [ -f "$GITHUB_RUNNER_DIR/run.sh" ] && [ -x "$GITHUB_RUNNER_DIR/run.sh" ] ||
+    die "GITHUB_RUNNER_DIR=$GITHUB_RUNNER_DIR holds no executable run.sh (unpack actions/runner there with scripts/github-runner.sh)"
+fi
 
 # Parallel builds (test packages, CI) share the base and the tag: one at a time.
 mkdir -p "$CACHE"
@@ -92,12 +113,30 @@ build_image() {
   chmod 0755 "$ctx/dynrunner" "$ctx/gitea-runner"
   cp deploy/executor-image/Dockerfile "$ctx/Dockerfile"
   sha=$(sha256sum "$ctx/gitea-runner" | cut -d' ' -f1)
+  local github=()
+  if [ -n "$GITHUB_RUNNER_DIR" ]; then
+    # Owned by root and not writable by the job's user, whatever the source's owner.
+    cp -R --preserve=mode,timestamps "$GITHUB_RUNNER_DIR/." "$ctx/github-runner"
+    chmod -R go-w,a+rX "$ctx/github-runner"
+    install -m 0755 deploy/executor-image/github-runner-launch.sh "$ctx/github-runner-launch.sh"
+    cat deploy/executor-image/github-runner.Dockerfile >>"$ctx/Dockerfile"
+    local gsha rsha
+    gsha=$(sha256sum "$ctx/github-runner-launch.sh" | cut -d' ' -f1)
+    rsha=$(sha256sum "$ctx/github-runner/run.sh" | cut -d' ' -f1)
+    github=(--label "dynrunner.github-runner.bin=$GITHUB_RUNNER_LAUNCHER"
+      --label "dynrunner.github-runner.sha256=$gsha"
+      --label "dynrunner.github-runner.run-sha256=$rsha")
+  fi
   docker build -q --build-arg "BASE=$BASE_TAG" \
     --label "dynrunner.gitea-runner.version=$GITEA_RUNNER_VERSION" \
     --label "dynrunner.gitea-runner.sha256=$sha" \
     --label "dynrunner.base=$BASE_TAG" \
+    "${github[@]}" \
     -t "$TAG" "$ctx" >/dev/null
   log "image $TAG built (dynrunner $version, gitea-runner $GITEA_RUNNER_VERSION sha256 $sha)"
+  if [ -n "$GITHUB_RUNNER_DIR" ]; then
+    log "with GitHub's runner from $GITHUB_RUNNER_DIR (run.sh sha256 $rsha): GITHUB_RUNNER_BIN=$GITHUB_RUNNER_LAUNCHER GITHUB_RUNNER_SHA256=$gsha"
+  fi
 }
 
 build_base

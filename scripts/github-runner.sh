@@ -7,8 +7,10 @@
 # The pin is the tarball's SHA-256: take it from the release page of the version you run
 # (https://github.com/actions/runner/releases, "SHA-256 Checksums"), never from the download
 # itself. Run this where the environments will find the runner: on the controller's host for
-# local environments, in the executor image's build (scripts/executor-image.sh) for docker and
-# kubernetes ones, in the guest image's build for microVMs.
+# local environments; for docker ones, into a directory that you then give the executor image's
+# build, GITHUB_RUNNER_DIR=<install-dir> scripts/executor-image.sh, whose image runs it through
+# a launcher (its GITHUB_RUNNER_BIN and GITHUB_RUNNER_SHA256 are the image's labels, not the
+# values printed here); the kubernetes backend does not run GitHub slots yet (docs/github.md).
 #
 # Usage:
 #   GITHUB_RUNNER_VERSION=2.330.0 GITHUB_RUNNER_TARBALL_SHA256=<sha256> \

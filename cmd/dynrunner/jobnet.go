@@ -91,11 +91,16 @@ func planJobNetwork(cfg config.Controller, n docker.Network) (jobNetwork, []stri
 	if config.LoopbackURL(cfg.GiteaURL) {
 		warnings = append(warnings, fmt.Sprintf("GITEA_URL=%s is a loopback address, which job containers on the isolated network %s cannot reach: jobs check out from Gitea's ROOT_URL, so Gitea must listen on, and name in ROOT_URL, an address of this host or another they reach", cfg.GiteaURL, n.Name))
 	}
+	if cfg.GitHub.Slots() && config.LoopbackURL(cfg.GitHub.URL) {
+		warnings = append(warnings, fmt.Sprintf("GITHUB_CONFIG_URL=%s is a loopback address, which the GitHub runners of job containers on the isolated network %s cannot reach: GitHub slots there will not get their jobs", cfg.GitHub.URL, n.Name))
+	}
 	return jn, warnings, nil
 }
 
 // firewall is what the managed network's containers may reach on this host: the facade they
-// are given and the forge, host names resolved now. Other hosts are not the firewall's business.
+// are given and the forges (a GitHub slot's runner talks to GITHUB_CONFIG_URL's host, a GitHub
+// Enterprise Server that may run on this host), host names resolved now. Other hosts are not
+// the firewall's business.
 func (jn jobNetwork) firewall(ctx context.Context, cfg config.Controller) (docker.Firewall, error) {
 	fw := docker.Firewall{Bridge: jn.Bridge}
 	type target struct{ name, url string }
@@ -103,7 +108,11 @@ func (jn jobNetwork) firewall(ctx context.Context, cfg config.Controller) (docke
 	for u := range strings.SplitSeq(jn.FacadeURL, ",") {
 		allow = append(allow, target{"the facade URL of job containers", u})
 	}
-	for _, u := range append(allow, target{"GITEA_URL", cfg.GiteaURL}) {
+	allow = append(allow, target{"GITEA_URL", cfg.GiteaURL})
+	if cfg.GitHub.URL != "" {
+		allow = append(allow, target{"GITHUB_CONFIG_URL", cfg.GitHub.URL})
+	}
+	for _, u := range allow {
 		addrs, err := resolveURL(ctx, u.url)
 		if err != nil {
 			return fw, fmt.Errorf("job network firewall: %s %s: %w", u.name, u.url, err)

@@ -19,6 +19,7 @@ func TestPlanJobNetwork(t *testing.T) {
 	for _, tt := range []struct {
 		name                  string
 		listen, url, gitea    string
+		github                config.GitHub
 		n                     docker.Network
 		wantURL, wantListen   string
 		wantWarnings, wantErr bool
@@ -31,6 +32,12 @@ func TestPlanJobNetwork(t *testing.T) {
 			n: managed, wantURL: "https://facade.example:8443"},
 		{name: "managed, loopback forge: warned", listen: "127.0.0.1:8443", url: "https://127.0.0.1:8443", gitea: "http://127.0.0.1:3000",
 			n: managed, wantURL: "https://172.30.0.1:8443", wantListen: "172.30.0.1:8443", wantWarnings: true},
+		{name: "managed, loopback GitHub with slots: warned", listen: "127.0.0.1:8443", url: "https://127.0.0.1:8443", gitea: "https://gitea.example",
+			github: config.GitHub{URL: "http://127.0.0.1:8080/acme", RunnerBin: "/usr/local/bin/github-runner"},
+			n:      managed, wantURL: "https://172.30.0.1:8443", wantListen: "172.30.0.1:8443", wantWarnings: true},
+		{name: "managed, GitHub on the gateway: not warned", listen: "127.0.0.1:8443", url: "https://127.0.0.1:8443", gitea: "https://gitea.example",
+			github: config.GitHub{URL: "https://172.30.0.1:8080/acme", RunnerBin: "/usr/local/bin/github-runner"},
+			n:      managed, wantURL: "https://172.30.0.1:8443", wantListen: "172.30.0.1:8443"},
 		{name: "host: warned", listen: "127.0.0.1:8443", url: "https://127.0.0.1:8443", gitea: "http://127.0.0.1:3000",
 			n: host, wantURL: "https://127.0.0.1:8443", wantWarnings: true},
 		{name: "an operator's network with a routable facade: warned", listen: "172.30.0.1:8443", url: "https://172.30.0.1:8443", gitea: "https://gitea.example",
@@ -45,7 +52,7 @@ func TestPlanJobNetwork(t *testing.T) {
 			n: mine, wantErr: true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			cfg := config.Controller{FacadeListen: tt.listen, FacadeURL: tt.url, GiteaURL: tt.gitea}
+			cfg := config.Controller{FacadeListen: tt.listen, FacadeURL: tt.url, GiteaURL: tt.gitea, GitHub: tt.github}
 			jn, warnings, err := planJobNetwork(cfg, tt.n)
 			if tt.wantErr {
 				require.Error(t, err)
@@ -72,6 +79,11 @@ func TestJobNetworkFirewall(t *testing.T) {
 	fw, err = two.firewall(t.Context(), config.Controller{GiteaURL: "http://10.215.0.2:3000"})
 	require.NoError(t, err)
 	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("172.30.0.1:8443"), netip.MustParseAddrPort("10.215.0.3:8443"), netip.MustParseAddrPort("10.215.0.2:3000")}, fw.Allow)
+
+	// A GitHub Enterprise Server (or the fake) on this host is allowed for the slots' runners.
+	fw, err = jn.firewall(t.Context(), config.Controller{GiteaURL: "http://10.215.0.2:3000", GitHub: config.GitHub{URL: "https://172.30.0.1:9443/acme"}})
+	require.NoError(t, err)
+	assert.Equal(t, []netip.AddrPort{netip.MustParseAddrPort("172.30.0.1:8443"), netip.MustParseAddrPort("10.215.0.2:3000"), netip.MustParseAddrPort("172.30.0.1:9443")}, fw.Allow)
 
 	// A loopback forge is nothing a bridge reaches: not allowed.
 	fw, err = jn.firewall(t.Context(), config.Controller{GiteaURL: "http://127.0.0.1:3000"})

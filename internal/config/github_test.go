@@ -50,6 +50,7 @@ func TestGitHub(t *testing.T) {
 		{map[string]string{"GITHUB_RERUNS": "-1"}, "GITHUB_RERUNS"},
 		{map[string]string{"GITHUB_RERUNS": "11"}, "GITHUB_RERUNS=11: want at most 10"},
 		{map[string]string{"GITHUB_RERUNS": "two"}, "GITHUB_RERUNS"},
+		{map[string]string{"POD_BACKEND": "kubernetes"}, "GitHub slots with POD_BACKEND=kubernetes"},
 	} {
 		env := app()
 		maps.Copy(env, tc.set)
@@ -91,6 +92,7 @@ func TestGitHub(t *testing.T) {
 	}{
 		{map[string]string{"GITHUB_CONFIG_URL": "https://github.com/acme", "GITHUB_TOKEN_FILE": "/etc/token"}, "without the scheduler"},
 		{map[string]string{"GITHUB_RUNNER_SHA256": ""}, "GITHUB_RUNNER_SHA256 must be"},
+		{map[string]string{"POD_BACKEND": "kubernetes"}, "GitHub slots with POD_BACKEND=kubernetes"},
 	} {
 		env := maps.Clone(worker)
 		maps.Copy(env, tc.set)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
@@ -89,6 +90,32 @@ func TestContainerConfigWorkloadAPI(t *testing.T) {
 	assert.Len(t, hc.Mounts, 1, "without a socket: mounts")
 	assert.False(t, slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }),
 		"without a socket: env %q names one", c.Env)
+}
+
+// TestContainerConfigGitHubSlot: a GitHub slot's container gets its secrets directory
+// writable, so the executor can remove the JIT configuration once read, and nothing of SPIRE
+// even when the backend has an agent socket; its environment parses as a slot's.
+func TestContainerConfigGitHubSlot(t *testing.T) {
+	b := newTestBackend(t, func(c *Config) { c.SpiffeSocket = "unix:///run/spire/agent-sockets/api.sock" })
+	slot := assignment.TaskID(1<<52 + 3)
+	env := executor.GitHubConfig{Task: slot, Epoch: 9, RunnerBin: "/usr/local/bin/github-runner", RunnerSHA256: strings.Repeat("cd", 32), LogFormat: "json"}.Environ()
+	c, hc := b.containerConfig(podworker.Spec{Task: slot, Epoch: 9, Env: env}, "/s")
+	assert.Equal(t, []mount.Mount{{Type: mount.TypeBind, Source: "/s", Target: SecretsDir, ReadOnly: false}}, hc.Mounts)
+	assert.False(t, slices.ContainsFunc(c.Env, func(e string) bool { return strings.HasPrefix(e, "SPIFFE_ENDPOINT_SOCKET=") }),
+		"a slot's env %q names a Workload API", c.Env)
+	assert.True(t, hc.ReadonlyRootfs, "read-only root")
+	assert.Equal(t, []string{"ALL"}, hc.CapDrop, "capabilities dropped")
+	got, err := executor.ParseGitHubEnv(func(k string) string {
+		for _, kv := range c.Env {
+			if v, ok := strings.CutPrefix(kv, k+"="); ok {
+				return v
+			}
+		}
+		return ""
+	})
+	require.NoError(t, err)
+	assert.Equal(t, executor.GitHubConfig{Task: slot, Epoch: 9, SecretsDir: SecretsDir, WorkDir: WorkDir,
+		RunnerBin: "/usr/local/bin/github-runner", RunnerSHA256: strings.Repeat("cd", 32), LogFormat: "json"}, got)
 }
 
 // TestContainerEnvParses: executor.ParseEnv reads the container's environment, built from

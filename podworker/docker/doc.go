@@ -30,14 +30,17 @@
 // Spec.Env becomes the container's environment, followed by the backend's own variables
 // (DYNRUNNER_SECRETS_DIR=SecretsDir, DYNRUNNER_WORK_DIR=WorkDir, HOME=HomeDir, TMPDIR=/tmp),
 // which win. Spec.Files are written to <StateDir>/<name>/secrets (directory 0700, files 0600,
-// both owned by Config.User) and bind-mounted read-only at SecretsDir. Because the engine
+// both owned by Config.User) and bind-mounted read-only at SecretsDir; for a GitHub slot
+// (executor.IsGitHub of Spec.Env) it is mounted writable, as the executor removes the slot's
+// JIT configuration from it once read, before the runner starts. Because the engine
 // resolves bind-mount sources on its own host, the controller must run on the Docker host and
 // see StateDir at the same path as the engine (when the controller itself runs in a container,
 // mount StateDir at the same path inside).
 //
 // With Config.SpiffeSocket, the directory of the SPIRE agent's Workload API socket is also
 // bind-mounted read-only at SpiffeSocketDir and SPIFFE_ENDPOINT_SOCKET (one of the backend's own
-// variables then) names the socket there. SPIRE's docker workload attestor reports the
+// variables then) names the socket there; not for a GitHub slot, whose runner talks to GitHub,
+// not to the facade. SPIRE's docker workload attestor reports the
 // container's labels, so `dynrunner identity` (IDENTITY_SOURCE=docker) registers each running
 // container by LabelScope, LabelTask and LabelEpoch; it finds them with an Inventory.
 //

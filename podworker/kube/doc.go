@@ -27,7 +27,10 @@
 // emptyDir volumes. Spec.Files go into a Secret of the Pod's name, mounted read-only at
 // SecretsDir with mode 0600 (0640, group fsGroup, for unprivileged Pods). The Secret is created
 // first and then owned by the Pod through an ownerReference, so the cluster's garbage
-// collector removes it with the Pod; Destroy deletes it explicitly as well.
+// collector removes it with the Pod; Destroy deletes it explicitly as well. Because a Secret
+// volume is read-only, a GitHub slot's executor could not remove its JIT configuration there
+// before the job: Start refuses GitHub slots (ErrInvalidSpec), and the configuration refuses
+// GITHUB_RUNNER_BIN with this backend.
 //
 // With Config.SpiffeCSI the SPIFFE Workload API socket comes from the spiffe-csi-driver
 // (csi.spiffe.io), mounted read-only at SpireSocketDir, and SPIFFE_ENDPOINT_SOCKET points at

@@ -1,6 +1,8 @@
 package githubtest_test
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"strings"
 	"testing"
@@ -279,4 +281,31 @@ func TestServesOnAGivenListener(t *testing.T) {
 	assert.True(t, strings.HasPrefix(srv.ActionsServiceURL(), srv.URL()+"/"), "Actions service at %s", srv.ActionsServiceURL())
 	set := podScaleSet(ctx, t, appClient(t, srv))
 	assert.NotZero(t, set.ID)
+}
+
+// TestTLSOnAGivenListener: with Options.Listener and Options.TLS the fake presents a
+// certificate of its own naming the listener's address, which httptest's does not (it names
+// 127.0.0.1 and ::1 only), so the client and the stand-in runner verify it at that address.
+func TestTLSOnAGivenListener(t *testing.T) {
+	ctx := testContext(t)
+	ln, err := net.Listen("tcp4", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("no loopback address 127.0.0.2 here: %v", err)
+	}
+	srv := newServer(t, func(o *githubtest.Options) { o.Listener = ln; o.TLS = true })
+	require.Equal(t, "https://"+ln.Addr().String(), srv.URL())
+
+	c, err := scaleset.NewClientWithPersonalAccessToken(scaleset.NewClientWithPersonalAccessTokenConfig{
+		GitHubConfigURL: srv.OrgURL("octo"), PersonalAccessToken: testPAT,
+	}, fastRetries(0), scaleset.WithRootCAs(srv.RootCAs()))
+	require.NoError(t, err)
+	set := podScaleSet(ctx, t, c)
+	assert.NotZero(t, set.ID)
+
+	// The PEM the stand-in runner is given verifies the address too.
+	pool := x509.NewCertPool()
+	require.True(t, pool.AppendCertsFromPEM(srv.CertificatePEM()))
+	conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+	require.NoError(t, err, "a client verifying %s", ln.Addr())
+	require.NoError(t, conn.Close())
 }

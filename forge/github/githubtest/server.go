@@ -3,6 +3,7 @@ package githubtest
 import (
 	"crypto/rand"
 	"crypto/rsa"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"io"
@@ -41,7 +42,9 @@ type Options struct {
 	AssignOnAcquire bool
 	// RunnerGroups are extra runner groups beside "Default" (id 1), numbered from 2.
 	RunnerGroups []string
-	// TLS serves HTTPS with a test certificate; give the client RootCAs.
+	// TLS serves HTTPS with a test certificate; give the client RootCAs (the stand-in runner
+	// CertificatePEM). With Listener, the certificate is the fake's own and names the
+	// listener's address (an IP SAN) beside loopback, so clients dialling that address verify it.
 	TLS bool
 	// SessionTimeout, when set, ends a session whose owner has not polled its queue for that
 	// long, when another session of its scale set is asked for: GitHub times out the session of
@@ -137,6 +140,13 @@ func New(tb testing.TB, opts Options) *Server {
 	}
 	s.srv.Config.ErrorLog = log.New(io.Discard, "", 0) // refused handshakes are what TLS tests want
 	if opts.TLS {
+		if opts.Listener != nil {
+			cert, err := listenerCertificate(opts.Listener)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			s.srv.TLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		}
 		s.srv.StartTLS()
 	} else {
 		s.srv.Start()
