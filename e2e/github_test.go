@@ -86,7 +86,7 @@ func (b *gitHubBed) podScaleSet(t *testing.T) githubtest.ScaleSet {
 		return set.ID != 0 && len(b.srv.Sessions()) == 1
 	}, 60*time.Second, 100*time.Millisecond, "the controller did not make the pod scale set and open its session")
 	for _, s := range b.srv.ScaleSets() {
-		assert.NotEqual(t, "dynrunner-vm", s.Name, "a vm scale set was made, though vm slots cannot run GitHub's runner yet")
+		assert.NotEqual(t, "dynrunner-vm", s.Name, "a vm scale set was made without the vm tier")
 	}
 	return set
 }

@@ -27,13 +27,14 @@ func vmImage(t testing.TB) (dir string) {
 	return buildImage(t, "../deploy/vm-image/build.sh")
 }
 
-// buildImage runs an image script with this package's dynrunner binary into a new directory.
-func buildImage(t testing.TB, script string) (dir string) {
+// buildImage runs an image script with this package's dynrunner binary, and the variables env
+// (NAME=value), into a new directory.
+func buildImage(t testing.TB, script string, env ...string) (dir string) {
 	t.Helper()
 	needVMTools(t)
 	dir = t.TempDir()
 	cmd := exec.Command("bash", script, dir)
-	cmd.Env = append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t))
+	cmd.Env = append(append(os.Environ(), "DYNRUNNER_BIN="+dynrunnerBin(t)), env...)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s:\n%s", script, out)
 	return dir
@@ -139,7 +140,7 @@ jobs:
 	// Nothing of the VM remains: no launcher, no qemu, no TAP device, no per-VM directory.
 	deadline := time.Now().Add(time.Minute)
 	for {
-		left := vmLeftovers(launchers)
+		left := vmLeftovers(launchers, bridge)
 		if left == "" {
 			break
 		}
@@ -150,13 +151,14 @@ jobs:
 	}
 }
 
-// vmLeftovers describes what of a microVM still exists, or "".
-func vmLeftovers(root string) string {
+// vmLeftovers describes what of a microVM whose launcher root is root, on bridge, still
+// exists, or "".
+func vmLeftovers(root, bridge string) string {
 	var left []string
 	if out, _ := exec.Command("pgrep", "-f", "qemu-system-x86_64.*"+root).Output(); len(strings.TrimSpace(string(out))) > 0 {
 		left = append(left, "qemu processes "+strings.Join(strings.Fields(string(out)), ","))
 	}
-	if out, _ := exec.Command("ip", "-o", "link", "show", "master", "dre2e0").Output(); len(strings.TrimSpace(string(out))) > 0 {
+	if out, _ := exec.Command("ip", "-o", "link", "show", "master", bridge).Output(); len(strings.TrimSpace(string(out))) > 0 {
 		left = append(left, "devices on the bridge: "+strings.TrimSpace(string(out)))
 	}
 	entries, _ := os.ReadDir(root)

@@ -2,6 +2,7 @@ package executor
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,4 +112,51 @@ func FuzzGrantConfig(f *testing.F) {
 			require.Equal(t, c, again)
 		}
 	})
+}
+
+// TestGitHubGrant pins a GitHub slot's grant: its slot, the JIT configuration and the runner
+// pinned in the guest image, nothing of the facade; it decodes to the slot's GitHubConfig and
+// is no Gitea grant.
+func TestGitHubGrant(t *testing.T) {
+	sha := strings.Repeat("cd", 32)
+	slot := assignment.SlotBase + 9
+	want := GitHubConfig{Task: slot, Epoch: 42, RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: sha}
+	g := NewGitHubGrant(want, "JIT")
+	data, err := json.Marshal(g)
+	require.NoError(t, err)
+	assert.JSONEq(t, `{
+		"task_id": 4503599627370505, "epoch": 42, "token": "", "facade_url": "", "facade_spiffe_id": "", "facade_ca_pem": "",
+		"runner_path": "", "runner_sha256": "", "runner_version": "", "labels": null, "renew_secs": 0,
+		"github": {"jit_config": "JIT", "runner_bin": "/opt/actions-runner/run.sh", "runner_sha256": "`+sha+`"}
+	}`, string(data))
+	var back Grant
+	require.NoError(t, json.Unmarshal(data, &back))
+	assert.True(t, back.IsGitHub())
+	got, jit, err := back.GitHubConfig()
+	require.NoError(t, err)
+	assert.Equal(t, want, got)
+	assert.Equal(t, "JIT", jit)
+	_, err = back.Config()
+	assert.ErrorContains(t, err, "a GitHub slot's grant, not a Gitea assignment's")
+	_, _, err = NewGrant(full(), "drc1.tok", nil).GitHubConfig()
+	assert.ErrorContains(t, err, "a Gitea assignment's grant, not a GitHub slot's")
+
+	for _, tc := range []struct {
+		name   string
+		change func(*Grant)
+		want   string
+	}{
+		{"no slot", func(g *Grant) { g.TaskID = 9 }, "no GitHub slot's id"},
+		{"epoch zero", func(g *Grant) { g.Epoch = 0 }, "grant:"},
+		{"relative runner", func(g *Grant) { g.GitHub.RunnerBin = "run.sh" }, "is not absolute"},
+		{"short SHA-256", func(g *Grant) { g.GitHub.RunnerSHA256 = "abc" }, "not 64 hex digits"},
+		{"no JIT configuration", func(g *Grant) { g.GitHub.JITConfig = " " }, "without its JIT configuration"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewGitHubGrant(want, "JIT")
+			tc.change(&g)
+			_, _, err := g.GitHubConfig()
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
 }

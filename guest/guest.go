@@ -24,6 +24,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/dynrunner/dynrunner/executor"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/internal/workload"
 )
 
@@ -87,32 +88,93 @@ type Config struct {
 	Log    zerolog.Logger
 }
 
-// Run redeems the seed's nonce and runs the assignment's one job.
+// Run redeems the seed's nonce and runs the assignment's one job: a Gitea assignment's with the
+// Gitea runner through the facade (executor.Run), a GitHub slot's with GitHub's runner and the
+// slot's JIT configuration (executor.RunGitHub).
 func Run(ctx context.Context, cfg Config) error {
-	rc, err := prepare(ctx, &http.Client{Timeout: 2 * time.Minute}, cfg)
+	j, err := prepare(ctx, &http.Client{Timeout: 2 * time.Minute}, cfg)
 	if err != nil {
 		return err
 	}
-	rc.Log.Info().Str("facade", rc.FacadeURL).Msg("nonce redeemed; running the job")
-	return executor.Run(ctx, rc)
+	if j.github != nil {
+		j.github.Log.Info().Str("runner", j.github.RunnerBin).Msg("nonce redeemed; running the GitHub Actions runner")
+		return executor.RunGitHub(ctx, *j.github)
+	}
+	j.gitea.Log.Info().Str("facade", j.gitea.FacadeURL).Msg("nonce redeemed; running the job")
+	return executor.Run(ctx, *j.gitea)
 }
 
-// prepare redeems the seed's nonce, downloads the granted runner into the work directory and
-// returns what executor.Run is handed for the job.
-func prepare(ctx context.Context, hc *http.Client, cfg Config) (executor.RunConfig, error) {
+// job is what a redeemed grant has the guest run: a Gitea assignment's runner or a GitHub
+// slot's, exactly one.
+type job struct {
+	gitea  *executor.RunConfig
+	github *executor.GitHubRunConfig
+}
+
+// prepare redeems the seed's nonce and prepares the granted job.
+func prepare(ctx context.Context, hc *http.Client, cfg Config) (job, error) {
 	var seed Seed
 	if cfg.Seed != nil {
 		seed = *cfg.Seed
 	} else {
 		var err error
 		if seed, err = ReadSeed(cfg.SeedDir); err != nil {
-			return executor.RunConfig{}, err
+			return job{}, err
 		}
 	}
 	grant, err := redeem(ctx, hc, seed)
 	if err != nil {
-		return executor.RunConfig{}, err
+		return job{}, err
 	}
+	if grant.IsGitHub() {
+		rc, err := prepareGitHub(cfg, grant)
+		if err != nil {
+			return job{}, err
+		}
+		return job{github: &rc}, nil
+	}
+	rc, err := prepareGitea(ctx, hc, cfg, seed, grant)
+	if err != nil {
+		return job{}, err
+	}
+	return job{gitea: &rc}, nil
+}
+
+// prepareGitHub writes a GitHub slot's JIT configuration where executor.RunGitHub takes it
+// from (a secrets directory only the guest reads; RunGitHub removes the file once read) and
+// returns what RunGitHub is handed: GitHub's runner, which the guest image holds at the
+// granted path and RunGitHub checks against the granted SHA-256, runs as the runner's user.
+func prepareGitHub(cfg Config, grant executor.Grant) (executor.GitHubRunConfig, error) {
+	gc, jit, err := grant.GitHubConfig()
+	if err != nil {
+		return executor.GitHubRunConfig{}, fmt.Errorf("guest: %w", err)
+	}
+	cred, env, err := runAs(cfg.User)
+	if err != nil {
+		return executor.GitHubRunConfig{}, err
+	}
+	if cred == nil {
+		env = cfg.Env
+	}
+	// Traversable: the runner's user works below it (in job/, which becomes its own).
+	if err := os.MkdirAll(cfg.WorkDir, 0o755); err != nil {
+		return executor.GitHubRunConfig{}, fmt.Errorf("guest: work dir: %w", err)
+	}
+	gc.SecretsDir, gc.WorkDir = filepath.Join(cfg.WorkDir, "secrets"), filepath.Join(cfg.WorkDir, "job")
+	if err := os.MkdirAll(gc.SecretsDir, 0o700); err != nil {
+		return executor.GitHubRunConfig{}, fmt.Errorf("guest: secrets dir: %w", err)
+	}
+	if err := secretfile.WriteNew(filepath.Join(gc.SecretsDir, executor.JITConfigFile), []byte(jit)); err != nil {
+		return executor.GitHubRunConfig{}, fmt.Errorf("guest: JIT configuration: %w", err)
+	}
+	gc.LogFormat = executor.DefaultLogFormat
+	log := cfg.Log.With().Int64("task_id", grant.TaskID).Uint64("epoch", grant.Epoch).Logger()
+	return executor.GitHubRunConfig{GitHubConfig: gc, Env: env, Credential: cred, Output: cfg.Output, Log: log}, nil
+}
+
+// prepareGitea downloads a Gitea assignment's granted runner into the work directory and
+// returns what executor.Run is handed for the job.
+func prepareGitea(ctx context.Context, hc *http.Client, cfg Config, seed Seed, grant executor.Grant) (executor.RunConfig, error) {
 	ec, err := grant.Config()
 	if err != nil {
 		return executor.RunConfig{}, fmt.Errorf("guest: %w", err)

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -12,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"net/http"
@@ -104,6 +106,12 @@ type endpointRig struct {
 
 func newEndpointRig(t *testing.T) endpointRig {
 	t.Helper()
+	return newEndpointRigWith(t, executor.GitHubConfig{})
+}
+
+// newEndpointRigWith is newEndpointRig whose endpoint grants GitHub slots the runner gh pins.
+func newEndpointRigWith(t *testing.T, gh executor.GitHubConfig) endpointRig {
+	t.Helper()
 	_, js := eventlogtest.Connect(t)
 	elCfg := eventlog.DefaultConfig()
 	elCfg.Key = eventlogtest.Key
@@ -123,7 +131,8 @@ func newEndpointRig(t *testing.T) endpointRig {
 			FacadeURL: "https://10.213.0.1:8444", FacadeID: facadeID,
 			RunnerBin: bin, RunnerSHA256: runnerSHA, RunnerVersion: "v1.0.8", Labels: []string{"self-hosted", "vm"}, Renew: 30 * time.Second,
 		},
-		Log: zerolog.New(zerolog.NewTestWriter(t)),
+		GitHub: gh,
+		Log:    zerolog.New(zerolog.NewTestWriter(t)),
 	}, n, l)
 	require.NoError(t, err)
 	srv := httptest.NewServer(e.Handler())
@@ -142,8 +151,20 @@ func (r endpointRig) issue(t *testing.T, task assignment.TaskID) (Seed, assignme
 	require.NoError(t, err)
 	nonce, err := vmworker.NewNonce()
 	require.NoError(t, err)
-	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, task, st.Epoch(), "drc1.token-"+task.String()))
+	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, task, st.Epoch(), vmworker.Credential{Token: "drc1.token-" + task.String()}))
 	return Seed{InstanceID: instance, Nonce: nonce, Endpoint: r.srv.URL + "/"}, st
+}
+
+// prepareGiteaJob is prepare for a Gitea assignment's grant.
+func prepareGiteaJob(ctx context.Context, hc *http.Client, cfg Config) (executor.RunConfig, error) {
+	j, err := prepare(ctx, hc, cfg)
+	if err != nil {
+		return executor.RunConfig{}, err
+	}
+	if j.gitea == nil {
+		return executor.RunConfig{}, errors.New("a GitHub slot's job, not a Gitea assignment's")
+	}
+	return *j.gitea, nil
 }
 
 func testConfig(t *testing.T, seed *Seed) Config {
@@ -158,7 +179,7 @@ func TestPrepareRedeemsAtTheEndpoint(t *testing.T) {
 	seed, st := r.issue(t, 7)
 	cfg := testConfig(t, &seed)
 
-	rc, err := prepare(t.Context(), r.srv.Client(), cfg)
+	rc, err := prepareGiteaJob(t.Context(), r.srv.Client(), cfg)
 	require.NoError(t, err)
 	assert.Equal(t, "drc1.token-7", rc.Token)
 	assert.Equal(t, assignment.TaskID(7), rc.Task)
@@ -194,7 +215,7 @@ func TestPrepareRedeemsAtTheEndpoint(t *testing.T) {
 
 	// The nonce redeems once: a second guest run with the same seed is refused, at once.
 	start := time.Now()
-	_, err = prepare(t.Context(), r.srv.Client(), testConfig(t, &seed))
+	_, err = prepareGiteaJob(t.Context(), r.srv.Client(), testConfig(t, &seed))
 	require.ErrorContains(t, err, "redeem refused (410 Gone)")
 	assert.ErrorContains(t, err, "already redeemed")
 	assert.Less(t, time.Since(start), 900*time.Millisecond, "a refused nonce is not retried")
@@ -230,12 +251,12 @@ func TestPrepareReadsTheSeedDir(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "meta-data"), []byte(meta), 0o600))
 	cfg := testConfig(t, nil)
 	cfg.SeedDir = dir
-	rc, err := prepare(t.Context(), r.srv.Client(), cfg)
+	rc, err := prepareGiteaJob(t.Context(), r.srv.Client(), cfg)
 	require.NoError(t, err)
 	assert.Equal(t, "drc1.token-8", rc.Token)
 
 	cfg.SeedDir = t.TempDir() // no meta-data
-	_, err = prepare(t.Context(), r.srv.Client(), cfg)
+	_, err = prepareGiteaJob(t.Context(), r.srv.Client(), cfg)
 	require.ErrorIs(t, err, os.ErrNotExist)
 }
 
@@ -257,13 +278,13 @@ func TestPrepareRefusedByTheEndpoint(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(t, &tc.seed)
-			_, err := prepare(t.Context(), r.srv.Client(), cfg)
+			_, err := prepareGiteaJob(t.Context(), r.srv.Client(), cfg)
 			require.ErrorContains(t, err, "guest: redeem refused ("+tc.want+")")
 			assert.NoDirExists(t, cfg.WorkDir)
 		})
 	}
 	// None of the refusals spent the nonce.
-	rc, err := prepare(t.Context(), r.srv.Client(), testConfig(t, &seed))
+	rc, err := prepareGiteaJob(t.Context(), r.srv.Client(), testConfig(t, &seed))
 	require.NoError(t, err)
 	assert.Equal(t, "drc1.token-9", rc.Token)
 }
@@ -344,7 +365,7 @@ func TestPrepareRefusesTheGrant(t *testing.T) {
 			var f *fakeEndpoint
 			f = newFakeEndpoint(t, grantHandler(&f, tc.change), tc.served)
 			cfg := testConfig(t, f.seed())
-			_, err := prepare(t.Context(), f.srv.Client(), cfg)
+			_, err := prepareGiteaJob(t.Context(), f.srv.Client(), cfg)
 			require.Error(t, err)
 			if tc.is != nil {
 				require.ErrorIs(t, err, tc.is)
@@ -359,7 +380,7 @@ func TestPrepareRefusesTheGrant(t *testing.T) {
 	t.Run("checksum in upper case", func(t *testing.T) {
 		var f *fakeEndpoint
 		f = newFakeEndpoint(t, grantHandler(&f, func(g *executor.Grant) { g.RunnerSHA256 = strings.ToUpper(runnerSHA) }), runner)
-		_, err := prepare(t.Context(), f.srv.Client(), testConfig(t, f.seed()))
+		_, err := prepareGiteaJob(t.Context(), f.srv.Client(), testConfig(t, f.seed()))
 		require.NoError(t, err)
 	})
 }
@@ -533,7 +554,103 @@ func TestRunAs(t *testing.T) {
 	f = newFakeEndpoint(t, grantHandler(&f, func(*executor.Grant) {}), runner)
 	cfg := testConfig(t, f.seed())
 	cfg.User = "no-such-user-dynrunner"
-	_, err = prepare(t.Context(), f.srv.Client(), cfg)
+	_, err = prepareGiteaJob(t.Context(), f.srv.Client(), cfg)
 	require.ErrorAs(t, err, &unknown)
 	assert.NoFileExists(t, filepath.Join(cfg.WorkDir, "gitea-runner"))
+}
+
+// jit is the JIT configuration of the GitHub slot the tests issue a nonce for.
+const jit = "eyJydW5uZXIiOiJqaXQtY29uZmlndXJhdGlvbiJ9"
+
+// issueSlot claims a GitHub slot for the VM tier and issues a nonce for its JIT configuration,
+// as the VM worker does for a GitHub job; it returns the guest's seed and the claim.
+func (r endpointRig) issueSlot(t *testing.T, task assignment.TaskID) (Seed, assignment.State) {
+	t.Helper()
+	st, err := r.log.Apply(t.Context(), assignment.Event{Transition: assignment.Claimed, Task: task, At: time.Now(), Actor: "test",
+		Backend: assignment.BackendVM, Forge: assignment.ForgeGitHub, ScaleSet: 2, RunnerName: "dynrunner-vm-5",
+		Lease: time.Hour, Pickup: 10 * time.Minute}, nil)
+	require.NoError(t, err)
+	nonce, err := vmworker.NewNonce()
+	require.NoError(t, err)
+	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, task, st.Epoch(), vmworker.Credential{JITConfig: jit}))
+	return Seed{InstanceID: instance, Nonce: nonce, Endpoint: r.srv.URL + "/"}, st
+}
+
+// githubRunner writes a stand-in for GitHub's run.sh, which reports what the runner is given,
+// and returns its path and SHA-256.
+func githubRunner(t *testing.T) (string, string) {
+	t.Helper()
+	script := []byte("#!/bin/sh\necho \"jit=$ACTIONS_RUNNER_INPUT_JITCONFIG\"\necho \"pwd=$(pwd)\"\nls \"$(dirname \"$(pwd)\")/secrets\"\necho done\n")
+	bin := filepath.Join(t.TempDir(), "run.sh")
+	require.NoError(t, os.WriteFile(bin, script, 0o755))
+	return bin, sha256Hex(script)
+}
+
+// TestRunGitHubSlot: a GitHub slot's guest redeems its nonce for a GitHub grant and runs the
+// pinned runner of its image, not a downloaded one, with the JIT configuration, which it takes
+// out of its secrets directory before the runner starts; nothing of the facade is involved.
+func TestRunGitHubSlot(t *testing.T) {
+	bin, sha := githubRunner(t)
+	r := newEndpointRigWith(t, executor.GitHubConfig{RunnerBin: bin, RunnerSHA256: sha})
+	seed, st := r.issueSlot(t, assignment.SlotBase+5)
+	cfg := testConfig(t, &seed)
+	j, err := prepare(t.Context(), r.srv.Client(), cfg)
+	require.NoError(t, err)
+	require.Nil(t, j.gitea)
+	require.NotNil(t, j.github)
+	assert.Equal(t, st.Task, j.github.Task)
+	assert.Equal(t, st.Epoch(), j.github.Epoch)
+	assert.Equal(t, bin, j.github.RunnerBin)
+	assert.Equal(t, sha, j.github.RunnerSHA256)
+	assert.Equal(t, filepath.Join(cfg.WorkDir, "job"), j.github.WorkDir)
+	secret := filepath.Join(j.github.SecretsDir, executor.JITConfigFile)
+	got, err := os.ReadFile(secret)
+	require.NoError(t, err)
+	assert.Equal(t, jit, string(got))
+	fi, err := os.Stat(secret)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "the JIT configuration is readable by others")
+	assert.NoFileExists(t, filepath.Join(cfg.WorkDir, "gitea-runner"), "a runner was downloaded for a GitHub slot")
+
+	// The whole run, on a new slot's nonce.
+	seed, _ = r.issueSlot(t, assignment.SlotBase+6)
+	cfg = testConfig(t, &seed)
+	var out bytes.Buffer
+	cfg.Output = &out
+	require.NoError(t, Run(t.Context(), cfg))
+	assert.Contains(t, out.String(), "jit="+jit+"\n")
+	assert.Contains(t, out.String(), "pwd="+filepath.Join(cfg.WorkDir, "job")+"\n")
+	assert.NotContains(t, out.String(), executor.JITConfigFile, "the JIT configuration file was still there when the runner ran")
+	assert.Contains(t, out.String(), "done\n")
+}
+
+// TestRunGitHubSlotRefused: a GitHub grant the guest cannot use, or an image whose runner is
+// not the pinned one, stops the guest before the runner runs.
+func TestRunGitHubSlotRefused(t *testing.T) {
+	bin, sha := githubRunner(t)
+	for _, tc := range []struct {
+		name   string
+		change func(*executor.Grant)
+		want   string
+	}{
+		{"runner with another checksum", func(g *executor.Grant) { g.GitHub.RunnerSHA256 = strings.Repeat("0", 64) }, "pinned " + strings.Repeat("0", 64)},
+		{"relative runner path", func(g *executor.Grant) { g.GitHub.RunnerBin = "run.sh" }, "is not absolute"},
+		{"no JIT configuration", func(g *executor.Grant) { g.GitHub.JITConfig = "" }, "without its JIT configuration"},
+		{"not a slot", func(g *executor.Grant) { g.TaskID = 7 }, "no GitHub slot's id"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeEndpoint(t, func(w http.ResponseWriter, _ *http.Request) {
+				g := executor.NewGitHubGrant(executor.GitHubConfig{Task: assignment.SlotBase + 5, Epoch: 3, RunnerBin: bin, RunnerSHA256: sha}, jit)
+				tc.change(&g)
+				_ = json.NewEncoder(w).Encode(g)
+			}, nil)
+			cfg := testConfig(t, f.seed())
+			var out bytes.Buffer
+			cfg.Output = &out
+			err := Run(t.Context(), cfg)
+			require.ErrorContains(t, err, tc.want)
+			assert.NotContains(t, err.Error(), jit)
+			assert.NotContains(t, out.String(), "done", "the runner ran")
+		})
+	}
 }

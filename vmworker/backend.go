@@ -20,7 +20,8 @@ type Launcher interface {
 }
 
 // Backend boots one microVM per job. It issues the nonce the guest redeems for its
-// capability token, so the token never reaches the VM's seed or disk.
+// credential (a Gitea assignment's capability token or a GitHub slot's JIT configuration:
+// SpecCredential), so the credential never reaches the VM's seed or disk.
 type Backend struct {
 	procs    Launcher
 	nonces   *Nonces
@@ -49,17 +50,17 @@ func NewBackend(procs Launcher, nonces *Nonces, endpoint string, launch map[stri
 // processes' backend, which every handle carries.
 func (b *Backend) Name() string { return b.procs.Name() }
 
-// Start issues a nonce for the assignment's token and starts a launcher.
+// Start issues a nonce for the assignment's credential and starts a launcher.
 func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Handle, error) {
-	token, ok := spec.Files[podworker.TokenFile]
-	if !ok {
-		return podworker.Handle{}, fmt.Errorf("vmworker: spec for task %d has no capability token", spec.Task)
+	cred, err := SpecCredential(spec)
+	if err != nil {
+		return podworker.Handle{}, err
 	}
 	own, err := b.newLaunch()
 	if err != nil {
 		return podworker.Handle{}, err
 	}
-	if err := b.nonces.Issue(ctx, own.Nonce.Reveal(), own.InstanceID.String(), spec.Task, spec.Epoch, string(token)); err != nil {
+	if err := b.nonces.Issue(ctx, own.Nonce.Reveal(), own.InstanceID.String(), spec.Task, spec.Epoch, cred); err != nil {
 		return podworker.Handle{}, err
 	}
 	env := maps.Clone(spec.Env)

@@ -80,11 +80,11 @@ func TestLaunchEnvParses(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, want, got)
 	assert.Equal(t, endpointURL, spec.Env[launcher.EnvEndpoint])
-	task, epoch, token, err := r.nonces.Redeem(t.Context(), got.InstanceID.String(), got.Nonce.Reveal())
+	task, epoch, cred, err := r.nonces.Redeem(t.Context(), got.InstanceID.String(), got.Nonce.Reveal())
 	require.NoError(t, err)
 	assert.Equal(t, st.Task, task)
 	assert.Equal(t, st.Epoch(), epoch)
-	assert.Equal(t, "drc1.secret", token)
+	assert.Equal(t, vmworker.Credential{Token: "drc1.secret"}, cred)
 }
 
 func TestNewBackendRefusesEndpoint(t *testing.T) {

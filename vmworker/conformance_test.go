@@ -297,8 +297,8 @@ func TestConformance(t *testing.T) {
 		DiagnosePrefix: podworker.LauncherErrorPrefix,
 		Nonce: &podworkertest.NonceHarness{
 			Redeem: func(t *testing.T, h podworker.Handle) (string, error) {
-				_, _, token, err := nonces.Redeem(t.Context(), launcherVar(t, h, launcher.EnvInstanceID), launcherVar(t, h, launcher.EnvNonce))
-				return token, err
+				_, _, cred, err := nonces.Redeem(t.Context(), launcherVar(t, h, launcher.EnvInstanceID), launcherVar(t, h, launcher.EnvNonce))
+				return cred.Token, err
 			},
 			Received: func(t *testing.T) [][]byte {
 				rec.mu.Lock()

@@ -31,6 +31,11 @@ type EndpointConfig struct {
 	// and forge URL (executor.NewGrant): the facade's guest URL and SPIFFE ID, the pinned
 	// runner (Executor.RunnerBin is served at executor.RunnerPath), labels, renewal interval.
 	Executor executor.Config
+	// GitHub is what every GitHub slot's guest receives with its slot and JIT configuration
+	// (executor.NewGitHubGrant): the pinned GitHub Actions runner's path in the guest image
+	// and its SHA-256 (GITHUB_VM_RUNNER_BIN, GITHUB_VM_RUNNER_SHA256). Empty when this worker
+	// serves no GitHub slots.
+	GitHub executor.GitHubConfig
 	// FacadeCA returns the facade's CA bundle (PEM) at the time of each redemption, so a
 	// rotated CA reaches new guests.
 	FacadeCA func() ([]byte, error)
@@ -114,9 +119,9 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 		}
 		forgeURL = st.ForgeURL
 	}
-	var token string
+	var cred Credential
 	if err == nil {
-		task, epoch, token, err = e.nonces.Redeem(r.Context(), req.InstanceID, req.Nonce)
+		task, epoch, cred, err = e.nonces.Redeem(r.Context(), req.InstanceID, req.Nonce)
 	}
 	switch {
 	case errors.Is(err, ErrUnknownNonce):
@@ -131,6 +136,10 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "dynrunner nonce endpoint: try again", http.StatusServiceUnavailable)
 		return
 	}
+	if cred.GitHub() {
+		e.grantGitHub(w, req.InstanceID, task, epoch, cred.JITConfig)
+		return
+	}
 	ca, err := e.cfg.FacadeCA()
 	if err != nil {
 		e.cfg.Log.Error().Err(err).Msg("facade CA for a guest")
@@ -142,7 +151,25 @@ func (e *Endpoint) redeem(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	c := e.cfg.Executor
 	c.Task, c.Epoch, c.ForgeURL = task, epoch, forgeURL
-	_ = json.NewEncoder(w).Encode(executor.NewGrant(c, token, ca))
+	_ = json.NewEncoder(w).Encode(executor.NewGrant(c, cred.Token, ca))
+}
+
+// grantGitHub answers a redeemed GitHub slot's nonce with its grant: the slot, the JIT
+// configuration and the pinned runner's path in the guest image. Nothing of the facade: the
+// runner talks to GitHub itself.
+func (e *Endpoint) grantGitHub(w http.ResponseWriter, instance string, task assignment.TaskID, epoch assignment.Epoch, jit string) {
+	logger := e.cfg.Log.With().Int64(logkey.TaskID, int64(task)).Uint64(logkey.Epoch, uint64(epoch)).Str("instance_id", instance).Logger()
+	if e.cfg.GitHub.RunnerBin == "" {
+		logger.Error().Msg("a GitHub slot's nonce was redeemed, but this nonce endpoint has no GitHub runner pin (GITHUB_VM_RUNNER_BIN)")
+		http.Error(w, "dynrunner nonce endpoint: this endpoint serves no GitHub slots", http.StatusServiceUnavailable)
+		return
+	}
+	logger.Info().Msg("nonce redeemed for a GitHub slot")
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	c := e.cfg.GitHub
+	c.Task, c.Epoch = task, epoch
+	_ = json.NewEncoder(w).Encode(executor.NewGitHubGrant(c, jit))
 }
 
 // runner serves the pinned Gitea runner binary; it is not secret, and the guest checks its

@@ -13,8 +13,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/sealbox"
+	"github.com/dynrunner/dynrunner/podworker"
 )
 
 // Errors of Redeem. The endpoint maps them to HTTP statuses.
@@ -23,7 +25,58 @@ var (
 	ErrUnknownNonce = errors.New("vmworker: unknown nonce")
 	// ErrNonceRedeemed: the nonce was redeemed before.
 	ErrNonceRedeemed = errors.New("vmworker: nonce already redeemed")
+	// ErrCredential (of Issue, and of Redeem for a record that holds no valid credential): a
+	// Credential is a Gitea runner's capability token or a GitHub slot's JIT configuration,
+	// exactly one of them.
+	ErrCredential = errors.New("vmworker: a nonce's credential is a capability token or a JIT configuration, exactly one")
 )
+
+// Credential is what a guest receives for its nonce, its only credential: a Gitea
+// assignment's capability token, with which its runner registers at the facade, or a GitHub
+// slot's JIT configuration, with which GitHub's runner talks to GitHub. Never both.
+type Credential struct {
+	Token     string
+	JITConfig string
+}
+
+// SpecCredential is the credential of an environment's spec, which a VM backend keeps in the
+// controller and issues a nonce for: its capability token (podworker.TokenFile, a Gitea
+// assignment's) or its JIT configuration (executor.JITConfigFile, a GitHub slot's). A spec
+// with both, or neither, is refused with ErrCredential.
+func SpecCredential(spec podworker.Spec) (Credential, error) {
+	c := Credential{Token: string(spec.Files[podworker.TokenFile]), JITConfig: string(spec.Files[executor.JITConfigFile])}
+	if err := c.Check(); err != nil {
+		return Credential{}, fmt.Errorf("%w: the spec of task %d has %s", err, spec.Task, c.describe())
+	}
+	return c, nil
+}
+
+// describe names what c holds, never its values.
+func (c Credential) describe() string {
+	switch {
+	case c.Token != "" && c.JITConfig != "":
+		return "both a capability token and a JIT configuration"
+	case c.Token != "":
+		return "a capability token"
+	case c.JITConfig != "":
+		return "a JIT configuration"
+	}
+	return "neither a capability token nor a JIT configuration"
+}
+
+// Secret is the credential's secret, whichever it is.
+func (c Credential) Secret() string { return c.Token + c.JITConfig }
+
+// GitHub reports whether c is a GitHub slot's JIT configuration.
+func (c Credential) GitHub() bool { return c.JITConfig != "" }
+
+// Check returns ErrCredential unless exactly one of c's fields is set.
+func (c Credential) Check() error {
+	if (c.Token == "") == (c.JITConfig == "") {
+		return ErrCredential
+	}
+	return nil
+}
 
 // Nonces issues and redeems single-use nonces; redemption is decided by a compare-and-swap in
 // JetStream, so it holds across controller replicas and restarts.
@@ -37,6 +90,7 @@ type nonceRecord struct {
 	Epoch      assignment.Epoch  `json:"epoch"`
 	InstanceID string            `json:"instance_id"`
 	Token      string            `json:"token,omitempty"`
+	JITConfig  string            `json:"jit_config,omitempty"`
 	Redeemed   bool              `json:"redeemed"`
 	Issued     time.Time         `json:"issued"`
 }
@@ -62,9 +116,14 @@ func NewNonce() (string, error) {
 	return base64.RawURLEncoding.EncodeToString(b[:]), nil
 }
 
-// Issue records nonce as redeemable once by instanceID for the capability token.
-func (n *Nonces) Issue(ctx context.Context, nonce, instanceID string, task assignment.TaskID, epoch assignment.Epoch, token string) error {
-	rec := nonceRecord{Task: task, Epoch: epoch, InstanceID: instanceID, Token: token, Issued: time.Now().UTC()}
+// Issue records nonce as redeemable once by instanceID for cred, which it seals with the
+// record; a cred that is not exactly one credential is refused with ErrCredential.
+func (n *Nonces) Issue(ctx context.Context, nonce, instanceID string, task assignment.TaskID, epoch assignment.Epoch, cred Credential) error {
+	if err := cred.Check(); err != nil {
+		return fmt.Errorf("%w (issuing a nonce for task %d)", err, task)
+	}
+	rec := nonceRecord{Task: task, Epoch: epoch, InstanceID: instanceID, Token: cred.Token, JITConfig: cred.JITConfig,
+		Issued: time.Now().UTC()}
 	sealed, err := n.seal(nonce, rec)
 	if err != nil {
 		return err
@@ -107,26 +166,29 @@ func (n *Nonces) read(ctx context.Context, instanceID, nonce string) (nonceRecor
 	return rec, e.Revision(), nil
 }
 
-// Redeem trades a nonce for its token, once.
-func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignment.TaskID, assignment.Epoch, string, error) {
+// Redeem trades a nonce for its credential, once; the record keeps no credential after.
+func (n *Nonces) Redeem(ctx context.Context, instanceID, nonce string) (assignment.TaskID, assignment.Epoch, Credential, error) {
 	key := nonceKey(nonce)
 	rec, rev, err := n.read(ctx, instanceID, nonce)
 	if err != nil {
-		return 0, 0, "", err
+		return 0, 0, Credential{}, err
 	}
-	token := rec.Token
-	rec.Token, rec.Redeemed = "", true
+	cred := Credential{Token: rec.Token, JITConfig: rec.JITConfig}
+	if err := cred.Check(); err != nil {
+		return 0, 0, Credential{}, fmt.Errorf("vmworker: redeem: %w", err)
+	}
+	rec.Token, rec.JITConfig, rec.Redeemed = "", "", true
 	sealed, err := n.seal(nonce, rec)
 	if err != nil {
-		return 0, 0, "", err
+		return 0, 0, Credential{}, err
 	}
 	if _, err := n.kv.Update(ctx, key, sealed, rev); err != nil {
 		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return 0, 0, "", ErrNonceRedeemed // another redemption won the race
+			return 0, 0, Credential{}, ErrNonceRedeemed // another redemption won the race
 		}
-		return 0, 0, "", fmt.Errorf("vmworker: redeem: %w", err)
+		return 0, 0, Credential{}, fmt.Errorf("vmworker: redeem: %w", err)
 	}
-	return rec.Task, rec.Epoch, token, nil
+	return rec.Task, rec.Epoch, cred, nil
 }
 
 func nonceAAD(key string) []byte { return []byte("dynrunner/nonce/" + key) }

@@ -58,7 +58,7 @@ func TestNonceRedeemsOnceUnderRace(t *testing.T) {
 	r := newRig(t)
 	nonce, err := vmworker.NewNonce()
 	require.NoError(t, err)
-	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, 5, 9, "drc1.secret"))
+	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, 5, 9, vmworker.Credential{Token: "drc1.secret"}))
 	_, _, _, err = r.nonces.Redeem(t.Context(), "11111111-2222-4333-8444-555555555555", nonce)
 	require.ErrorIs(t, err, vmworker.ErrUnknownNonce, "redeem by another instance")
 	var wg sync.WaitGroup
@@ -66,12 +66,12 @@ func TestNonceRedeemsOnceUnderRace(t *testing.T) {
 	wins, tokens := 0, []string{}
 	for range 8 {
 		wg.Go(func() {
-			_, _, tok, err := r.nonces.Redeem(context.Background(), instance, nonce)
+			_, _, cred, err := r.nonces.Redeem(context.Background(), instance, nonce)
 			mu.Lock()
 			defer mu.Unlock()
 			if err == nil {
 				wins++
-				tokens = append(tokens, tok)
+				tokens = append(tokens, cred.Token)
 				return
 			}
 			assert.ErrorIs(t, err, vmworker.ErrNonceRedeemed, "unexpected error")
@@ -84,16 +84,24 @@ func TestNonceRedeemsOnceUnderRace(t *testing.T) {
 
 func endpoint(t *testing.T, r rig) *vmworker.Endpoint {
 	t.Helper()
+	return endpointWith(t, r, func(*vmworker.EndpointConfig) {})
+}
+
+// endpointWith is endpoint with its configuration changed by mod.
+func endpointWith(t *testing.T, r rig, mod func(*vmworker.EndpointConfig)) *vmworker.Endpoint {
+	t.Helper()
 	bin := filepath.Join(t.TempDir(), "gitea-runner")
 	require.NoError(t, os.WriteFile(bin, []byte("runner"), 0o755))
-	e, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
+	cfg := vmworker.EndpointConfig{
 		Listen: "10.213.0.1:7001", Allowed: netip.MustParsePrefix("10.213.0.0/24"), FacadeCA: func() ([]byte, error) { return []byte("CA"), nil },
 		Executor: executor.Config{
 			FacadeURL: "https://10.213.0.1:8444", FacadeID: spiffeid.RequireFromString("spiffe://dynrunner.local/dynrunner/facade"),
 			RunnerBin: bin, RunnerSHA256: "abc", RunnerVersion: "v1.0.8", Labels: []string{"vm:host"}, Renew: 30 * time.Second,
 		},
 		Log: zerolog.New(zerolog.NewTestWriter(t)),
-	}, r.nonces, r.log)
+	}
+	mod(&cfg)
+	e, err := vmworker.NewEndpoint(cfg, r.nonces, r.log)
 	require.NoError(t, err)
 	return e
 }
@@ -111,7 +119,7 @@ func TestEndpoint(t *testing.T) {
 	r := newRig(t)
 	st := r.claimVM(t, 7)
 	nonce, _ := vmworker.NewNonce()
-	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, 7, st.Epoch(), "drc1.tok"))
+	require.NoError(t, r.nonces.Issue(t.Context(), nonce, instance, 7, st.Epoch(), vmworker.Credential{Token: "drc1.tok"}))
 	h := endpoint(t, r).Handler()
 	guest := "10.213.0.17:40000"
 

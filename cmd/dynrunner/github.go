@@ -15,12 +15,13 @@ import (
 	"github.com/dynrunner/dynrunner/podworker"
 )
 
-// gitHubTiers are the tiers GitHub slots are served on: the pod tier, when enabled. A vm slot's
-// guest does not run GitHub's runner yet, so no vm scale set is made.
+// gitHubTiers are the tiers GitHub slots are served on, one scale set each: every enabled
+// tier. A pod slot's environment runs GitHub's runner (GITHUB_RUNNER_BIN), a vm slot's guest the
+// runner of its image (GITHUB_VM_RUNNER_BIN).
 func gitHubTiers(tiers []assignment.Backend) []assignment.Backend {
 	var out []assignment.Backend
 	for _, t := range tiers {
-		if t == assignment.BackendPod {
+		if t == assignment.BackendPod || t == assignment.BackendVM {
 			out = append(out, t)
 		}
 	}
@@ -107,4 +108,16 @@ func (p *plane) gitHubWorker() *podworker.GitHub {
 	}
 	return &podworker.GitHub{Box: p.box,
 		Env: executor.GitHubConfig{RunnerBin: gh.RunnerBin, RunnerSHA256: gh.RunnerSHA256, LogFormat: p.cfg.LogFormat}}
+}
+
+// gitHubVMWorker configures the vm worker for GitHub slots; nil without the pin of the runner
+// in the guest image (GITHUB_VM_RUNNER_SHA256, by default GITHUB_RUNNER_SHA256): the worker
+// then refuses slots. Its Env is also what the nonce endpoint grants the guests.
+func (p *plane) gitHubVMWorker() *podworker.GitHub {
+	gh := p.cfg.GitHub
+	if !gh.VMSlots() {
+		return nil
+	}
+	return &podworker.GitHub{Box: p.box,
+		Env: executor.GitHubConfig{RunnerBin: gh.VMRunnerBin, RunnerSHA256: gh.VMRunnerSHA256, LogFormat: p.cfg.LogFormat}}
 }

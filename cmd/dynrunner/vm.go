@@ -41,6 +41,11 @@ func startVMWorker(ctx context.Context, p *plane) error {
 	if _, err := facadeCA(); err != nil {
 		return err
 	}
+	gh := p.gitHubVMWorker()
+	var ghGrant executor.GitHubConfig
+	if gh != nil {
+		ghGrant = executor.GitHubConfig{RunnerBin: gh.Env.RunnerBin, RunnerSHA256: gh.Env.RunnerSHA256}
+	}
 	ep, err := vmworker.NewEndpoint(vmworker.EndpointConfig{
 		Listen: cfg.VM.NonceListen, Allowed: cfg.VM.GuestNet, FacadeCA: facadeCA, Log: vlog,
 		Executor: executor.Config{
@@ -48,6 +53,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 			RunnerBin: cfg.GiteaRunnerBin, RunnerSHA256: cfg.GiteaRunnerSHA256, RunnerVersion: cfg.GiteaRunnerVersion,
 			Labels: executor.Labels(assignment.BackendVM), Renew: assignment.RenewEvery(cfg.Lease),
 		},
+		GitHub: ghGrant,
 	}, nonces, p.evlog)
 	if err != nil {
 		return err
@@ -61,7 +67,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 	}
 	w := podworker.New(podworker.Config{
 		Actor: "vm-worker@" + p.actor, Tier: assignment.BackendVM, Concurrency: cfg.VMConcurrency,
-		Issuer: p.issuer, Log: vlog, Grants: cfg.Grants, Metrics: p.workerMetrics,
+		Issuer: p.issuer, Log: vlog, Grants: cfg.Grants, Metrics: p.workerMetrics, GitHub: gh,
 	}, backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
 	p.ready = append(p.ready, w.Ready())

@@ -4,8 +4,9 @@
 #   rootfs.qcow2   the root disk: a Debian bookworm minbase with the job's userland (the same
 #                  packages as the pod tier's executor image: deploy/userland-packages), a
 #                  `runner` user (uid 1000, home /home/runner), the static dynrunner binary at
-#                  /usr/local/bin/dynrunner and /sbin/dynrunner-init; ext4 on the whole disk,
-#                  grown to the disk's size at boot
+#                  /usr/local/bin/dynrunner and /sbin/dynrunner-init (and, with
+#                  GITHUB_RUNNER_DIR, GitHub's runner at /opt/actions-runner); ext4 on the
+#                  whole disk, grown to the disk's size at boot
 #   vmlinuz        Debian's cloud kernel (linux-image-cloud-amd64)
 #   initrd.img     busybox-static, that kernel's virtio and iso9660 modules and a first-stage
 #                  init: it loads the modules, mounts the NoCloud seed, configures eth0 from its
@@ -26,6 +27,14 @@
 # Usage: deploy/vm-image/build.sh <outdir>
 #   DYNRUNNER_BIN=path   a static dynrunner binary (CGO_ENABLED=0); default: built from this tree
 #   DEBIAN_MIRROR        default http://deb.debian.org/debian
+#   GITHUB_RUNNER_DIR=dir  the unpacked GitHub Actions runner (actions-runner-linux-x64-*.tar.gz,
+#                        its run.sh at the top), added at /opt/actions-runner owned by the runner
+#                        user, for GitHub slots on the vm tier (GITHUB_VM_RUNNER_BIN, default
+#                        /opt/actions-runner/run.sh; pin its SHA-256 with GITHUB_VM_RUNNER_SHA256).
+#                        Added on every call, not cached. Default: none
+#   GUEST_EXTRA_PACKAGES Debian packages added to the userland, comma- or space-separated (the
+#                        real runner's: libicu72 libkrb5-3 zlib1g liblttng-ust1 libssl3); the
+#                        root file system is cached per package list
 # Needs root (debootstrap), debootstrap, busybox-static, cpio, e2fsprogs, qemu-utils and
 # apt-get download (scripts/vm-deps.sh installs them).
 set -euo pipefail
@@ -39,6 +48,13 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 PACKAGES=$(grep -v '^#' "$ROOT/deploy/userland-packages" | paste -sd, -)
 # Beside the userland: resize2fs grows the root file system to the disk at boot.
 GUEST_PACKAGES=$PACKAGES,e2fsprogs
+EXTRA=$(printf '%s' "${GUEST_EXTRA_PACKAGES:-}" | tr ', ' '\n\n' | grep -v '^$' | paste -sd, - || true)
+if [ -n "$EXTRA" ]; then
+  printf '%s' "$EXTRA" | grep -Eqx '[a-z0-9][a-z0-9.+-]*(,[a-z0-9][a-z0-9.+-]*)*' ||
+    { printf 'vm-image: GUEST_EXTRA_PACKAGES=%s: want Debian package names\n' "$GUEST_EXTRA_PACKAGES" >&2; exit 1; }
+  GUEST_PACKAGES=$GUEST_PACKAGES,$EXTRA
+fi
+RUNNER_DIR=${GITHUB_RUNNER_DIR:-}
 CACHE=${DYNRUNNER_CACHE:-$HOME/.cache/dynrunner}
 DIR=$CACHE/vm-guest-$RECIPE-$(printf %s "$GUEST_PACKAGES" | sha256sum | cut -c1-8)
 # Modules the first stage loads (dependencies first; built-in ones are skipped).
@@ -119,6 +135,10 @@ flock "$lock"
 build
 exec {lock}>&-
 
+if [ -n "$RUNNER_DIR" ]; then
+  [ -f "$RUNNER_DIR/run.sh" ] || die "GITHUB_RUNNER_DIR=$RUNNER_DIR holds no run.sh: want the unpacked GitHub Actions runner"
+fi
+
 bin=${DYNRUNNER_BIN:-}
 if [ -z "$bin" ]; then
   tmp=$(mktemp -d)
@@ -137,6 +157,14 @@ TMPS+=("$stage")
 tar --numeric-owner --xattrs -C "$stage" -xf "$DIR/rootfs.tar"
 install -m 0755 "$bin" "$stage/usr/local/bin/dynrunner"
 install -m 0755 "$HERE/dynrunner-init" "$stage/sbin/dynrunner-init"
+if [ -n "$RUNNER_DIR" ]; then
+  # GitHub's runner writes its configuration and diagnostics into its own directory: the
+  # runner user's, as in the executor image.
+  mkdir -p "$stage/opt/actions-runner"
+  cp -a "$RUNNER_DIR/." "$stage/opt/actions-runner/"
+  chown -R 1000:1000 "$stage/opt/actions-runner"
+  log "GitHub Actions runner from $RUNNER_DIR at /opt/actions-runner"
+fi
 # The file system's own size: its content and 256 MiB; the guest grows it to the disk.
 mib=$(($(du -sm "$stage" | cut -f1) * 12 / 10 + 256))
 mkfs.ext4 -q -F -L dynrunner-root -d "$stage" "$stage.raw" "${mib}M" >/dev/null

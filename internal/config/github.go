@@ -36,6 +36,12 @@ type GitHub struct {
 	// them.
 	RunnerBin    string
 	RunnerSHA256 string
+	// VMRunnerBin is GITHUB_VM_RUNNER_BIN: the pinned GitHub Actions runner's run.sh in the
+	// microVM guest image (DefaultVMRunnerBin); VMRunnerSHA256 (GITHUB_VM_RUNNER_SHA256, by
+	// default GITHUB_RUNNER_SHA256) its SHA-256. The vm worker grants them to GitHub slots'
+	// guests.
+	VMRunnerBin    string
+	VMRunnerSHA256 string
 	// Reruns is GITHUB_RERUNS: how many times dynrunner asks GitHub to rerun the failed jobs
 	// of one workflow run whose slots lost their environment (0: never).
 	Reruns int
@@ -48,10 +54,16 @@ func (g GitHub) Enabled() bool { return g.URL != "" }
 // process of its own needs nothing else of GitHub, no credential in particular.
 func (g GitHub) Slots() bool { return g.RunnerBin != "" }
 
+// VMSlots reports whether the vm worker serves GitHub slots: it has the pin of the runner in
+// the guest image.
+func (g GitHub) VMSlots() bool { return g.VMRunnerBin != "" && g.VMRunnerSHA256 != "" }
+
 // GitHub defaults.
 const (
 	DefaultGitHubIdle     = 10 * time.Minute
 	DefaultScaleSetPrefix = "dynrunner"
+	// DefaultVMRunnerBin is where deploy/vm-image/build.sh puts GitHub's runner (GITHUB_RUNNER_DIR).
+	DefaultVMRunnerBin = "/opt/actions-runner/run.sh"
 )
 
 // loadGitHub reads the GITHUB_* variables. Credentials are named by file only; which files
@@ -78,12 +90,14 @@ func loadGitHub(e *env, c Controller) GitHub {
 	g.JobLease = e.seconds("GITHUB_JOB_LEASE_SECS", int(github.DefaultSlotLease/time.Second), 60)
 	g.RunnerBin = e.str("GITHUB_RUNNER_BIN", "")
 	g.RunnerSHA256 = strings.ToLower(e.str("GITHUB_RUNNER_SHA256", ""))
+	g.VMRunnerBin = e.str("GITHUB_VM_RUNNER_BIN", DefaultVMRunnerBin)
+	g.VMRunnerSHA256 = strings.ToLower(e.str("GITHUB_VM_RUNNER_SHA256", g.RunnerSHA256))
 	g.Reruns = e.integer("GITHUB_RERUNS", github.DefaultReruns, 0)
 	if g.Reruns > github.MaxReruns {
 		e.fail("GITHUB_RERUNS=%d: want at most %d reruns of a workflow run (0 turns reruns off)", g.Reruns, github.MaxReruns)
 	}
 	worker := c.Has(PodWorker) || c.Has(VMWorker)
-	if worker && g.RunnerBin != "" && (len(g.RunnerSHA256) != 64 || strings.Trim(g.RunnerSHA256, "0123456789abcdef") != "") {
+	if worker && g.RunnerBin != "" && !sha256Hex(g.RunnerSHA256) {
 		e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)
 	}
 	// The kubernetes backend mounts an environment's files from a Secret, read-only: the
@@ -91,6 +105,14 @@ func loadGitHub(e *env, c Controller) GitHub {
 	// read it for its whole run. Refused rather than run that way, or failed slot by slot.
 	if c.Has(PodWorker) && c.PodBackend == "kubernetes" && (g.RunnerBin != "" || (g.Enabled() && c.Has(Scheduler))) {
 		e.fail("GitHub slots with POD_BACKEND=kubernetes: the kubernetes backend cannot run them yet (its Secret volume is read-only, so the executor cannot remove the JIT configuration before the job starts); serve GitHub's pod tier from a worker with POD_BACKEND=docker or local, or unset GITHUB_CONFIG_URL and GITHUB_RUNNER_BIN in this process")
+	}
+	if c.Has(VMWorker) && g.VMRunnerSHA256 != "" {
+		switch {
+		case !sha256Hex(g.VMRunnerSHA256):
+			e.fail("GITHUB_VM_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_VM_RUNNER_BIN in the guest image (sha256sum %s in the image; default GITHUB_RUNNER_SHA256)", g.VMRunnerBin)
+		case !strings.HasPrefix(g.VMRunnerBin, "/"):
+			e.fail("GITHUB_VM_RUNNER_BIN=%q: want the absolute path of the runner's run.sh in the guest image (default %s)", g.VMRunnerBin, DefaultVMRunnerBin)
+		}
 	}
 	// Only a scheduler talks to GitHub. A worker serves slots when it has the runner's pin
 	// (GitHub.Slots), and needs no credential: the App key and tokens stay off its host.
@@ -110,13 +132,21 @@ func loadGitHub(e *env, c Controller) GitHub {
 	if err := g.Auth.Validate(); err != nil {
 		e.fail("%v", err)
 	}
-	if worker && g.RunnerBin == "" {
+	if c.Has(PodWorker) && g.RunnerBin == "" {
 		e.fail("GITHUB_RUNNER_BIN is required with GitHub and a worker in one process: the pinned GitHub Actions runner's run.sh as environments see it (scripts/github-runner.sh)")
+	}
+	if c.Has(VMWorker) && !g.VMSlots() {
+		e.fail("GITHUB_VM_RUNNER_SHA256 (or GITHUB_RUNNER_SHA256) is required with GitHub and the vm worker in one process: the SHA-256 of the GitHub Actions runner's run.sh in the guest image (GITHUB_VM_RUNNER_BIN, default %s)", DefaultVMRunnerBin)
 	}
 	if g.Idle >= g.JobLease {
 		e.fail("GITHUB_IDLE_SECS (%s) must be below GITHUB_JOB_LEASE_SECS (%s)", g.Idle, g.JobLease)
 	}
 	return g
+}
+
+// sha256Hex reports whether s is a SHA-256 in lower-case hex.
+func sha256Hex(s string) bool {
+	return len(s) == 64 && strings.Trim(s, "0123456789abcdef") == ""
 }
 
 // loopbackHost reports whether host is a loopback address or localhost.

@@ -29,7 +29,8 @@ func TestGitHub(t *testing.T) {
 	assert.Equal(t, GitHub{URL: "https://github.com/acme",
 		Auth:        github.Auth{AppID: "4242", InstallationID: 77, PrivateKeyFile: "/etc/dynrunner/github-app.pem"},
 		RunnerGroup: "Default", ScaleSetPrefix: "dynrunner", Idle: 10 * time.Minute, JobLease: 6 * time.Hour,
-		RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: strings.Repeat("ab", 32), Reruns: 2}, c.GitHub)
+		RunnerBin: "/opt/actions-runner/run.sh", RunnerSHA256: strings.Repeat("ab", 32),
+		VMRunnerBin: "/opt/actions-runner/run.sh", VMRunnerSHA256: strings.Repeat("ab", 32), Reruns: 2}, c.GitHub)
 
 	for _, tc := range []struct {
 		set  map[string]string
@@ -57,6 +58,43 @@ func TestGitHub(t *testing.T) {
 		_, err := LoadController(envOf(env))
 		require.ErrorContains(t, err, tc.want, "%v", tc.set)
 	}
+
+	// The vm worker's pin of the runner in the guest image: by default the pod tier's SHA-256
+	// at /opt/actions-runner/run.sh, or its own.
+	vm := app()
+	vm["VM_IMAGE"] = "/var/lib/dynrunner/base.qcow2"
+	c, err = LoadController(envOf(vm))
+	require.NoError(t, err)
+	assert.Contains(t, c.Components, VMWorker)
+	assert.True(t, c.GitHub.VMSlots())
+	assert.Equal(t, "/opt/actions-runner/run.sh", c.GitHub.VMRunnerBin)
+	assert.Equal(t, strings.Repeat("ab", 32), c.GitHub.VMRunnerSHA256)
+	vm["GITHUB_VM_RUNNER_BIN"], vm["GITHUB_VM_RUNNER_SHA256"] = "/srv/runner/run.sh", strings.Repeat("CD", 32)
+	c, err = LoadController(envOf(vm))
+	require.NoError(t, err)
+	assert.Equal(t, "/srv/runner/run.sh", c.GitHub.VMRunnerBin)
+	assert.Equal(t, strings.Repeat("cd", 32), c.GitHub.VMRunnerSHA256)
+	for _, tc := range []struct {
+		set  map[string]string
+		want string
+	}{
+		{map[string]string{"GITHUB_VM_RUNNER_SHA256": "abc"}, "GITHUB_VM_RUNNER_SHA256 must be"},
+		{map[string]string{"GITHUB_VM_RUNNER_BIN": "run.sh"}, "GITHUB_VM_RUNNER_BIN=\"run.sh\": want the absolute path"},
+		{map[string]string{"GITHUB_RUNNER_SHA256": "", "GITHUB_RUNNER_BIN": "", "COMPONENTS": "scheduler,facade,vm-worker"},
+			"GITHUB_VM_RUNNER_SHA256 (or GITHUB_RUNNER_SHA256) is required"},
+	} {
+		env := maps.Clone(vm)
+		delete(env, "GITHUB_VM_RUNNER_BIN")
+		delete(env, "GITHUB_VM_RUNNER_SHA256")
+		maps.Copy(env, tc.set)
+		_, err := LoadController(envOf(env))
+		require.ErrorContains(t, err, tc.want, "%v", tc.set)
+	}
+	// A vm worker alone needs no pod tier's runner.
+	vmOnly := maps.Clone(vm)
+	vmOnly["COMPONENTS"], vmOnly["GITHUB_RUNNER_BIN"], vmOnly["GITHUB_RUNNER_SHA256"] = "scheduler,facade,vm-worker", "", ""
+	_, err = LoadController(envOf(vmOnly))
+	require.NoError(t, err)
 
 	off := app()
 	off["GITHUB_RERUNS"] = "0"

@@ -71,7 +71,7 @@ type Config struct {
 	// Scope separates the sandboxes of several dynrunner installations on one OpenSandbox
 	// server: List and the reaper only see their own scope (DefaultScope when empty).
 	Scope string
-	// Nonces issues the nonces sandboxes redeem for their capability token. Required.
+	// Nonces issues the nonces sandboxes redeem for their credential. Required.
 	Nonces *vmworker.Nonces
 	// Endpoint is the nonce endpoint's URL as sandboxes reach it (http://host:port). Required.
 	Endpoint string
@@ -103,7 +103,7 @@ type Config struct {
 var (
 	// ErrInvalidConfig reports a Config New refuses.
 	ErrInvalidConfig = errors.New("opensandbox: invalid configuration")
-	// ErrInvalidSpec reports a Spec Start refuses (no capability token, bad task or epoch);
+	// ErrInvalidSpec reports a Spec Start refuses (not exactly one credential, bad task or epoch);
 	// retrying cannot help.
 	ErrInvalidSpec = errors.New("opensandbox: invalid spec")
 	// ErrInvalidHandle reports a Handle that is not an opensandbox one or names no safe id.

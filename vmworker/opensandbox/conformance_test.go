@@ -53,8 +53,8 @@ func harness(f *fixture) podworkertest.Harness {
 				sb, ok := f.srv.Sandbox(h.ID)
 				require.True(t, ok, "sandbox %s is gone", h.ID)
 				assert.Equal(t, h.Data[opensandbox.DataInstanceID], sb.Env[opensandbox.EnvInstanceID], "the sandbox's instance id, against the handle's")
-				_, _, token, err := f.redeem(t, sb.Env[opensandbox.EnvInstanceID], sb.Env[opensandbox.EnvNonce])
-				return token, err
+				_, _, cred, err := f.redeem(t, sb.Env[opensandbox.EnvInstanceID], sb.Env[opensandbox.EnvNonce])
+				return cred.Token, err
 			},
 		},
 		Without: map[string]string{

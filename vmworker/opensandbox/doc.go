@@ -10,11 +10,12 @@
 //	DELETE /sandboxes/{sandboxId} delete; 204, or 404 when it is already gone
 //	GET    /sandboxes?metadata=…  list by metadata, paginated (page, pageSize, hasNextPage)
 //
-// Like the local launcher backend, Start never gives the capability token to the sandbox. It
-// issues a single-use nonce for the token (vmworker.Nonces, the VM worker's own) and
+// Like the local launcher backend, Start never gives the credential to the sandbox: a Gitea
+// assignment's capability token or a GitHub slot's JIT configuration (vmworker.SpecCredential).
+// It issues a single-use nonce for the credential (vmworker.Nonces, the VM worker's own) and
 // passes the sandbox only an instance id, the nonce and the nonce endpoint's URL, as the
 // environment variables EnvInstanceID, EnvNonce and EnvEndpoint. The guest redeems the nonce
-// once. The token appears in no request the backend sends.
+// once. The credential appears in no request the backend sends.
 //
 // Every sandbox carries metadata (Kubernetes labels on the server side) naming its task,
 // epoch, scope and instance id, so List finds dynrunner's sandboxes after a controller
@@ -32,5 +33,5 @@
 // not decode ErrMalformed, a sandbox that never becomes Running within Config.StartTimeout
 // ErrStartTimeout (the sandbox is deleted), one that fails while starting ErrSandboxFailed.
 // Server text in errors is sanitized: no error or log line contains the API key, the nonce or
-// the token, even when the server echoes a request.
+// the credential, even when the server echoes a request.
 package opensandbox

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/vmworker/opensandbox"
@@ -293,6 +294,14 @@ func TestInvalidInput(t *testing.T) {
 		{name: "no token", mod: func(s *podworker.Spec) { s.Files = nil }},
 		{name: "empty token", mod: func(s *podworker.Spec) { s.Files[podworker.TokenFile] = nil }},
 		{name: "token in env", mod: func(s *podworker.Spec) { s.Env["LEAK"] = "x" + testToken }},
+		{name: "token and JIT configuration", mod: func(s *podworker.Spec) { s.Files[executor.JITConfigFile] = []byte(testJIT) }},
+		{name: "empty JIT configuration", mod: func(s *podworker.Spec) {
+			s.Files = map[string][]byte{executor.JITConfigFile: nil}
+		}},
+		{name: "JIT configuration in env", mod: func(s *podworker.Spec) {
+			s.Files = map[string][]byte{executor.JITConfigFile: []byte(testJIT)}
+			s.Env["LEAK"] = testJIT + "x"
+		}},
 		{name: "no epoch", mod: func(s *podworker.Spec) { s.Epoch = 0 }},
 		{name: "bad env name", mod: func(s *podworker.Spec) { s.Env["A=B"] = "x" }},
 	} {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/podworker"
@@ -93,8 +94,20 @@ func (f *fixture) backend(t *testing.T, mod func(*opensandbox.Config)) *opensand
 	return b
 }
 
-// testToken is the capability token of spec.
-const testToken = "dynrunner-capability-token-never-leaves"
+// testToken is the capability token of spec; testJIT the JIT configuration of githubSpec.
+const (
+	testToken = "dynrunner-capability-token-never-leaves"
+	testJIT   = "eyJkeW5ydW5uZXIiOiJKSVQgY29uZmlndXJhdGlvbiJ9"
+)
+
+// githubSpec returns the spec of GitHub slot task whose sandbox runs script: its credential is
+// a JIT configuration, not a capability token.
+func githubSpec(task assignment.TaskID, script opensandboxtest.Script) podworker.Spec {
+	s := spec(task, script)
+	s.Env["DYNRUNNER_FORGE"] = "github"
+	s.Files = map[string][]byte{executor.JITConfigFile: []byte(testJIT)}
+	return s
+}
 
 // spec returns a spec for task whose sandbox runs script.
 func spec(task assignment.TaskID, script opensandboxtest.Script) podworker.Spec {
@@ -111,6 +124,7 @@ func (f *fixture) checkErr(t *testing.T, err error) {
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), f.srv.APIKey(), "the error holds the API key")
 	assert.NotContains(t, err.Error(), testToken, "the error holds the capability token")
+	assert.NotContains(t, err.Error(), testJIT, "the error holds the JIT configuration")
 	t.Logf("error: %v", err)
 }
 
@@ -125,7 +139,7 @@ func (f *fixture) issued(t *testing.T) uint64 {
 }
 
 // redeem redeems nonce for instance, as the nonce endpoint does.
-func (f *fixture) redeem(t *testing.T, instance, nonce string) (assignment.TaskID, assignment.Epoch, string, error) {
+func (f *fixture) redeem(t *testing.T, instance, nonce string) (assignment.TaskID, assignment.Epoch, vmworker.Credential, error) {
 	t.Helper()
 	return f.nonces.Redeem(t.Context(), instance, nonce)
 }

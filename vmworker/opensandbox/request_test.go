@@ -82,11 +82,11 @@ func TestCreateRequest(t *testing.T) {
 	// The nonce redeems once for the token, for this instance only.
 	_, _, _, err = f.redeem(t, "00000000-0000-4000-8000-000000000000", sb.Env[opensandbox.EnvNonce])
 	assert.ErrorIs(t, err, vmworker.ErrUnknownNonce, "the nonce redeemed for another instance")
-	task, epoch, token, err := f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
+	task, epoch, cred, err := f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
 	require.NoError(t, err, "Redeem")
 	assert.Equal(t, assignment.TaskID(42), task)
 	assert.Equal(t, assignment.Epoch(7), epoch)
-	assert.Equal(t, testToken, token, "the redeemed token")
+	assert.Equal(t, vmworker.Credential{Token: testToken}, cred, "the redeemed token")
 	_, _, _, err = f.redeem(t, instance, sb.Env[opensandbox.EnvNonce])
 	assert.ErrorIs(t, err, vmworker.ErrNonceRedeemed, "the nonce redeemed twice")
 }
@@ -225,4 +225,31 @@ func TestWrongBaseURL(t *testing.T) {
 	assert.ErrorIs(t, err, opensandbox.ErrRejected, "List error")
 	assert.NotErrorIs(t, err, podworker.ErrNotFound, "List error")
 	assert.ErrorContains(t, err, "server URL", "the error does not point at the server URL")
+}
+
+// TestGitHubSlotSandbox: a GitHub slot's sandbox is created like a Gitea assignment's; its
+// nonce redeems, once, for the slot's JIT configuration, which is in no request the backend
+// sent.
+func TestGitHubSlotSandbox(t *testing.T) {
+	f := newFixture(t, opensandboxtest.ServerConfig{})
+	b := f.backend(t, nil)
+	task := assignment.SlotBase + 44
+	h, err := b.Start(ctxT(t), githubSpec(task, opensandboxtest.ScriptRun))
+	require.NoError(t, err, "Start")
+	t.Cleanup(func() { _ = b.Destroy(context.Background(), h) })
+	for _, r := range f.srv.Requests() {
+		assert.NotContains(t, string(r.Body), testJIT, "%s %s sent the JIT configuration", r.Method, r.Path)
+		assert.NotContains(t, r.Path+"?"+r.RawQuery, testJIT, "%s %s sent the JIT configuration", r.Method, r.Path)
+	}
+	sb, ok := f.srv.Sandbox(h.ID)
+	require.True(t, ok, "sandbox %s not on the server", h.ID)
+	assert.Equal(t, "github", sb.Env["DYNRUNNER_FORGE"])
+	assert.Equal(t, task.String(), sb.Metadata[opensandbox.MetaTask])
+	got, epoch, cred, err := f.redeem(t, sb.Env[opensandbox.EnvInstanceID], sb.Env[opensandbox.EnvNonce])
+	require.NoError(t, err, "Redeem")
+	assert.Equal(t, task, got)
+	assert.Equal(t, assignment.Epoch(7), epoch)
+	assert.Equal(t, vmworker.Credential{JITConfig: testJIT}, cred, "the redeemed credential")
+	_, _, _, err = f.redeem(t, sb.Env[opensandbox.EnvInstanceID], sb.Env[opensandbox.EnvNonce])
+	assert.ErrorIs(t, err, vmworker.ErrNonceRedeemed, "the nonce redeemed twice")
 }

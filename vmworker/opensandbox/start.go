@@ -18,14 +18,16 @@ import (
 )
 
 // Start creates the sandbox of spec from the pool and returns once it is Running. The
-// capability token stays in the controller: the sandbox gets an instance id, a single-use
-// nonce for the token and the nonce endpoint's URL, and spec.Env; spec.Files never leave.
+// credential (a Gitea assignment's capability token or a GitHub slot's JIT configuration:
+// vmworker.SpecCredential) stays in the controller: the sandbox gets an instance id, a
+// single-use nonce for the credential and the nonce endpoint's URL, and spec.Env; spec.Files
+// never leave.
 //
 // When the assignment's sandbox exists already (a retried dispatch, a restarted controller),
 // Start returns its handle and creates nothing; one that ended is deleted and replaced. A new
 // sandbox that fails or is not Running within Config.StartTimeout is deleted.
 func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Handle, error) {
-	token, err := checkSpec(spec)
+	cred, err := checkSpec(spec)
 	if err != nil {
 		return podworker.Handle{}, err
 	}
@@ -51,7 +53,7 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 	if err != nil {
 		return fail(err)
 	}
-	if err := b.cfg.Nonces.Issue(ctx, nonce, instance, spec.Task, spec.Epoch, token); err != nil {
+	if err := b.cfg.Nonces.Issue(ctx, nonce, instance, spec.Task, spec.Epoch, cred); err != nil {
 		return fail(fmt.Errorf("issue nonce: %w", err))
 	}
 	began := time.Now()
@@ -76,24 +78,29 @@ func (b *Backend) Start(ctx context.Context, spec podworker.Spec) (podworker.Han
 	return h, nil
 }
 
-// checkSpec validates spec and returns its capability token.
-func checkSpec(spec podworker.Spec) (string, error) {
+// checkSpec validates spec and returns its credential: its capability token or its JIT
+// configuration, exactly one.
+func checkSpec(spec podworker.Spec) (vmworker.Credential, error) {
 	if spec.Task <= 0 || spec.Epoch == 0 {
-		return "", fmt.Errorf("%w: task %d epoch %d", ErrInvalidSpec, spec.Task, spec.Epoch)
+		return vmworker.Credential{}, fmt.Errorf("%w: task %d epoch %d", ErrInvalidSpec, spec.Task, spec.Epoch)
 	}
-	token, ok := spec.Files[podworker.TokenFile]
-	if !ok || len(token) == 0 {
-		return "", fmt.Errorf("%w: task %d has no capability token", ErrInvalidSpec, spec.Task)
+	cred, err := vmworker.SpecCredential(spec)
+	if err != nil {
+		return vmworker.Credential{}, fmt.Errorf("%w: %w", ErrInvalidSpec, err)
+	}
+	what := "capability token"
+	if cred.GitHub() {
+		what = "JIT configuration"
 	}
 	for k, v := range spec.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(v, "\x00") {
-			return "", fmt.Errorf("%w: environment variable %q", ErrInvalidSpec, k)
+			return vmworker.Credential{}, fmt.Errorf("%w: environment variable %q", ErrInvalidSpec, k)
 		}
-		if strings.Contains(v, string(token)) {
-			return "", fmt.Errorf("%w: environment variable %s holds the capability token, which never goes to a sandbox", ErrInvalidSpec, k)
+		if strings.Contains(v, cred.Secret()) {
+			return vmworker.Credential{}, fmt.Errorf("%w: environment variable %s holds the %s, which never goes to a sandbox", ErrInvalidSpec, k, what)
 		}
 	}
-	return string(token), nil
+	return cred, nil
 }
 
 // create creates the sandbox. The API takes no idempotency key, so when a create fails in a

@@ -1,0 +1,189 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/forge/github/githubtest"
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/secretfile"
+	"github.com/dynrunner/dynrunner/launcher"
+)
+
+// TestGitHubJobsRunInVMs: a job queued in GitHub for [self-hosted, vm] gets a slot of the vm
+// scale set, whose microVM (the Debian guest image, with the stand-in runner as GitHub's
+// runner at /opt/actions-runner, booted under QEMU) redeems its nonce for the slot's JIT
+// configuration and runs the runner of its image, which takes the job from GitHub and reports
+// it there; JobStarted and JobCompleted are recorded on the slot, and the VM (launcher, QEMU,
+// TAP device, directory) and the runner at GitHub are gone afterwards.
+func TestGitHubJobsRunInVMs(t *testing.T) {
+	tools := needTools(t)
+	needVMTools(t)
+	const bridge, cidr = "drgh0", "10.213.81.1/24"
+	bridgeAddr := netip.MustParsePrefix(cidr)
+	// The fake GitHub listens where guests reach it, the bridge's address, so the bridge is made
+	// before the controller's launchers would make it (they take it as it is); vmEnv removes
+	// it. The controller reaches the same fake on loopback: GITHUB_CONFIG_URL is https, or
+	// http on loopback only.
+	require.NoError(t, launcher.EnsureBridge(t.Context(), t.TempDir(), bridge, bridgeAddr))
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	guests, err := net.Listen("tcp4", net.JoinHostPort(bridgeAddr.Addr().String(), "0"))
+	require.NoError(t, err)
+	loop, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := githubtest.New(t, githubtest.Options{Tokens: []string{"ghp_e2e"}, LongPollTimeout: time.Second, AssignOnAcquire: true,
+		SessionTimeout: 5 * time.Second, Listener: joinListeners(guests, loop)})
+
+	runnerDir, runnerSHA := guestStandInRunnerDir(t)
+	img := buildImage(t, "../deploy/vm-image/build.sh", "GITHUB_RUNNER_DIR="+runnerDir)
+	f := startForge(t, tools)
+	token := filepath.Join(t.TempDir(), "github-token")
+	require.NoError(t, secretfile.WriteNew(token, []byte("ghp_e2e")))
+	vm := vmEnv(t, img, bridge, cidr, "VM_EGRESS=nat", "VM_EGRESS_ALLOW="+guests.Addr().String())
+	env := append([]string{leaseEnv, pickupEnv, gitHubLeasesEnv,
+		"GITHUB_CONFIG_URL=http://" + loop.Addr().String() + "/acme", "GITHUB_TOKEN_FILE=" + token, "GITHUB_IDLE_SECS=300",
+		"GITHUB_VM_RUNNER_SHA256=" + runnerSHA,
+	}, gitHubWorkerEnv(t)...)
+	c := newController(t, tools, f, "", append(env, vm...)...)
+	var launchers string
+	for _, kv := range vm {
+		if v, ok := strings.CutPrefix(kv, "VM_LAUNCHER_ROOT="); ok {
+			launchers = v
+		}
+	}
+	c.start()
+	b := &gitHubBed{srv: srv, c: c}
+
+	require.Eventually(t, func() bool {
+		names := map[string]bool{}
+		for _, s := range srv.ScaleSets() {
+			names[s.Name] = true
+		}
+		return names["dynrunner-pod"] && names["dynrunner-vm"] && len(srv.Sessions()) == 2
+	}, 60*time.Second, 100*time.Millisecond, "the controller did not make the pod and vm scale sets and open their sessions")
+
+	job, err := srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "vm"}, Repository: "app", DisplayName: "inside",
+		Run: `echo "hello from $GITHUB_REPOSITORY on $RUNNER_NAME as $(id -un)"; grep -m1 'model name' /proc/cpuinfo; ` +
+			`test -z "${ACTIONS_RUNNER_INPUT_JITCONFIG:-}" && echo "no JIT configuration in the job"`})
+	require.NoError(t, err)
+	began := time.Now()
+	j := b.waitJob(t, job, 10*time.Minute)
+	t.Logf("the job ran in a microVM in %s", time.Since(began).Round(time.Second))
+	log, err := srv.JobLog(job)
+	require.NoError(t, err)
+	require.Equal(t, "succeeded", j.Result, "job log:\n%s", log)
+	assert.Contains(t, log, "hello from octo/app on dynrunner-vm-")
+	assert.Contains(t, log, " as runner\n", "the job did not run as the guest image's runner user")
+	assert.Contains(t, log, "QEMU", "the job did not run in the microVM")
+	assert.Contains(t, log, "no JIT configuration in the job")
+
+	require.Eventually(t, func() bool {
+		for _, tr := range transitions(b.slotRecords(t)) {
+			if tr[assignment.Completed] == 1 {
+				return true
+			}
+		}
+		return false
+	}, time.Minute, time.Second, "the slot was not completed")
+	recs := b.slotRecords(t)
+	for task, tr := range transitions(recs) {
+		for _, want := range []assignment.Transition{assignment.Claimed, assignment.Configured, assignment.Dispatched, assignment.Started, assignment.Running, assignment.Completed} {
+			assert.Equal(t, 1, tr[want], "slot %d: %s records", task, want)
+		}
+	}
+	for _, r := range recs {
+		assert.Equal(t, assignment.BackendVM, r.Backend, "slot %d on the %s tier", r.Task, r.Backend)
+	}
+
+	// Nothing of the VM remains: no launcher, no qemu, no TAP device, no per-VM directory; and no
+	// runner at GitHub.
+	require.Eventually(t, func() bool { return vmLeftovers(launchers, bridge) == "" }, time.Minute, 250*time.Millisecond,
+		"left behind after the VM job: %s", vmLeftovers(launchers, bridge))
+	assertNoEnvironmentsLeft(t, c)
+	require.Eventually(t, func() bool { return len(srv.Runners()) == 0 }, time.Minute, 200*time.Millisecond,
+		"runners left at GitHub: %+v", srv.Runners())
+}
+
+// guestStandInRunnerDir makes the directory the guest image gets as GitHub's runner
+// (GITHUB_RUNNER_DIR): the stand-in runner, built static, and a run.sh that runs it, as the
+// real runner's run.sh runs its listener. It returns the directory and run.sh's SHA-256.
+func guestStandInRunnerDir(t *testing.T) (dir, sha string) {
+	t.Helper()
+	dir = t.TempDir()
+	build := exec.Command("go", "build", "-trimpath", "-o", filepath.Join(dir, "bin", "standinrunner"), githubtest.StandInRunnerPackage)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "build the stand-in runner:\n%s", out)
+	run := []byte("#!/bin/sh\n# GitHub's run.sh, stood in for by githubtest's stand-in runner (tests only).\nexec /opt/actions-runner/bin/standinrunner \"$@\"\n")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "run.sh"), run, 0o755))
+	sum := sha256.Sum256(run)
+	return dir, hex.EncodeToString(sum[:])
+}
+
+// joinedListener accepts the connections of several listeners; its address is the first's.
+type joinedListener struct {
+	lns   []net.Listener
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+}
+
+// joinListeners returns a listener accepting on every one of lns, named by the first: a server
+// that hands out its own URL (the fake GitHub) names that one, and is reached on all.
+func joinListeners(lns ...net.Listener) net.Listener {
+	j := &joinedListener{lns: lns, conns: make(chan net.Conn), done: make(chan struct{})}
+	for _, ln := range lns {
+		j.wg.Go(func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				select {
+				case j.conns <- c:
+				case <-j.done:
+					c.Close()
+					return
+				}
+			}
+		})
+	}
+	return j
+}
+
+func (j *joinedListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-j.conns:
+		return c, nil
+	case <-j.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (j *joinedListener) Close() error {
+	var errs []error
+	j.once.Do(func() {
+		close(j.done)
+		for _, ln := range j.lns {
+			errs = append(errs, ln.Close())
+		}
+		j.wg.Wait()
+	})
+	return errors.Join(errs...)
+}
+
+func (j *joinedListener) Addr() net.Addr { return j.lns[0].Addr() }
