@@ -86,12 +86,6 @@ func loadGitHub(e *env, c Controller) GitHub {
 	if worker && g.RunnerBin != "" && (len(g.RunnerSHA256) != 64 || strings.Trim(g.RunnerSHA256, "0123456789abcdef") != "") {
 		e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)
 	}
-	// The kubernetes backend mounts an environment's files from a Secret, read-only: the
-	// executor could not remove a slot's JIT configuration before the job, which could then
-	// read it for its whole run. Refused rather than run that way, or failed slot by slot.
-	if c.Has(PodWorker) && c.PodBackend == "kubernetes" && (g.RunnerBin != "" || (g.Enabled() && c.Has(Scheduler))) {
-		e.fail("GitHub slots with POD_BACKEND=kubernetes: the kubernetes backend cannot run them yet (its Secret volume is read-only, so the executor cannot remove the JIT configuration before the job starts); serve GitHub's pod tier from a worker with POD_BACKEND=docker or local, or unset GITHUB_CONFIG_URL and GITHUB_RUNNER_BIN in this process")
-	}
 	// Only a scheduler talks to GitHub. A worker serves slots when it has the runner's pin
 	// (GitHub.Slots), and needs no credential: the App key and tokens stay off its host.
 	switch {
