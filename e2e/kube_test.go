@@ -59,19 +59,22 @@ type kubeEnv struct {
 	controllerEnv []string
 	// registrarURL is the base URL of the registrar's /healthz, /readyz and /metrics.
 	registrarURL string
+	// image is the executor image's ID.
+	image string
 }
 
-func startKube(t *testing.T) *kubeEnv {
+// startKube starts the tier; imageEnv goes to scripts/executor-image.sh (GITHUB_RUNNER_DIR).
+func startKube(t *testing.T, imageEnv ...string) *kubeEnv {
 	t.Helper()
 	needDocker(t)
-	image := executorImage(t)
+	image := executorImage(t, imageEnv...)
 	cluster := kubetest.Start(t)
 	sp := spiretest.Start(t, kubeTrustDomain)
 	kl := kubetest.StartKubelet(t, cluster, kubetest.KubeletConfig{
 		CSIDrivers: map[string]string{kube.SpiffeCSIDriver: sp.AgentSocketDir},
 	})
 	kubetest.StartScheduler(t, cluster, kl.NodeName())
-	e := &kubeEnv{cluster: cluster, spire: sp, ns: cluster.Namespace(t)}
+	e := &kubeEnv{cluster: cluster, spire: sp, ns: cluster.Namespace(t), image: image}
 	e.facadeID = workload.FacadeID(sp.TrustDomain)
 	// The controller (its pod worker) and the registrar run as a user with only the Roles
 	// deploy/kubernetes grants the pod workers and the registrar in the job namespace.

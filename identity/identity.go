@@ -369,10 +369,12 @@ func (r *Registrar) podEntries() (map[string]*types.Entry, error) {
 }
 
 // entryFor returns the entry pod wants, or nil when it wants none: not a job Pod of the
-// backend, not yet created (no UID), ended or being deleted.
+// backend, a GitHub slot's (its runner talks to GitHub, never to the facade, and its Pod
+// mounts no Workload API; a privileged one could still reach its node's agent), not yet
+// created (no UID), ended or being deleted.
 func (r *Registrar) entryFor(p *corev1.Pod) *types.Entry {
 	task, epoch, ok := kube.Assignment(p)
-	if !ok || p.UID == "" || p.DeletionTimestamp != nil ||
+	if !ok || task.Slot() || p.UID == "" || p.DeletionTimestamp != nil ||
 		p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 		return nil
 	}

@@ -23,6 +23,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dynrunner/dynrunner/identity"
+	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/testbed/kubetest"
 	"github.com/dynrunner/dynrunner/internal/testbed/spiretest"
 	"github.com/dynrunner/dynrunner/podworker/docker"
@@ -233,9 +234,11 @@ func TestRegistrar(t *testing.T) {
 		other := p.DeepCopy()
 		other.ObjectMeta = metav1.ObjectMeta{Name: "dynrunner-12-1", Namespace: e.ns, Labels: map[string]string{kube.LabelTask: "12", kube.LabelEpoch: "1"}}
 		other = e.create(t, other)
+		// A GitHub slot's Pod: a job Pod of the backend, but its runner never talks to the facade.
+		slot := e.pod(t, int(assignment.SlotBase)+5, 1)
 		poll(t, "the job pod's entry exists", func() bool { _, ok := e.owned(t)["dynrunner-pod-"+string(p.UID)]; return ok })
 		require.NoError(t, r.Reconcile(t.Context()))
-		for _, q := range []*corev1.Pod{liar, other} {
+		for _, q := range []*corev1.Pod{liar, other, slot} {
 			assert.NotContains(t, e.owned(t), "dynrunner-pod-"+string(q.UID), "pod %s got an entry", q.Name)
 			e.deletePod(t, q.Name)
 		}

@@ -100,12 +100,6 @@ func loadGitHub(e *env, c Controller) GitHub {
 	if worker && g.RunnerBin != "" && !sha256Hex(g.RunnerSHA256) {
 		e.fail("GITHUB_RUNNER_SHA256 must be the 64-hex-digit SHA-256 of GITHUB_RUNNER_BIN (sha256sum %s)", g.RunnerBin)
 	}
-	// The kubernetes backend mounts an environment's files from a Secret, read-only: the
-	// executor could not remove a slot's JIT configuration before the job, which could then
-	// read it for its whole run. Refused rather than run that way, or failed slot by slot.
-	if c.Has(PodWorker) && c.PodBackend == "kubernetes" && (g.RunnerBin != "" || (g.Enabled() && c.Has(Scheduler))) {
-		e.fail("GitHub slots with POD_BACKEND=kubernetes: the kubernetes backend cannot run them yet (its Secret volume is read-only, so the executor cannot remove the JIT configuration before the job starts); serve GitHub's pod tier from a worker with POD_BACKEND=docker or local, or unset GITHUB_CONFIG_URL and GITHUB_RUNNER_BIN in this process")
-	}
 	if c.Has(VMWorker) && g.VMRunnerSHA256 != "" {
 		switch {
 		case !sha256Hex(g.VMRunnerSHA256):

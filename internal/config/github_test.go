@@ -51,7 +51,6 @@ func TestGitHub(t *testing.T) {
 		{map[string]string{"GITHUB_RERUNS": "-1"}, "GITHUB_RERUNS"},
 		{map[string]string{"GITHUB_RERUNS": "11"}, "GITHUB_RERUNS=11: want at most 10"},
 		{map[string]string{"GITHUB_RERUNS": "two"}, "GITHUB_RERUNS"},
-		{map[string]string{"POD_BACKEND": "kubernetes"}, "GitHub slots with POD_BACKEND=kubernetes"},
 	} {
 		env := app()
 		maps.Copy(env, tc.set)
@@ -130,11 +129,20 @@ func TestGitHub(t *testing.T) {
 	}{
 		{map[string]string{"GITHUB_CONFIG_URL": "https://github.com/acme", "GITHUB_TOKEN_FILE": "/etc/token"}, "without the scheduler"},
 		{map[string]string{"GITHUB_RUNNER_SHA256": ""}, "GITHUB_RUNNER_SHA256 must be"},
-		{map[string]string{"POD_BACKEND": "kubernetes"}, "GitHub slots with POD_BACKEND=kubernetes"},
 	} {
 		env := maps.Clone(worker)
 		maps.Copy(env, tc.set)
 		_, err := LoadController(envOf(env))
 		require.ErrorContains(t, err, tc.want, "%v", tc.set)
 	}
+
+	// The kubernetes backend serves slots too: their Pods copy the Secret into a writable
+	// secrets directory (podworker/kube).
+	kube := maps.Clone(worker)
+	maps.Copy(kube, map[string]string{"POD_BACKEND": "kubernetes", "POD_NAMESPACE": "ci", "POD_SPIFFE_CSI": "true",
+		"SPIFFE_ENDPOINT_SOCKET": "unix:///run/spire/agent.sock", "RUNNER_FACADE_URL": "https://facade.dynrunner:8443",
+		"POD_EXECUTOR_IMAGE": "dynrunner/executor@sha256:" + strings.Repeat("a", 64)})
+	c, err = LoadController(envOf(kube))
+	require.NoError(t, err, "a kubernetes worker with the runner's pin")
+	assert.True(t, c.GitHub.Slots())
 }

@@ -27,10 +27,19 @@
 // emptyDir volumes. Spec.Files go into a Secret of the Pod's name, mounted read-only at
 // SecretsDir with mode 0600 (0640, group fsGroup, for unprivileged Pods). The Secret is created
 // first and then owned by the Pod through an ownerReference, so the cluster's garbage
-// collector removes it with the Pod; Destroy deletes it explicitly as well. Because a Secret
-// volume is read-only, a GitHub slot's executor could not remove its JIT configuration there
-// before the job: Start refuses GitHub slots (ErrInvalidSpec), and the configuration refuses
-// GITHUB_RUNNER_BIN with this backend.
+// collector removes it with the Pod; Destroy deletes it explicitly as well.
+//
+// A GitHub slot's Pod (executor.IsGitHub of Spec.Env) differs in three ways. A Secret volume
+// is read-only, and the slot's executor removes the JIT configuration from its secrets
+// directory once read, before the runner and the job start: so the Secret is mounted only
+// into an init container, InitContainerName, which copies its files (CopyCommand, the
+// executor image's cp, at SecretsSourceDir) into a memory-backed emptyDir that the executor's
+// container mounts writable at SecretsDir. The executor's container never mounts the Secret.
+// The init container runs the executor image unprivileged, without capabilities and with a
+// read-only root, as the executor's user (root in a privileged Pod, whose Secret files are
+// root's). The Pod gets no SPIFFE CSI volume and no SPIFFE_ENDPOINT_SOCKET: the slot's runner
+// talks to GitHub, not to the facade. HOME is an emptyDir as in every Pod, where the image's
+// GitHub launcher copies the runner.
 //
 // With Config.SpiffeCSI the SPIFFE Workload API socket comes from the spiffe-csi-driver
 // (csi.spiffe.io), mounted read-only at SpireSocketDir, and SPIFFE_ENDPOINT_SOCKET points at

@@ -31,8 +31,13 @@ const (
 
 // Paths inside every environment's container.
 const (
-	// SecretsDir holds Spec.Files, read-only (DYNRUNNER_SECRETS_DIR).
+	// SecretsDir holds Spec.Files, read-only (DYNRUNNER_SECRETS_DIR); in a GitHub slot's Pod
+	// a writable copy of them.
 	SecretsDir = "/run/dynrunner/secrets"
+	// SecretsSourceDir is where a GitHub slot's init container, and it alone, mounts the Secret.
+	SecretsSourceDir = "/run/dynrunner/secret-volume"
+	// CopyCommand is the init container's command: the executor image's cp (coreutils).
+	CopyCommand = "/bin/cp"
 	// WorkDir is the executor's working directory, an emptyDir (DYNRUNNER_WORK_DIR).
 	WorkDir = "/work"
 	// HomeDir is HOME, an emptyDir.
@@ -67,6 +72,10 @@ const (
 
 // ContainerName is the name of the executor's container in every Pod.
 const ContainerName = "executor"
+
+// InitContainerName is the name of a GitHub slot's init container, which copies the Secret
+// into the slot's secrets directory.
+const InitContainerName = "secrets"
 
 // Keys of Handle.Data.
 const dataPodUID = "pod_uid"

@@ -8,7 +8,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 )
@@ -108,11 +107,6 @@ func validName(name string) bool {
 func validateSpec(spec podworker.Spec) error {
 	if spec.Task <= 0 || spec.Epoch == 0 {
 		return fmt.Errorf("%w: task %d epoch %d", ErrInvalidSpec, spec.Task, spec.Epoch)
-	}
-	if executor.IsGitHub(func(k string) string { return spec.Env[k] }) {
-		// Its Secret volume is read-only: the executor could not remove the slot's JIT
-		// configuration before the job starts (config refuses GitHub slots with this backend).
-		return fmt.Errorf("%w: task %d is a GitHub slot, which the kubernetes backend cannot run yet (its Secret volume is read-only, so the executor cannot remove the JIT configuration before the job)", ErrInvalidSpec, spec.Task)
 	}
 	for k, v := range spec.Env {
 		if msgs := validation.IsEnvVarName(k); len(msgs) > 0 || strings.ContainsRune(v, 0) {

@@ -48,15 +48,22 @@
 // unconfined and /proc unmasked instead, but no host devices), runAsUser/runAsGroup, fsGroup and supplemental groups as extra groups,
 // readOnlyRootFilesystem, allowPrivilegeEscalation=false as no-new-privileges, capabilities to
 // add and drop. Volumes: emptyDir as a host directory of mode 0777 bind-mounted (medium Memory: a
-// tmpfs, sizeLimit its size, each mount one of its own; no size limit on disk), secret as plain files in a host directory bind-mounted read-only (modes
+// tmpfs, sizeLimit its size, each mount one of its own, except in a Pod with init containers,
+// where it is a host directory as on disk, shared by the containers; no size limit on disk), secret as plain files in a host directory bind-mounted read-only (modes
 // from defaultMode or items, with fsGroup the group and group read access; no ..data symlinks,
 // no updates after the start), csi of a driver KubeletConfig.CSIDrivers maps to a host
 // directory as a bind mount (any other driver never mounts: the Pod stays Pending, as on a
 // node without the driver), hostPath as a bind mount. The test process must therefore run on
 // the Docker host.
 //
-// Not emulated: more than one container, init and ephemeral containers (such a Pod is refused
-// with a waiting reason, never run); restart policies other than Never (a container is never
+// Init containers run one after the other, each to its end, before the container, and are
+// removed once ended; the Pod stays Pending meanwhile (no status of them while they run), and
+// one that fails fails the Pod (its init container status terminated, its container waiting
+// PodInitializing).
+//
+// Not emulated: more than one container, sidecar (restartable init) and ephemeral containers
+// (such a Pod is refused with a waiting reason, never run); the deletion of a Pod while its
+// init containers run waits for them; restart policies other than Never (a container is never
 // restarted); probes, lifecycle hooks, ports, resource requests and QoS, pod-level resources;
 // envFrom, valueFrom other than fieldRef, the service environment variables, configMap,
 // projected and every other volume type, subPath; the pod network (containers share the

@@ -74,11 +74,12 @@ type (
 // it Running, or reports why it cannot run.
 func (k *Kubelet) admit(ctx context.Context, key string, pod *corev1.Pod) error {
 	st := &podState{uid: pod.UID, dir: filepath.Join(k.dir, string(pod.UID)), startedAt: metav1.Now()}
-	if len(pod.Spec.Containers) != 1 || len(pod.Spec.InitContainers) != 0 {
-		return k.refuse(ctx, key, pod, st, unsupported("%d containers and %d init containers: only Pods of exactly one container run here",
-			len(pod.Spec.Containers), len(pod.Spec.InitContainers)))
+	if len(pod.Spec.Containers) != 1 {
+		return k.refuse(ctx, key, pod, st, unsupported("%d containers: only Pods of exactly one container (and init containers) run here",
+			len(pod.Spec.Containers)))
 	}
-	body, err := k.createBody(ctx, pod, st)
+	c := pod.Spec.Containers[0]
+	body, err := k.createBody(ctx, pod, c, st)
 	if errors.Is(err, errNotReady) {
 		removeAll(st.dir)
 		return err
@@ -86,7 +87,9 @@ func (k *Kubelet) admit(ctx context.Context, key string, pod *corev1.Pod) error 
 	if err != nil {
 		return k.refuse(ctx, key, pod, st, err)
 	}
-	c := pod.Spec.Containers[0]
+	if done, err := k.runInit(ctx, key, pod, st); done || err != nil {
+		return err
+	}
 	name := strings.Join([]string{"k8s", c.Name, pod.Name, pod.Namespace, string(pod.UID), "0"}, "_")
 	var created struct {
 		ID string `json:"Id"`
@@ -193,9 +196,8 @@ func (k *Kubelet) waitContainer(key string, pod *corev1.Pod, st *podState, image
 	k.queue.Add(key)
 }
 
-// createBody translates the Pod's only container into a container create body.
-func (k *Kubelet) createBody(ctx context.Context, pod *corev1.Pod, st *podState) (*createBody, error) {
-	c := pod.Spec.Containers[0]
+// createBody translates one of the Pod's containers into a container create body.
+func (k *Kubelet) createBody(ctx context.Context, pod *corev1.Pod, c corev1.Container, st *podState) (*createBody, error) {
 	image, err := k.resolveImage(ctx, c.Image)
 	if err != nil {
 		return nil, err
@@ -287,8 +289,9 @@ func containerEnv(pod *corev1.Pod, c corev1.Container) ([]string, error) {
 	return env, nil
 }
 
-// mounts sets up the container's volume mounts: emptyDir as tmpfs, Secrets as files in a host
-// directory bind-mounted read-only, CSI volumes of a configured driver and hostPath as bind
+// mounts sets up the container's volume mounts: emptyDir as a host directory (medium Memory as
+// a tmpfs of each mount's own, except in a Pod with init containers, whose containers share
+// it), Secrets as files in a host directory bind-mounted read-only, CSI volumes of a configured driver and hostPath as bind
 // mounts.
 func (k *Kubelet) mounts(ctx context.Context, pod *corev1.Pod, c corev1.Container, st *podState, hc *hostConfig) error {
 	volumes := make(map[string]corev1.Volume, len(pod.Spec.Volumes))
@@ -312,7 +315,7 @@ func (k *Kubelet) mounts(ctx context.Context, pod *corev1.Pod, c corev1.Containe
 			hc.Binds = append(hc.Binds, src+":"+m.MountPath+opt)
 		}
 		switch {
-		case v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory:
+		case v.EmptyDir != nil && v.EmptyDir.Medium == corev1.StorageMediumMemory && len(pod.Spec.InitContainers) == 0:
 			opts := "rw,exec,mode=0777"
 			if v.EmptyDir.SizeLimit != nil {
 				opts += ",size=" + strconv.FormatInt(v.EmptyDir.SizeLimit.Value(), 10)

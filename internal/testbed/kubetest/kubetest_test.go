@@ -59,6 +59,35 @@ func fake(mode string) int {
 		}
 		fmt.Fprintln(os.Stderr, "bye")
 		return 7
+	case "init-copy":
+		// TestKubeletInitContainers' init container: the Secret into the shared emptyDir.
+		b, err := os.ReadFile("/secrets/token")
+		if err == nil {
+			err = os.WriteFile("/shared/token", b, 0o600)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		return 0
+	case "init-fail":
+		return 3
+	case "after-init":
+		// Its container: the copy is there and can be removed; the Secret is not mounted.
+		b, err := os.ReadFile("/shared/token")
+		if err != nil || string(b) != "s3cret" {
+			fmt.Fprintf(os.Stderr, "copy: %q, %v\n", b, err)
+			return 1
+		}
+		if err := os.Remove("/shared/token"); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		if _, err := os.Stat("/secrets"); !os.IsNotExist(err) {
+			fmt.Fprintf(os.Stderr, "/secrets: %v\n", err)
+			return 1
+		}
+		return 7
 	}
 	return 2
 }
@@ -167,6 +196,50 @@ func TestKubeletCSI(t *testing.T) {
 	require.NoError(t, err)
 	got := waitPod(t, c, ns, "csi", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
 	assertExitCode(t, got, 7)
+}
+
+// TestKubeletInitContainers checks that init containers run to their end before the
+// container, share a memory-backed emptyDir with it, and that a failing one fails the Pod
+// without running its container.
+func TestKubeletInitContainers(t *testing.T) {
+	c := kubetest.Start(t)
+	image := kubetest.TestBinaryImage(t)
+	k := kubetest.StartKubelet(t, c, kubetest.KubeletConfig{NodeName: "init-node"})
+	ns := c.Namespace(t)
+	pods := c.Client.CoreV1().Pods(ns)
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "tok"}, Data: map[string][]byte{"token": []byte("s3cret")}}
+	_, err := c.Client.CoreV1().Secrets(ns).Create(ctxT(t), sec, metav1.CreateOptions{})
+	require.NoError(t, err)
+	mode := int32(0o600)
+	withInit := func(name, initMode string) *corev1.Pod {
+		p := newPod(name, k.NodeName(), image, "after-init")
+		p.Spec.Volumes = []corev1.Volume{
+			{Name: "sec", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "tok", DefaultMode: &mode}}},
+			{Name: "shared", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumMemory}}},
+		}
+		p.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "shared", MountPath: "/shared"}}
+		p.Spec.InitContainers = []corev1.Container{{
+			Name: "copy", Image: image, Env: []corev1.EnvVar{{Name: fakeEnv, Value: initMode}},
+			VolumeMounts: []corev1.VolumeMount{{Name: "sec", MountPath: "/secrets", ReadOnly: true}, {Name: "shared", MountPath: "/shared"}},
+		}}
+		return p
+	}
+	_, err = pods.Create(ctxT(t), withInit("init", "init-copy"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	got := waitPod(t, c, ns, "init", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	assertExitCode(t, got, 7)
+
+	_, err = pods.Create(ctxT(t), withInit("init-fails", "init-fail"), metav1.CreateOptions{})
+	require.NoError(t, err)
+	got = waitPod(t, c, ns, "init-fails", func(p *corev1.Pod) bool { return p.Status.Phase == corev1.PodFailed })
+	if ics := got.Status.InitContainerStatuses; assert.Len(t, ics, 1) && assert.NotNil(t, ics[0].State.Terminated) {
+		assert.EqualValues(t, 3, ics[0].State.Terminated.ExitCode, "the init container's exit code")
+	}
+	if cs := got.Status.ContainerStatuses; assert.Len(t, cs, 1) {
+		assert.Nil(t, cs[0].State.Terminated, "the container ran after a failed init container: %+v", cs[0].State)
+	}
+	require.NoError(t, pods.Delete(ctxT(t), "init-fails", metav1.DeleteOptions{}))
+	waitGone(t, c, k, ns, "init-fails")
 }
 
 // assertExitCode checks that the Pod has one container, terminated with code.
