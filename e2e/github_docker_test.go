@@ -168,16 +168,8 @@ for i in $(seq 1 1200); do test -e ` + gate + ` && break; sleep 0.1; done; echo 
 		t.Logf("job log:\n%s", tail(log, 40))
 	}
 
-	var recs map[assignment.TaskID]map[assignment.Transition]int
-	require.Eventually(t, func() bool {
-		recs = transitions(b.slotRecords(t))
-		return recs[task][assignment.Completed] == 1
-	}, time.Minute, time.Second, "the slot was not completed: %v", recs)
-	for _, want := range []assignment.Transition{assignment.Claimed, assignment.Configured, assignment.Dispatched, assignment.Started, assignment.Running, assignment.Completed} {
-		assert.Equal(t, 1, recs[task][want], "slot %d: %s records", task, want)
-	}
+	b.assertSlotLifecycle(t, task)
 	assertNoContainers(t)
 	assertNoEnvironmentsLeft(t, c)
-	require.Eventually(t, func() bool { return len(srv.Runners()) == 0 && srv.Requests(githubtest.OpRemoveRunner) > 0 },
-		time.Minute, 200*time.Millisecond, "runners left at GitHub: %+v, removals %d", srv.Runners(), srv.Requests(githubtest.OpRemoveRunner))
+	assertRunnersRemoved(t, srv)
 }

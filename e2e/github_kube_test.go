@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dynrunner/dynrunner/forge/github/githubtest"
-	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/internal/secretfile"
 	"github.com/dynrunner/dynrunner/podworker/kube"
 )
@@ -114,21 +113,13 @@ for i in $(seq 1 1200); do test -e ` + gate + ` && break; sleep 0.1; done; echo 
 		t.Logf("job log:\n%s", tail(log, 40))
 	}
 
-	var recs map[assignment.TaskID]map[assignment.Transition]int
-	require.Eventually(t, func() bool {
-		recs = transitions(b.slotRecords(t))
-		return recs[task][assignment.Completed] == 1
-	}, time.Minute, time.Second, "the slot was not completed: %v", recs)
-	for _, want := range []assignment.Transition{assignment.Claimed, assignment.Configured, assignment.Dispatched, assignment.Started, assignment.Running, assignment.Completed} {
-		assert.Equal(t, 1, recs[task][want], "slot %d: %s records", task, want)
-	}
+	b.assertSlotLifecycle(t, task)
 	e.assertGone(t, uid)
 	require.Eventually(t, func() bool {
 		secrets, err := e.cluster.Client.CoreV1().Secrets(e.ns).List(t.Context(), metav1.ListOptions{LabelSelector: kube.Selector})
 		return err == nil && len(secrets.Items) == 0
 	}, time.Minute, 200*time.Millisecond, "the slot's Secret is left")
-	require.Eventually(t, func() bool { return len(srv.Runners()) == 0 && srv.Requests(githubtest.OpRemoveRunner) > 0 },
-		time.Minute, 200*time.Millisecond, "runners left at GitHub: %+v, removals %d", srv.Runners(), srv.Requests(githubtest.OpRemoveRunner))
+	assertRunnersRemoved(t, srv)
 
 	// The registrar made the facade's entry alone.
 	resp, err := http.Get(e.registrarURL + "/metrics")

@@ -143,6 +143,32 @@ func transitions(recs []assignment.State) map[assignment.TaskID]map[assignment.T
 	return out
 }
 
+// slotLifecycle is what a slot whose runner took a job and finished goes through, each once.
+var slotLifecycle = []assignment.Transition{assignment.Claimed, assignment.Configured, assignment.Dispatched,
+	assignment.Started, assignment.Running, assignment.Completed}
+
+// assertSlotLifecycle waits for slot task to complete, then asserts each transition of its
+// lifecycle was recorded once.
+func (b *gitHubBed) assertSlotLifecycle(t *testing.T, task assignment.TaskID) {
+	t.Helper()
+	var recs map[assignment.TaskID]map[assignment.Transition]int
+	require.Eventually(t, func() bool {
+		recs = transitions(b.slotRecords(t))
+		return recs[task][assignment.Completed] == 1
+	}, time.Minute, time.Second, "the slot was not completed: %v", recs)
+	for _, want := range slotLifecycle {
+		assert.Equal(t, 1, recs[task][want], "slot %d: %s records", task, want)
+	}
+}
+
+// assertRunnersRemoved waits until GitHub holds no runner, at least one having been removed by
+// id (not only expired).
+func assertRunnersRemoved(t *testing.T, srv *githubtest.Server) {
+	t.Helper()
+	require.Eventually(t, func() bool { return len(srv.Runners()) == 0 && srv.Requests(githubtest.OpRemoveRunner) > 0 },
+		time.Minute, 200*time.Millisecond, "runners left at GitHub: %+v, removals %d", srv.Runners(), srv.Requests(githubtest.OpRemoveRunner))
+}
+
 // TestGitHubJobsRunInSlots: jobs queued in GitHub for [self-hosted, pod] each get a slot,
 // persisted before GitHub is called, configured with a JIT runner, started as a local
 // environment that runs the pinned runner (the stand-in), which takes the job GitHub gave it;
@@ -176,7 +202,7 @@ func TestGitHubJobsRunInSlots(t *testing.T) {
 		if tr[assignment.Completed] == 0 {
 			continue
 		}
-		for _, want := range []assignment.Transition{assignment.Claimed, assignment.Configured, assignment.Dispatched, assignment.Started, assignment.Running, assignment.Completed} {
+		for _, want := range slotLifecycle {
 			assert.Equal(t, 1, tr[want], "slot %d: %s records", task, want)
 		}
 	}

@@ -100,7 +100,7 @@ func TestGitHubJobsRunInVMs(t *testing.T) {
 	}, time.Minute, time.Second, "the slot was not completed")
 	recs := b.slotRecords(t)
 	for task, tr := range transitions(recs) {
-		for _, want := range []assignment.Transition{assignment.Claimed, assignment.Configured, assignment.Dispatched, assignment.Started, assignment.Running, assignment.Completed} {
+		for _, want := range slotLifecycle {
 			assert.Equal(t, 1, tr[want], "slot %d: %s records", task, want)
 		}
 	}
