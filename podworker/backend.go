@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"github.com/dynrunner/dynrunner/executor"
 	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
@@ -16,6 +17,14 @@ type Spec struct {
 	// Files are secret files (capability token, SVID) the executor reads; the backend places
 	// them with mode 0600 in a directory whose path it passes in DYNRUNNER_SECRETS_DIR.
 	Files map[string][]byte
+}
+
+// GitHubSlot reports whether s starts a GitHub slot's executor (executor.IsGitHub of its Env).
+// A slot's executor removes the JIT configuration from its secrets directory once read, before
+// the runner (and the job) starts, so backends give it that directory writable; its runner
+// talks to GitHub, not to the facade, so it gets no Workload API.
+func (s Spec) GitHubSlot() bool {
+	return executor.IsGitHub(func(k string) string { return s.Env[k] })
 }
 
 // Handle identifies a running environment. The worker records it in the event log (the

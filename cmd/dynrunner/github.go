@@ -103,11 +103,7 @@ func ensureScaleSets(ctx context.Context, clients *github.Clients, want github.S
 // (GITHUB_RUNNER_BIN): the worker then refuses slots.
 func (p *plane) gitHubWorker() *podworker.GitHub {
 	gh := p.cfg.GitHub
-	if !gh.Slots() {
-		return nil
-	}
-	return &podworker.GitHub{Box: p.box,
-		Env: executor.GitHubConfig{RunnerBin: gh.RunnerBin, RunnerSHA256: gh.RunnerSHA256, LogFormat: p.cfg.LogFormat}}
+	return p.gitHubSlots(gh.Slots(), gh.RunnerBin, gh.RunnerSHA256)
 }
 
 // gitHubVMWorker configures the vm worker for GitHub slots; nil without the pin of the runner
@@ -115,9 +111,15 @@ func (p *plane) gitHubWorker() *podworker.GitHub {
 // then refuses slots. Its Env is also what the nonce endpoint grants the guests.
 func (p *plane) gitHubVMWorker() *podworker.GitHub {
 	gh := p.cfg.GitHub
-	if !gh.VMSlots() {
+	return p.gitHubSlots(gh.VMSlots(), gh.VMRunnerBin, gh.VMRunnerSHA256)
+}
+
+// gitHubSlots is a worker's GitHub configuration running the runner bin pinned by sha; nil
+// when the worker serves no slots.
+func (p *plane) gitHubSlots(serve bool, bin, sha string) *podworker.GitHub {
+	if !serve {
 		return nil
 	}
 	return &podworker.GitHub{Box: p.box,
-		Env: executor.GitHubConfig{RunnerBin: gh.VMRunnerBin, RunnerSHA256: gh.VMRunnerSHA256, LogFormat: p.cfg.LogFormat}}
+		Env: executor.GitHubConfig{RunnerBin: bin, RunnerSHA256: sha, LogFormat: p.cfg.LogFormat}}
 }

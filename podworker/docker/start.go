@@ -121,10 +121,8 @@ func (b *Backend) create(ctx context.Context, name string, spec podworker.Spec) 
 func (b *Backend) containerConfig(spec podworker.Spec, secrets string) (*container.Config, *container.HostConfig) {
 	env := make([]string, 0, len(spec.Env)+5)
 	inside := executor.Config{SecretsDir: SecretsDir, WorkDir: WorkDir}
-	// A GitHub slot's executor removes the JIT configuration from its secrets directory once
-	// read, before the runner (and the job) starts, so the directory is writable for it; the
-	// slot's runner talks to GitHub, not to the facade, so it gets no Workload API.
-	github := executor.IsGitHub(func(k string) string { return spec.Env[k] })
+	// A GitHub slot's secrets directory is writable and it gets no Workload API (Spec.GitHubSlot).
+	github := spec.GitHubSlot()
 	mounts := []mount.Mount{{Type: mount.TypeBind, Source: secrets, Target: SecretsDir, ReadOnly: !github}}
 	if b.spiffeSocket != "" && !github {
 		// The agent's directory, not the socket: a socket replaced by a restarted agent stays

@@ -37,7 +37,7 @@ const unprivilegedID = 1000
 // pod returns the Pod of spec's environment; its Secret has the same name.
 func (b *Backend) pod(spec podworker.Spec) *corev1.Pod {
 	name := podName(spec.Task, spec.Epoch)
-	slot := isSlot(spec)
+	slot := spec.GitHubSlot()
 	var init []corev1.Container
 	if slot && len(spec.Files) > 0 {
 		init = []corev1.Container{b.copySecrets(spec)}
@@ -64,15 +64,6 @@ func (b *Backend) pod(spec podworker.Spec) *corev1.Pod {
 			Volumes:                       b.volumes(name, slot),
 		},
 	}
-}
-
-// isSlot reports whether spec is a GitHub slot's. A slot's executor removes the JIT
-// configuration from its secrets directory once read, before the runner (and the job)
-// starts, so the directory is a writable copy of the Secret rather than the Secret's
-// read-only volume; the slot's runner talks to GitHub, not to the facade, so it gets no
-// Workload API.
-func isSlot(spec podworker.Spec) bool {
-	return executor.IsGitHub(func(k string) string { return spec.Env[k] })
 }
 
 // copySecrets is a GitHub slot's init container: it alone mounts the Secret, and copies its
@@ -121,7 +112,7 @@ func (b *Backend) resources() corev1.ResourceRequirements {
 }
 
 func (b *Backend) container(spec podworker.Spec) corev1.Container {
-	slot := isSlot(spec)
+	slot := spec.GitHubSlot()
 	spire := b.spiffeCSI && !slot
 	inside := executor.Config{SecretsDir: SecretsDir, WorkDir: WorkDir}
 	if spire {
