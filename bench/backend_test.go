@@ -48,9 +48,12 @@ type noopEnv struct {
 	exit   podworker.Exit
 	cancel context.CancelFunc
 	waits  atomic.Int32
+
+	mu     sync.Mutex
+	notify []func() // Notify registrations, run once the environment ended
 }
 
-var _ podworker.Backend = (*noopBackend)(nil)
+var _ podworker.Notifier = (*noopBackend)(nil)
 
 // newLocalBackend runs each environment as run in a goroutine of this process.
 func newLocalBackend(run func(ctx context.Context, spec envSpec) error) *noopBackend {
@@ -104,8 +107,29 @@ func (n *noopBackend) Start(_ context.Context, spec podworker.Spec) (podworker.H
 }
 
 func (e *noopEnv) end(exit podworker.Exit) {
+	e.mu.Lock()
 	e.exit = exit
 	close(e.done)
+	notify := e.notify
+	e.notify = nil
+	e.mu.Unlock()
+	for _, f := range notify {
+		f()
+	}
+}
+
+// onEnd runs f once the environment ended: now, if it has.
+func (e *noopEnv) onEnd(f func()) {
+	e.mu.Lock()
+	select {
+	case <-e.done:
+		e.mu.Unlock()
+		f()
+		return
+	default:
+	}
+	e.notify = append(e.notify, f)
+	e.mu.Unlock()
 }
 
 func (n *noopBackend) fail(err error) {
@@ -155,6 +179,34 @@ func (n *noopBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.E
 	case <-ctx.Done():
 		return podworker.Exit{}, ctx.Err()
 	}
+}
+
+// Notify is Wait without a goroutine per environment, as a backend with one event stream for
+// all its environments has: the registration runs when the environment ends, an AfterFunc
+// when ctx is done.
+func (n *noopBackend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+	n.mu.Lock()
+	e, ok := n.envs[h.Task]
+	n.mu.Unlock()
+	if !ok || e.h.ID != h.ID {
+		go ended(podworker.Exit{}, podworker.ErrNotFound)
+		return
+	}
+	if e.waits.Add(1) == 2 {
+		n.doubles.Add(1)
+	}
+	var once sync.Once
+	report := func(exit podworker.Exit, err error) {
+		once.Do(func() {
+			e.waits.Add(-1)
+			go ended(exit, err)
+		})
+	}
+	stop := context.AfterFunc(ctx, func() { report(podworker.Exit{}, ctx.Err()) })
+	e.onEnd(func() {
+		stop()
+		report(e.exit, nil)
+	})
 }
 
 // Destroy ends the environment; one that is already gone is no error.

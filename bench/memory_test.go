@@ -76,7 +76,9 @@ type memSample struct {
 
 func memNow(b *testing.B) memSample {
 	b.Helper()
-	runtime.GC()
+	for range 4 {
+		runtime.GC()
+	}
 	debug.FreeOSMemory() // return freed pages, so RSS reflects what is in use
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

@@ -71,6 +71,29 @@ type Backend interface {
 	List(ctx context.Context) ([]Handle, error)
 }
 
+// Notifier is implemented by backends that learn of their environments' ends from one stream
+// for all of them (the engine's event stream, an informer's watch) rather than from one
+// blocking Wait each. The worker then holds no goroutine per running environment: it
+// registers each one it watches and is called back when it ends.
+type Notifier interface {
+	// Notify calls ended exactly once, on a goroutine of its own (the backend never waits
+	// for it), with what Wait(ctx, h) would return: the environment's Exit once it ended, an
+	// error wrapping ErrNotFound once it is gone, or an error wrapping ctx's error once ctx is
+	// done, whichever comes first. Like Wait it works for handles from Start and adopted ones,
+	// and reports an environment that ended before Notify was called.
+	Notify(ctx context.Context, h Handle, ended func(Exit, error))
+}
+
+// Await calls ended once with what b.Wait(ctx, h) returns: through b's Notify when b is a
+// Notifier, else from a goroutine that waits in Wait.
+func Await(ctx context.Context, b Backend, h Handle, ended func(Exit, error)) {
+	if n, ok := b.(Notifier); ok {
+		n.Notify(ctx, h, ended)
+		return
+	}
+	go func() { ended(b.Wait(ctx, h)) }()
+}
+
 // ErrNotFound reports a handle whose environment no longer exists.
 var ErrNotFound = errors.New("podworker: environment not found")
 

@@ -585,13 +585,16 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 	w.mu.Lock()
 	w.envs[st.Task] = e
 	w.mu.Unlock()
-	w.wg.Go(func() {
+	// No goroutine waits while the environment runs when the backend is a Notifier: ended
+	// runs once it ended.
+	w.wg.Add(1)
+	Await(wctx, w.backend, h, func(exit Exit, err error) {
+		defer w.wg.Done()
 		if slot {
 			defer func() { <-w.slots }()
 		}
 		defer cancel(nil)
 		logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str(logkey.Env, h.ID).Logger()
-		exit, err := w.backend.Wait(wctx, h)
 		if ctx.Err() != nil {
 			// Shutting down: the environment keeps running and is adopted on restart. It stays
 			// in envs for leave to delete its key.

@@ -38,6 +38,7 @@ type memBackend struct {
 	destroyed []string
 	lists     int
 	waiting   map[string]int    // Wait calls blocked on each environment: the workers watching it
+	waits     int               // Wait calls made (Notify's are not)
 	tokens    map[string]string // the capability token each environment was started with
 	specs     map[string]podworker.Spec
 }
@@ -47,6 +48,30 @@ type memEnv struct {
 	done   chan struct{}
 	code   int
 	reason string
+	// notify are the Notify registrations waiting for the environment to end.
+	notify []func(podworker.Exit)
+}
+
+// end closes e and returns its Notify registrations, to be called after m.mu is released.
+func (e *memEnv) end(code int, reason string) []func(podworker.Exit) {
+	e.code, e.reason = code, reason
+	close(e.done)
+	return e.notify
+}
+
+// exit is how e ended, for Wait and Notify.
+func (e *memEnv) exit() podworker.Exit {
+	reason := e.reason
+	if reason == "" {
+		reason = "exited" // destroyed
+	}
+	return podworker.Exit{Code: e.code, Reason: reason}
+}
+
+func fire(notify []func(podworker.Exit), exit podworker.Exit) {
+	for _, f := range notify {
+		f(exit)
+	}
 }
 
 func newMem() *memBackend {
@@ -85,11 +110,15 @@ func (m *memBackend) exit(id string, code int) { m.exitWith(id, code, "exited") 
 // exitWith ends environment id with code, for reason (an Exit's).
 func (m *memBackend) exitWith(id string, code int, reason string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e, ok := m.envs[id]; ok {
-		e.code, e.reason = code, reason
-		close(e.done)
+	e, ok := m.envs[id]
+	var notify []func(podworker.Exit)
+	if ok {
+		notify = e.end(code, reason)
 		delete(m.envs, id)
+	}
+	m.mu.Unlock()
+	if ok {
+		fire(notify, e.exit())
 	}
 }
 
@@ -102,6 +131,7 @@ func (m *memBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Ex
 	}
 	m.mu.Lock()
 	m.waiting[h.ID]++
+	m.waits++
 	m.mu.Unlock()
 	defer func() {
 		m.mu.Lock()
@@ -110,23 +140,51 @@ func (m *memBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Ex
 	}()
 	select {
 	case <-e.done:
-		reason := e.reason
-		if reason == "" {
-			reason = "exited" // destroyed
-		}
-		return podworker.Exit{Code: e.code, Reason: reason}, nil
+		return e.exit(), nil
 	case <-ctx.Done():
 		return podworker.Exit{}, ctx.Err()
 	}
 }
 
-func (m *memBackend) Destroy(_ context.Context, h podworker.Handle) error {
+// Notify is Wait without a goroutine per environment: the registration is called when the
+// environment ends, or an AfterFunc of ctx when ctx is done. It counts in watchers as Wait does.
+func (m *memBackend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if e, ok := m.envs[h.ID]; ok {
-		close(e.done)
+	e, ok := m.envs[h.ID]
+	if !ok {
+		go ended(podworker.Exit{}, podworker.ErrNotFound)
+		return
+	}
+	m.waiting[h.ID]++
+	var once sync.Once
+	done := func(exit podworker.Exit, err error) {
+		once.Do(func() {
+			m.mu.Lock()
+			m.waiting[h.ID]--
+			m.mu.Unlock()
+			go ended(exit, err)
+		})
+	}
+	stop := context.AfterFunc(ctx, func() { done(podworker.Exit{}, ctx.Err()) })
+	e.notify = append(e.notify, func(exit podworker.Exit) {
+		stop()
+		done(exit, nil)
+	})
+}
+
+func (m *memBackend) Destroy(_ context.Context, h podworker.Handle) error {
+	m.mu.Lock()
+	e, ok := m.envs[h.ID]
+	var notify []func(podworker.Exit)
+	if ok {
+		notify = e.end(e.code, e.reason)
 		delete(m.envs, h.ID)
 		m.destroyed = append(m.destroyed, h.ID)
+	}
+	m.mu.Unlock()
+	if ok {
+		fire(notify, e.exit())
 	}
 	return nil
 }
@@ -163,7 +221,11 @@ func (m *memBackend) listed() int {
 	return m.lists
 }
 
-var _ podworker.Backend = (*memBackend)(nil)
+var _ podworker.Notifier = (*memBackend)(nil)
+
+// waitOnly hides a backend's Notify: the worker then waits in Wait, one goroutine per
+// environment, as it does for backends that are not Notifiers.
+type waitOnly struct{ podworker.Backend }
 
 // share is one worker's view of a memBackend several workers share: it counts that worker's
 // sweeps and the environments it watches.
@@ -182,6 +244,14 @@ func (s *share) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, e
 	s.waiting.Add(1)
 	defer s.waiting.Add(-1)
 	return s.memBackend.Wait(ctx, h)
+}
+
+func (s *share) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+	s.waiting.Add(1)
+	s.memBackend.Notify(ctx, h, func(exit podworker.Exit, err error) {
+		s.waiting.Add(-1)
+		ended(exit, err)
+	})
 }
 
 type rig struct {
@@ -309,9 +379,20 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
+	t.Run("notify", func(t *testing.T) { testStartsRecordsAndFailsEarlyExit(t, false) })
+	t.Run("wait", func(t *testing.T) { testStartsRecordsAndFailsEarlyExit(t, true) })
+}
+
+// testStartsRecordsAndFailsEarlyExit runs the worker over a memBackend, through its Notify or,
+// with wait, through Wait.
+func testStartsRecordsAndFailsEarlyExit(t *testing.T, wait bool) {
 	r := newRig(t)
 	mem := newMem()
-	r.run(mem)
+	if wait {
+		r.run(waitOnly{mem})
+	} else {
+		r.run(mem)
+	}
 	st := r.claim(1)
 	id := fmt.Sprintf("1-%d", st.Epoch())
 	eventually(t, "started", func() bool { return r.phase(1).Phase == assignment.Started })
@@ -341,6 +422,13 @@ func TestWorkerStartsRecordsAndFailsEarlyExit(t *testing.T) {
 	mem.exit(id, 2)
 	eventually(t, "failed", func() bool { return r.phase(1).Phase == assignment.Failed })
 	assert.Contains(t, r.phase(1).Reason, "exit code 2", "the reason does not give the exit code")
+	mem.mu.Lock()
+	defer mem.mu.Unlock()
+	if wait {
+		assert.Positive(t, mem.waits, "the worker did not wait in Wait")
+	} else {
+		assert.Zero(t, mem.waits, "the worker waited in Wait on a Notifier: a goroutine per environment")
+	}
 }
 
 // TestWorkerRefusesAssignmentsItsGrantsDoNotCover: the worker checks GRANTS_FILE again

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -279,12 +280,13 @@ func (s *suite) start(t *testing.T, b podworker.Backend, spec podworker.Spec) po
 	return h
 }
 
-// wait waits for h with the suite's timeout and fails on error.
+// wait waits for h with the suite's timeout and fails on error. A backend that is a
+// podworker.Notifier is waited on through Notify, which must agree with Wait.
 func (s *suite) wait(t *testing.T, b podworker.Backend, h podworker.Handle) podworker.Exit {
 	t.Helper()
-	exit, err := b.Wait(s.ctx(t), h)
-	require.NoError(t, err, "Wait(%s)", h.ID)
-	return exit
+	r := <-s.waitAsync(t, b, h) // bounded by the suite's context
+	require.NoError(t, r.err, "Wait(%s)", h.ID)
+	return r.exit
 }
 
 // checkCode checks an exit code, want or -1 when the backend may not know it, and that the
@@ -329,14 +331,19 @@ type waitResult struct {
 	err  error
 }
 
-// waitAsync runs Wait in a goroutine; the channel delivers its result.
+// waitAsync waits for h in the background, as the worker does (podworker.Await: Notify when
+// the backend is a Notifier, else Wait); the channel delivers the result. It fails the test if
+// the result comes more than once.
 func (s *suite) waitAsync(t *testing.T, b podworker.Backend, h podworker.Handle) <-chan waitResult {
 	ch := make(chan waitResult, 1)
-	ctx := s.ctx(t)
-	go func() {
-		exit, err := b.Wait(ctx, h)
+	var calls atomic.Int32
+	podworker.Await(s.ctx(t), b, h, func(exit podworker.Exit, err error) {
+		if calls.Add(1) > 1 {
+			t.Errorf("%s: the end of %s was reported more than once", b.Name(), h.ID)
+			return
+		}
 		ch <- waitResult{exit, err}
-	}()
+	})
 	return ch
 }
 
