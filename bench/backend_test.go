@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -73,18 +75,25 @@ func newNoopBackend(run func(context.Context, envSpec) error, send func(envSpec)
 func (n *noopBackend) Name() string { return "noop" }
 
 func (n *noopBackend) Start(_ context.Context, spec podworker.Spec) (podworker.Handle, error) {
-	ctx, cancel := context.WithCancel(n.ctx)
 	e := &noopEnv{
 		h:     podworker.Handle{Backend: "noop", ID: fmt.Sprintf("noop-%d", n.seq.Add(1)), Task: spec.Task, Epoch: spec.Epoch},
-		files: spec.Files, launch: make(chan struct{}), done: make(chan struct{}), cancel: cancel,
+		files: spec.Files, launch: make(chan struct{}), done: make(chan struct{}),
 	}
+	if n.run == nil {
+		// Elsewhere: killing it ends it, as a container's engine reports; no context of its
+		// own, as a real backend keeps none per environment. Close kills the rest.
+		var once sync.Once
+		e.cancel = func() { once.Do(func() { e.end(podworker.Exit{Code: 137, Reason: "killed"}) }) }
+		n.mu.Lock()
+		n.envs[spec.Task] = e
+		n.mu.Unlock()
+		return e.h, nil
+	}
+	ctx, cancel := context.WithCancel(n.ctx)
+	e.cancel = cancel
 	n.mu.Lock()
 	n.envs[spec.Task] = e
 	n.mu.Unlock()
-	if n.run == nil {
-		context.AfterFunc(ctx, func() { e.end(podworker.Exit{Code: 137, Reason: "killed"}) })
-		return e.h, nil
-	}
 	n.wg.Go(func() {
 		select {
 		case <-e.launch:
@@ -254,4 +263,12 @@ func (n *noopBackend) launchErr() (int, error) {
 func (n *noopBackend) Close() {
 	n.cancel()
 	n.wg.Wait()
+	if n.run == nil {
+		n.mu.Lock()
+		envs := slices.Collect(maps.Values(n.envs))
+		n.mu.Unlock()
+		for _, e := range envs {
+			e.cancel()
+		}
+	}
 }

@@ -21,20 +21,43 @@ const inFlight = 10_000
 // BenchmarkMemory10k measures the controller's memory with 10,000 assignments in flight: each
 // claimed, dispatched, started, registered over mTLS and fetched by its environment, which then
 // holds its connection to the facade open as a running job does. The environments run in a
-// child process (this test binary again) so only the control plane's memory is counted here:
-// JetStream (embedded), the view, the scheduler, the facade with 10,000 live TLS connections,
-// and the pod worker with 10,000 watched environments.
+// child process (this test binary again) so only the control plane's memory is counted here.
+//
+//   - all: `COMPONENTS=all` in one process: JetStream (embedded), the view, the scheduler, the
+//     facade with 10,000 live TLS connections, and the pod worker with 10,000 environments.
+//   - split: the facade in a process of its own (a facade host, `COMPONENTS=facade`, against
+//     the same embedded server over loopback); the measured process holds JetStream, the view,
+//     the scheduler and the pod worker. The facade host's memory is reported beside it.
 //
 // The measurement is made once, whatever b.N.
 func BenchmarkMemory10k(b *testing.B) {
-	p := newPlane(b)
+	b.Run("all", func(b *testing.B) { memory10k(b, false) })
+	b.Run("split", func(b *testing.B) { memory10k(b, true) })
+}
+
+func memory10k(b *testing.B, split bool) {
+	// A long pickup and lease: nothing may expire while 10,000 environments come up.
+	cfg := planeConfig{Concurrency: inFlight, Lease: 30 * time.Minute, Pickup: 20 * time.Minute, NoFacade: split}
+	var p *plane
+	var fh *facadeHost
+	if split {
+		p = newListeningPlane(b)
+		fh = startFacadeHost(b, p, cfg.Lease)
+	} else {
+		p = newPlane(b)
+	}
 	host := startEnvHost(b, p.target, p.poke)
 	backend := newRemoteBackend(host.send)
-	// A long pickup and lease: nothing may expire while 10,000 environments come up.
-	p.start(planeConfig{Concurrency: inFlight, Lease: 30 * time.Minute, Pickup: 20 * time.Minute}, backend)
+	p.start(cfg, backend)
 	b.Logf("load average before: %s", loadAvg())
 
 	before := memNow(b)
+	var facadeBefore uint64
+	if split {
+		var err error
+		facadeBefore, err = rssBytes(fh.pid())
+		require.NoError(b, err)
+	}
 	began := time.Now()
 	p.forge.release(inFlight)
 	p.waitFor(5*time.Minute, func() bool {
@@ -66,6 +89,12 @@ func BenchmarkMemory10k(b *testing.B) {
 	b.ReportMetric(float64(after.goroutines-before.goroutines)/inFlight, "goroutines/assignment")
 	b.ReportMetric(float64(child)/mib, "envhost-rss-MiB")
 	b.ReportMetric(float64(inFlight)/up.Seconds(), "running/s")
+	if split {
+		facade, err := rssBytes(fh.pid())
+		require.NoError(b, err)
+		b.ReportMetric(float64(facade)/mib, "facade-rss-MiB")
+		b.ReportMetric(float64(facade-facadeBefore)/inFlight/1024, "facade-rss-KiB/connection")
+	}
 }
 
 // memSample is the process's memory at one point, after a full garbage collection.

@@ -32,10 +32,21 @@ import (
 	"github.com/dynrunner/dynrunner/scheduler"
 )
 
+// The plane's keys, which a facade host shares.
+var (
+	benchTaskKey   = []byte("0123456789abcdef0123456789abcdef")
+	benchCapKey    = []byte("fedcba9876543210fedcba9876543210")
+	benchRunnerKey = []byte("runner-key-runner-key-runner-key")
+	benchTD        = spiffeid.RequireTrustDomainFromString("bench.dynrunner")
+)
+
 // planeConfig sizes an in-process control plane.
 type planeConfig struct {
 	Concurrency   int
 	Lease, Pickup time.Duration
+	// NoFacade leaves the facade out: it runs in another process (a facade host), which
+	// the environments reach at the plane's target.
+	NoFacade bool
 }
 
 // reapInterval is the pod worker's reap interval in these benchmarks: an hour, so that its
@@ -53,8 +64,12 @@ func reapInterval() time.Duration {
 // facade serving mTLS on loopback with a development CA, and a pod worker. Only the forge and
 // the backend are stand-ins.
 type plane struct {
-	b      *testing.B
-	nc     *natsconn.Conn
+	b  *testing.B
+	nc *natsconn.Conn
+	// natsListen is the embedded server's loopback address, if it serves one.
+	natsListen string
+	// caDir holds the development CA, which a facade host loads too.
+	caDir  string
 	js     jetstream.JetStream
 	log    *eventlog.Log
 	view   *eventlog.View
@@ -76,21 +91,42 @@ type plane struct {
 // newPlane starts JetStream and opens the event log; start adds the components.
 func newPlane(b *testing.B) *plane {
 	b.Helper()
-	c, err := natsconn.Connect(natsconn.Config{StoreDir: b.TempDir(), Name: "bench"})
+	return openPlane(b, natsconn.Config{StoreDir: b.TempDir(), Name: "bench"})
+}
+
+// Credentials of the embedded server's loopback listener, where newListeningPlane serves it.
+const (
+	planeNATSUser     = "bench"
+	planeNATSPassword = "bench-nats-password"
+)
+
+// newListeningPlane is newPlane with the embedded server also served on a loopback port, so
+// that components in other processes reach it as they reach an external NATS.
+func newListeningPlane(b *testing.B) *plane {
+	b.Helper()
+	p := openPlane(b, natsconn.Config{StoreDir: b.TempDir(), Name: "bench", Listen: fmt.Sprintf("127.0.0.1:%d", freePorts(b, 1)[0]),
+		User: planeNATSUser, Password: planeNATSPassword})
+	return p
+}
+
+func openPlane(b *testing.B, natsCfg natsconn.Config) *plane {
+	b.Helper()
+	c, err := natsconn.Connect(natsCfg)
 	require.NoError(b, err)
 	b.Cleanup(c.Close)
 	js, err := jetstream.New(c.NC)
 	require.NoError(b, err)
 	elCfg := eventlog.DefaultConfig()
-	elCfg.Key = []byte("0123456789abcdef0123456789abcdef")
+	elCfg.Key = benchTaskKey
 	l, err := eventlog.Open(b.Context(), js, elCfg)
 	require.NoError(b, err)
-	td := spiffeid.RequireTrustDomainFromString("bench.dynrunner")
-	ca, err := workload.LoadOrCreateDevCA(b.TempDir(), td)
+	td := benchTD
+	caDir := b.TempDir()
+	ca, err := workload.LoadOrCreateDevCA(caDir, td)
 	require.NoError(b, err)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(b, err)
-	p := &plane{b: b, nc: c, js: js, log: l, view: eventlog.NewView(), forge: newFakeForge(), ca: ca, ln: ln,
+	p := &plane{b: b, nc: c, natsListen: natsCfg.Listen, js: js, log: l, view: eventlog.NewView(), forge: newFakeForge(), ca: ca, caDir: caDir, ln: ln,
 		target: facadeTarget{URL: "https://" + ln.Addr().String(), TD: td}, changed: make(chan struct{}, 1),
 		seen: make(map[assignment.Transition]int), lastT: make(map[assignment.Transition]time.Time)}
 	p.view.OnChange(p.count)
@@ -153,10 +189,9 @@ func (p *plane) waitFor(limit time.Duration, cond func() bool, diag func() strin
 // start runs the scheduler, the facade and a pod worker on backend until the benchmark ends.
 func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 	p.b.Helper()
-	box, err := sealbox.New([]byte("0123456789abcdef0123456789abcdef"))
+	box, err := sealbox.New(benchTaskKey)
 	require.NoError(p.b, err)
-	capKey := []byte("fedcba9876543210fedcba9876543210")
-	issuer, err := captoken.NewIssuer(capKey)
+	issuer, err := captoken.NewIssuer(benchCapKey)
 	require.NoError(p.b, err)
 	// Info level, as the controller logs: every line is formatted; warnings and errors are
 	// kept in a file for the failure message, the rest is discarded.
@@ -185,22 +220,29 @@ func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 		Keepalive: time.Minute, Reconcile: time.Second, Box: box,
 		Log: logger.With().Str("component", "scheduler").Logger(),
 	}, p.forge, p.log, p.view)
-	f := facade.New(facade.Config{
-		Actor: "facade@bench", TrustDomain: p.target.TD, Lease: cfg.Lease, Issuer: issuer,
-		RunnerKey: []byte("runner-key-runner-key-runner-key"), Box: box,
-		Log: logger.With().Str("component", "facade").Logger(),
-	}, p.forge, p.log, p.view)
-	src, err := p.ca.ServerSource(workload.FacadeID(p.target.TD), 24*time.Hour, workload.LocalHosts())
-	require.NoError(p.b, err)
-	srv := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src),
-		ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	// The facade, unless a facade host serves it; srv then serves nothing.
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
+	if !cfg.NoFacade {
+		f := facade.New(facade.Config{
+			Actor: "facade@bench", TrustDomain: p.target.TD, Lease: cfg.Lease, Issuer: issuer,
+			RunnerKey: benchRunnerKey, Box: box,
+			Log: logger.With().Str("component", "facade").Logger(),
+		}, p.forge, p.log, p.view)
+		src, err := p.ca.ServerSource(workload.FacadeID(p.target.TD), 24*time.Hour, workload.LocalHosts())
+		require.NoError(p.b, err)
+		srv.Handler, srv.TLSConfig = f.Handler(), workload.ServerTLSConfig(src)
+	}
 
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = p.log.Watch(ctx, p.view) })
 	wg.Go(func() { _ = s.Run(ctx) })
 	wg.Go(func() { _ = w.Run(ctx) })
-	wg.Go(func() { _ = srv.ServeTLS(p.ln, "", "") })
+	if cfg.NoFacade {
+		_ = p.ln.Close()
+	} else {
+		wg.Go(func() { _ = srv.ServeTLS(p.ln, "", "") })
+	}
 	p.b.Cleanup(func() {
 		cancel()
 		_ = srv.Close()

@@ -586,7 +586,8 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 	w.envs[st.Task] = e
 	w.mu.Unlock()
 	// No goroutine waits while the environment runs when the backend is a Notifier: ended
-	// runs once it ended.
+	// runs once it ended. What waits keeps only what it needs of st.
+	a := watched{task: st.Task, epoch: st.Epoch(), seq: st.Seq}
 	w.wg.Add(1)
 	Await(wctx, w.backend, h, func(exit Exit, err error) {
 		defer w.wg.Done()
@@ -594,59 +595,74 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 			defer func() { <-w.slots }()
 		}
 		defer cancel(nil)
-		logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).Str(logkey.Env, h.ID).Logger()
-		if ctx.Err() != nil {
-			// Shutting down: the environment keeps running and is adopted on restart. It stays
-			// in envs for leave to delete its key.
-			return
-		}
-		if errors.Is(context.Cause(wctx), errReleased) {
-			// Another worker adopted it (this one was cut off from NATS): the key is its.
-			w.unwatch(st.Task, e)
-			return
-		}
-		if err != nil && !errors.Is(err, context.Canceled) {
-			exit = Exit{Code: -1, Reason: err.Error()}
-		}
-		cur, gerr := w.ended(ctx, st)
-		// A GitHub runner that exits 0 ran its job (or was told to stop): GitHub's messages
-		// say how the job ended, which may come after the runner exited.
-		githubDone := cur.GitHub() && exit.Code == 0 && err == nil
-		if gerr == nil && cur.Epoch() == st.Epoch() && cur.Active() && !githubDone {
-			reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
-			if errors.Is(err, ErrNotFound) {
-				reason = "the environment disappeared before the job completed"
-			} else if d, ok := w.backend.(Diagnoser); ok {
-				if why, derr := d.Diagnose(ctx, h); derr == nil && why != "" {
-					reason += ": " + strings.TrimPrefix(why, "dynrunner ")
-				}
-			}
-			next, aerr := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
-				Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: reason, Lost: lostEnvironment(exit)}, &cur)
-			if aerr == nil {
-				w.view.Observe(next)
-				logger.Warn().Str("reason", reason).Msg("assignment failed")
-			}
-		}
-		if derr := w.backend.Destroy(context.WithoutCancel(ctx), h); derr != nil {
-			logger.Error().Err(derr).Msg("destroy environment")
-		} else {
-			logger.Info().Str("exit", exit.Reason).Int("code", exit.Code).Msg("environment destroyed")
-		}
-		w.unclaim(context.WithoutCancel(ctx), e.key, w.unwatch(st.Task, e))
+		w.envEnded(ctx, wctx, a, e, exit, err)
 	})
 }
 
+// watched is what watch keeps of the assignment whose environment it watches.
+type watched struct {
+	task  assignment.TaskID
+	epoch assignment.Epoch
+	seq   uint64
+}
+
+// envEnded fails a's assignment if its job had not completed when its environment e ended
+// (exit, or err from the backend's wait), destroys the environment and deletes its key. wctx
+// is the wait's context: ctx's, or cancelled with errReleased when another worker adopted e.
+func (w *Worker) envEnded(ctx, wctx context.Context, a watched, e *env, exit Exit, err error) {
+	h := e.h
+	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(a.task)).Uint64(logkey.Epoch, uint64(a.epoch)).Str(logkey.Env, h.ID).Logger()
+	if ctx.Err() != nil {
+		// Shutting down: the environment keeps running and is adopted on restart. It stays
+		// in envs for leave to delete its key.
+		return
+	}
+	if errors.Is(context.Cause(wctx), errReleased) {
+		// Another worker adopted it (this one was cut off from NATS): the key is its.
+		w.unwatch(a.task, e)
+		return
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		exit = Exit{Code: -1, Reason: err.Error()}
+	}
+	cur, gerr := w.ended(ctx, a)
+	// A GitHub runner that exits 0 ran its job (or was told to stop): GitHub's messages
+	// say how the job ended, which may come after the runner exited.
+	githubDone := cur.GitHub() && exit.Code == 0 && err == nil
+	if gerr == nil && cur.Epoch() == a.epoch && cur.Active() && !githubDone {
+		reason := fmt.Sprintf("the environment ended (%s, exit code %d) before the job completed", exit.Reason, exit.Code)
+		if errors.Is(err, ErrNotFound) {
+			reason = "the environment disappeared before the job completed"
+		} else if d, ok := w.backend.(Diagnoser); ok {
+			if why, derr := d.Diagnose(ctx, h); derr == nil && why != "" {
+				reason += ": " + strings.TrimPrefix(why, "dynrunner ")
+			}
+		}
+		next, aerr := w.log.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: a.task, Epoch: a.epoch,
+			Actor: w.cfg.Actor, At: w.cfg.Now(), Reason: reason, Lost: lostEnvironment(exit)}, &cur)
+		if aerr == nil {
+			w.view.Observe(next)
+			logger.Warn().Str("reason", reason).Msg("assignment failed")
+		}
+	}
+	if derr := w.backend.Destroy(context.WithoutCancel(ctx), h); derr != nil {
+		logger.Error().Err(derr).Msg("destroy environment")
+	} else {
+		logger.Info().Str("exit", exit.Reason).Int("code", exit.Code).Msg("environment destroyed")
+	}
+	w.unclaim(context.WithoutCancel(ctx), e.key, w.unwatch(a.task, e))
+}
+
 // ended returns the assignment of an environment that ended: from the view when it already
-// shows the assignment no longer active at st's epoch, or at a later epoch (both final: an
+// shows the assignment no longer active at a's epoch, or at a later epoch (both final: an
 // epoch that stopped being active never is again, and epochs only grow), else read from
 // JetStream, since a job that has not completed is failed on what it says. Most environments
 // end after their job completed, which the view has seen: they cost no read.
-func (w *Worker) ended(ctx context.Context, st assignment.State) (assignment.State, error) {
-	if cur, ok := w.view.Get(st.Task); ok && cur.Seq > st.Seq && (cur.Epoch() != st.Epoch() || !cur.Active()) {
+func (w *Worker) ended(ctx context.Context, a watched) (assignment.State, error) {
+	if cur, ok := w.view.Get(a.task); ok && cur.Seq > a.seq && (cur.Epoch() != a.epoch || !cur.Active()) {
 		return cur, nil
 	}
-	return w.log.Get(ctx, st.Task)
+	return w.log.Get(ctx, a.task)
 }
 
 // Refresher is implemented by backends that can replace an environment's secret files while

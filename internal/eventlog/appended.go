@@ -48,13 +48,15 @@ func (a *appended) add(subject string, data []byte, st assignment.State) {
 }
 
 // get returns the state this Log appended at seq, when the message read there has the subject
-// and bytes it sent.
+// and bytes it sent, and forgets it: a view takes each record once, and a second view of the
+// same Log verifies and decodes it as usual.
 func (a *appended) get(seq uint64, subject string, data []byte) (assignment.State, bool) {
 	a.mu.Lock()
+	defer a.mu.Unlock()
 	r, ok := a.recs[seq]
-	a.mu.Unlock()
 	if !ok || r.subject != subject || !bytes.Equal(r.data, data) {
 		return assignment.State{}, false
 	}
+	delete(a.recs, seq)
 	return r.st, true
 }

@@ -38,6 +38,10 @@ func TestAppendedTakesOnlyWhatWasSent(t *testing.T) {
 			}
 		})
 	}
+	// Taken once, it is forgotten: its bytes are not held until maxAppended more appends.
+	assert.Empty(t, a.recs, "a taken append is still remembered")
+	_, ok := a.get(42, subject, []byte(`{"task_id":7}`))
+	assert.False(t, ok, "an append taken twice")
 }
 
 // TestAppendedIsBounded: beyond maxAppended the oldest appends are forgotten.
