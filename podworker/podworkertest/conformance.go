@@ -95,6 +95,7 @@ const (
 	CheckTokenOnlyThroughNonce   = "TokenOnlyThroughNonce"
 	CheckMissingToken            = "MissingToken"
 	CheckTokenNeverSent          = "TokenNeverSent"
+	CheckNotifyCancelled         = "NotifyCancelled"
 	CheckNoGoroutineLeak         = "NoGoroutineLeak"
 )
 
@@ -105,7 +106,7 @@ var checks = []string{
 	CheckAdopt, CheckWaitAdoptedExited, CheckStartTwice, CheckStartConcurrently, CheckNewEpoch,
 	CheckSecretFiles, CheckRejectsUnsafeSecretName, CheckWriteFiles, CheckNeverReady,
 	CheckDiagnose, CheckTokenOnlyThroughNonce, CheckMissingToken, CheckTokenNeverSent,
-	CheckNoGoroutineLeak,
+	CheckNotifyCancelled, CheckNoGoroutineLeak,
 }
 
 // Harness adapts a backend to the suite.
@@ -207,6 +208,7 @@ func RunConformance(t *testing.T, h Harness) {
 		CheckTokenOnlyThroughNonce:   s.needsNonce(s.testTokenOnlyThroughNonce),
 		CheckMissingToken:            s.needsNonce(s.testMissingToken),
 		CheckTokenNeverSent:          s.needsNonce(s.testTokenNeverSent),
+		CheckNotifyCancelled:         s.testNotifyCancelled,
 		CheckNoGoroutineLeak: func(t *testing.T) {
 			pkg := backendPackage(backend)
 			require.NotEmpty(t, pkg, "the backend's type has no package")
@@ -431,6 +433,37 @@ func (s *suite) testDestroyRunning(t *testing.T) {
 	s.checkWaitEnded(t, "same instance", waited)
 	exit, err := b.Wait(s.ctx(t), h)
 	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait after Destroy = %+v", exit)
+}
+
+// testNotifyCancelled: a podworker.Notifier's registration whose context ends is told so
+// once, with the context's error, and not again when the environment ends after; a second
+// registration on the same environment is told of its end.
+func (s *suite) testNotifyCancelled(t *testing.T) {
+	b := s.h.New(t)
+	n, ok := b.(podworker.Notifier)
+	if !ok {
+		t.Skipf("%s is not a podworker.Notifier: the worker waits in Wait", b.Name())
+	}
+	h := s.start(t, b, s.spec(t, RunForever))
+	s.checkRunning(t, b, h)
+	ctx, cancel := context.WithCancel(s.ctx(t))
+	first := make(chan waitResult, 2)
+	n.Notify(ctx, h, func(exit podworker.Exit, err error) { first <- waitResult{exit, err} })
+	cancel()
+	select {
+	case r := <-first:
+		require.ErrorIs(t, r.err, context.Canceled, "a cancelled registration was told %+v", r.exit)
+	case <-time.After(s.h.Timeout):
+		t.Fatalf("a registration was not told within %s that its context ended", s.h.Timeout)
+	}
+	second := s.waitAsync(t, b, h)
+	s.destroy(t, b, h)
+	s.checkWaitEnded(t, "the second registration", second)
+	select {
+	case r := <-first:
+		t.Errorf("the cancelled registration was told again: %+v, %v", r.exit, r.err)
+	default:
+	}
 }
 
 func (s *suite) testDestroyIdempotent(t *testing.T) {
