@@ -16,6 +16,10 @@ import (
 
 var _ podworker.Notifier = (*Backend)(nil)
 
+// lookUpTimeout bounds the GET of a Pod the informer has not seen, which the informer's one
+// goroutine waits for; a GET that times out is retried.
+const lookUpTimeout = 30 * time.Second
+
 // Notify calls ended once, on a goroutine of its own, with what Wait(ctx, h) would return:
 // the Pod's Exit once it ended, an error wrapping podworker.ErrNotFound (with Exit reason
 // "deleted") once it is gone or replaced by a newer Pod of the same name, or an error wrapping
@@ -178,7 +182,9 @@ func (w *notifier) lookUp(b *Backend, inf *informer) bool {
 			continue
 		}
 		w.mu.Unlock()
-		pod, err := b.client.CoreV1().Pods(b.ns).Get(r.ctx, r.h.ID, metav1.GetOptions{})
+		gctx, cancel := context.WithTimeout(r.ctx, lookUpTimeout)
+		pod, err := b.client.CoreV1().Pods(b.ns).Get(gctx, r.h.ID, metav1.GetOptions{})
+		cancel()
 		w.mu.Lock()
 		switch {
 		case r.done || r.ctx.Err() != nil:
