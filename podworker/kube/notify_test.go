@@ -216,13 +216,19 @@ func (e *env) testNotifyDeleted(t *testing.T) {
 	b := e.newBackend(t, e.c.Client, ns, func(c *kube.Config) { c.NodeName = ""; c.OnPhase = obs.observe })
 	h := startT(t, b, fakeSpec(802, "forever"))
 	ch := notifyT(t, ctxT(t), b, h)
+	// Registrations are looked up in order once the informer synced: when a Pod that never
+	// existed is reported gone, h has been looked up, so its deletion below reaches it
+	// through the watch.
+	never := podworker.Handle{Backend: "kubernetes", ID: "dynrunner-899-1", Task: 899, Epoch: 1}
+	got := receiveT(t, never.ID, notifyT(t, ctxT(t), b, never))
+	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify on a Pod that never existed = %+v", got.exit)
 	pollT(t, "Pending reported", func() bool {
 		obs.mu.Lock()
 		defer obs.mu.Unlock()
 		return len(obs.got[h.ID]) > 0
 	})
 	require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}))
-	got := receiveT(t, h.ID, ch)
+	got = receiveT(t, h.ID, ch)
 	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify = %+v", got.exit)
 	assert.Equal(t, podworker.Exit{Code: -1, Reason: "deleted"}, got.exit)
 	obs.mu.Lock()
