@@ -58,7 +58,10 @@
 // with reason "deleted"; once it is gone Wait returns an error wrapping podworker.ErrNotFound.
 // Handles recovered after a restart behave the same. Wait reports every phase change it sees
 // (Pending, Running, Succeeded, Failed, and Deleted for a Pod deleted under it) to
-// Config.OnPhase, which the controller appends to the event log. A Pod that cannot start
+// Config.OnPhase, which the controller appends to the event log. Notify, which the pod worker
+// uses (podworker.Await), reports the same ends and phases without a goroutine or a watch per
+// environment: one informer on the backend's Pods (Selector) serves every registration, from
+// the first Notify until none is left. A Pod that cannot start
 // (image pull failures, a missing CSI driver) stays Pending: Wait returns only at the
 // deadline, and the worker's pickup timeout destroys it before.
 //

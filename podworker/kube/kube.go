@@ -138,7 +138,9 @@ type Config struct {
 	Privileged *bool
 	// OnPhase, when set, is called by Wait with every phase change of the Pod it watches (see
 	// PhaseChange), synchronously and in order, with Wait's ctx. It must return quickly (bound
-	// its I/O with a timeout) and handle its errors itself: Wait waits for it.
+	// its I/O with a timeout) and handle its errors itself: Wait waits for it. Notify calls it
+	// the same way, in order for each Pod and before the registration's ended, from a
+	// goroutine of the registration's (never the shared informer's).
 	OnPhase func(ctx context.Context, h podworker.Handle, c PhaseChange)
 	// Log receives the backend's events.
 	Log zerolog.Logger
@@ -162,6 +164,7 @@ type Backend struct {
 	privileged       bool
 	onPhase          func(context.Context, podworker.Handle, PhaseChange)
 	log              zerolog.Logger
+	notifier         notifier // Notify's registrations and shared informer
 }
 
 var _ podworker.Backend = (*Backend)(nil)

@@ -53,6 +53,7 @@ func TestKube(t *testing.T) {
 	t.Run("PodSpec", e.testPodSpec)
 	t.Run("DeletedMidJob", e.testDeletedMidJob)
 	t.Run("Phases", e.testPhases)
+	t.Run("Notify", e.testNotify)
 	t.Run("SpiffeCSI", e.testSpiffeCSI)
 	t.Run("Unprivileged", e.testUnprivileged)
 	t.Run("Deadline", e.testDeadline)

@@ -43,7 +43,7 @@ func (l *phaseLog) phases(h podworker.Handle) ([]string, []kube.PhaseChange) {
 }
 
 // testPhases checks what Wait reports to Config.OnPhase: a job's Pod going Running, then
-// Succeeded; and a Pod deleted mid-job ending in Deleted.
+// Succeeded; and a Pod deleted mid-job ending in Deleted. Notify reports the same.
 func (e *env) testPhases(t *testing.T) {
 	ns := e.c.Namespace(t)
 	obs := &phaseLog{got: map[string][]kube.PhaseChange{}}
@@ -53,14 +53,15 @@ func (e *env) testPhases(t *testing.T) {
 		h := startT(t, b, fakeSpec(61, "brief"))
 		exit := waitT(t, b, h)
 		require.Zero(t, exit.Code, "Wait = %+v, want exit code 0", exit)
-		got, changes := obs.phases(h)
-		t.Logf("reported %+v", changes)
-		require.Equal(t, []string{"Running", "Succeeded"}, got, "phases after [Pending]")
-		for _, c := range changes {
-			assert.Equal(t, h.Data["pod_uid"], c.UID, "%s: uid", c.Phase)
-			assert.Equal(t, e.k.NodeName(), c.Node, "%s: node", c.Phase)
-		}
-		assert.Equal(t, "Completed", changes[1].Reason, "reason of Succeeded")
+		checkSucceeded(t, e, obs, h)
+	})
+
+	t.Run("SucceededNotified", func(t *testing.T) {
+		h := startT(t, b, fakeSpec(63, "brief"))
+		got := receiveT(t, h.ID, notifyT(t, ctxT(t), b, h))
+		require.NoError(t, got.err, "Notify")
+		require.Zero(t, got.exit.Code, "Notify = %+v, want exit code 0", got.exit)
+		checkSucceeded(t, e, obs, h)
 	})
 
 	t.Run("Deleted", func(t *testing.T) {
@@ -88,4 +89,17 @@ func (e *env) testPhases(t *testing.T) {
 		assert.Equal(t, h.Data["pod_uid"], last.UID, "Deleted: uid")
 		assert.Equal(t, e.k.NodeName(), last.Node, "Deleted: node")
 	})
+}
+
+// checkSucceeded checks the phases reported for h, a Pod that ran and succeeded.
+func checkSucceeded(t *testing.T, e *env, obs *phaseLog, h podworker.Handle) {
+	t.Helper()
+	got, changes := obs.phases(h)
+	t.Logf("reported %+v", changes)
+	require.Equal(t, []string{"Running", "Succeeded"}, got, "phases after [Pending]")
+	for _, c := range changes {
+		assert.Equal(t, h.Data["pod_uid"], c.UID, "%s: uid", c.Phase)
+		assert.Equal(t, e.k.NodeName(), c.Node, "%s: node", c.Phase)
+	}
+	assert.Equal(t, "Completed", changes[1].Reason, "reason of Succeeded")
 }

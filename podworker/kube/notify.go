@@ -1,0 +1,337 @@
+package kube
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/dynrunner/dynrunner/podworker"
+)
+
+var _ podworker.Notifier = (*Backend)(nil)
+
+// lookUpTimeout bounds the GET of a Pod the informer has not seen, which the informer's one
+// goroutine waits for; a GET that times out is retried.
+const lookUpTimeout = 30 * time.Second
+
+// Notify calls ended once, on a goroutine of its own, with what Wait(ctx, h) would return:
+// the Pod's Exit once it ended, an error wrapping podworker.ErrNotFound (with Exit reason
+// "deleted") once it is gone or replaced by a newer Pod of the same name, or an error wrapping
+// ctx's error once ctx is done. Every registration is served by one informer: a single list
+// and watch of the backend's Pods (Selector) in the namespace, started by the first Notify and
+// stopped when no registration is left. A Pod that ended or is gone before Notify is reported
+// at once. While the apiserver cannot be reached the informer retries and nothing is reported;
+// when it relists, Pods deleted meanwhile are reported gone. A Pod whose labels are removed
+// leaves the informer's view and is reported gone, unlike Wait, which watches it by name.
+// Phase changes go to Config.OnPhase as Wait reports them, in order for each Pod, with ctx,
+// before ended is called.
+func (b *Backend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+	uid, err := checkHandle(h)
+	if err != nil {
+		go ended(podworker.Exit{}, err)
+		return
+	}
+	r := &registration{ctx: ctx, h: h, uid: uid, ended: ended}
+	r.ph = &phases{h: h, uid: uid}
+	w := &b.notifier
+	if b.onPhase != nil {
+		r.ph.fn = func(ctx context.Context, h podworker.Handle, c PhaseChange) {
+			w.enqueue(r, func() { b.onPhase(ctx, h, c) })
+		}
+	}
+	w.register(b, r)
+	stop := context.AfterFunc(ctx, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.finish(r, podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, ctx.Err()))
+	})
+	w.mu.Lock()
+	r.stop = stop
+	if r.done {
+		stop()
+	}
+	w.mu.Unlock()
+}
+
+// registration is one Notify call.
+type registration struct {
+	ctx   context.Context
+	h     podworker.Handle
+	uid   string // the handle's Pod UID, "" when it has none
+	ended func(podworker.Exit, error)
+	// The rest is guarded by notifier.mu.
+	ph      *phases
+	stop    func() bool // stops the AfterFunc on ctx
+	done    bool        // ended is queued; nothing more is
+	queue   []func()    // OnPhase calls, then ended: run in order by one goroutine at a time
+	running bool        // a goroutine runs queue
+}
+
+// notifier serves every Notify of a Backend: its registrations and the informer.
+type notifier struct {
+	mu   sync.Mutex
+	regs map[string]map[*registration]struct{} // by Pod name
+	cur  *informer                             // the running informer; nil when none runs
+}
+
+// informer is one run of the shared informer, from the first registration to the last.
+type informer struct {
+	stop  chan struct{} // closed to stop it
+	kick  chan struct{} // wakes its run loop for pending (buffered, one)
+	store cache.Store
+	// pending are registrations whose Pod the store did not show yet: the run loop looks them
+	// up once the store has synced. Guarded by notifier.mu.
+	pending []*registration
+}
+
+// register adds r and starts the informer if none runs.
+func (w *notifier) register(b *Backend, r *registration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.regs == nil {
+		w.regs = map[string]map[*registration]struct{}{}
+	}
+	if w.regs[r.h.ID] == nil {
+		w.regs[r.h.ID] = map[*registration]struct{}{}
+	}
+	w.regs[r.h.ID][r] = struct{}{}
+	if w.cur == nil {
+		w.cur = w.start(b)
+	}
+	w.cur.pending = append(w.cur.pending, r)
+	select {
+	case w.cur.kick <- struct{}{}:
+	default:
+	}
+}
+
+// start starts an informer and its run loop; w.mu is held.
+func (w *notifier) start(b *Backend) *informer {
+	lw := cache.NewFilteredListWatchFromClient(b.client.CoreV1().RESTClient(), "pods", b.ns,
+		func(o *metav1.ListOptions) { o.LabelSelector = selector })
+	stop := make(chan struct{})
+	var store cache.Store
+	store, ctl := cache.NewInformerWithOptions(cache.InformerOptions{
+		ListerWatcher: lw,
+		ObjectType:    &corev1.Pod{},
+		Handler: cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { w.changed(store, obj) },
+			UpdateFunc: func(_, obj any) { w.changed(store, obj) },
+			DeleteFunc: func(obj any) { w.deleted(obj) },
+		},
+	})
+	inf := &informer{stop: stop, kick: make(chan struct{}, 1), store: store}
+	go w.run(b, inf, ctl)
+	return inf
+}
+
+// run runs the informer until stop is closed and looks up pending registrations whenever
+// kicked, once the informer has synced.
+func (w *notifier) run(b *Backend, inf *informer, ctl cache.Controller) {
+	var wg sync.WaitGroup
+	wg.Go(func() { ctl.Run(inf.stop) })
+	defer wg.Wait()
+	if !cache.WaitForCacheSync(inf.stop, ctl.HasSynced) {
+		return
+	}
+	pause := 100 * time.Millisecond
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-inf.stop:
+			return
+		case <-inf.kick:
+		case <-retry:
+			retry = nil
+		}
+		if w.lookUp(b, inf) {
+			pause = 100 * time.Millisecond
+			continue
+		}
+		b.log.Debug().Dur("retry_in", pause).Msg("get pod failed; retrying")
+		retry = time.After(pause)
+		pause = min(2*pause, maxWaitRetry)
+	}
+}
+
+// lookUp checks every pending registration against the synced store and, for a Pod the store
+// lacks, GETs it once to tell "gone" from "not yet seen". It reports false when a GET failed
+// transiently; those registrations stay pending.
+func (w *notifier) lookUp(b *Backend, inf *informer) bool {
+	store := inf.store
+	w.mu.Lock()
+	todo := inf.pending
+	inf.pending = nil
+	w.mu.Unlock()
+	ok := true
+	for _, r := range todo {
+		w.mu.Lock()
+		if r.done {
+			w.mu.Unlock()
+			continue
+		}
+		if obj, exists, _ := store.GetByKey(b.ns + "/" + r.h.ID); exists {
+			w.observe(r, obj.(*corev1.Pod), false)
+			w.mu.Unlock()
+			continue
+		}
+		w.mu.Unlock()
+		gctx, cancel := context.WithTimeout(r.ctx, lookUpTimeout)
+		pod, err := b.client.CoreV1().Pods(b.ns).Get(gctx, r.h.ID, metav1.GetOptions{})
+		cancel()
+		w.mu.Lock()
+		switch {
+		case r.done || r.ctx.Err() != nil:
+			// Ended meanwhile, or its ctx's AfterFunc ends it.
+		case err != nil && !apierrors.IsNotFound(err) && transient(err):
+			b.envLog(r.h).Warn().Err(err).Msg("get pod failed; retrying")
+			inf.pending = append(inf.pending, r)
+			ok = false
+		case err != nil && !apierrors.IsNotFound(err):
+			w.finish(r, podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", r.h.ID, err))
+		default:
+			if obj, exists, _ := store.GetByKey(b.ns + "/" + r.h.ID); exists {
+				// The informer saw it during the GET.
+				w.observe(r, obj.(*corev1.Pod), false)
+				break
+			}
+			if err != nil {
+				r.ph.gone(r.ctx, "")
+				w.finishGone(r, nil)
+				break
+			}
+			// Not yet seen by the informer (just created): it reports the Pod once it does,
+			// unless it ended already or is not the handle's.
+			_, done := exitOf(pod)
+			if done || !managed(pod) || (r.uid != "" && string(pod.UID) != r.uid) {
+				w.observe(r, pod, !managed(pod))
+			}
+		}
+		w.mu.Unlock()
+	}
+	return ok
+}
+
+// changed handles an added or updated Pod: the registrations of its name look at the store's
+// current state of it, so that they never see an older state after a newer one.
+func (w *notifier) changed(store cache.Store, obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	regs := w.regs[pod.Name]
+	if len(regs) == 0 {
+		return
+	}
+	if cur, exists, _ := store.Get(pod); exists {
+		pod = cur.(*corev1.Pod)
+	}
+	for r := range regs {
+		w.observe(r, pod, false)
+	}
+}
+
+// deleted handles a Pod that was deleted (or that a relist no longer found).
+func (w *notifier) deleted(obj any) {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for r := range w.regs[pod.Name] {
+		w.observe(r, pod, true)
+	}
+}
+
+// observe applies one state of r's Pod name, as Wait's watch does; w.mu is held.
+func (w *notifier) observe(r *registration, pod *corev1.Pod, gone bool) {
+	if r.done {
+		return
+	}
+	switch {
+	case r.uid != "" && string(pod.UID) != r.uid:
+		// A newer Pod of the same name: this handle's is gone.
+		r.ph.gone(r.ctx, reasonReplaced)
+		w.finishGone(r, nil)
+		return
+	case gone:
+		r.ph.saw(r.ctx, pod)
+		r.ph.gone(r.ctx, "")
+		w.finishGone(r, pod)
+		return
+	}
+	r.ph.saw(r.ctx, pod)
+	if exit, done := exitOf(pod); done {
+		r.ph.ended(r.ctx, pod)
+		w.finish(r, exit, nil)
+	}
+}
+
+// finish queues r's ended call, removes r, and stops the informer when no registration is
+// left; w.mu is held.
+func (w *notifier) finish(r *registration, exit podworker.Exit, err error) {
+	if r.done {
+		return
+	}
+	r.done = true
+	if r.stop != nil {
+		r.stop()
+	}
+	w.enqueue(r, func() { r.ended(exit, err) })
+	regs := w.regs[r.h.ID]
+	delete(regs, r)
+	if len(regs) == 0 {
+		delete(w.regs, r.h.ID)
+	}
+	if len(w.regs) == 0 && w.cur != nil {
+		close(w.cur.stop)
+		w.cur = nil
+	}
+}
+
+// finishGone finishes r with Wait's answer for a Pod that is gone; last is its final state, if
+// known. w.mu is held.
+func (w *notifier) finishGone(r *registration, last *corev1.Pod) {
+	exit, err := deleted(r.h, last)
+	w.finish(r, exit, err)
+}
+
+// enqueue adds f to r's queue and starts a goroutine to run it unless one runs; w.mu is held.
+// OnPhase and ended thus run in order for each Pod, never on the informer's goroutine.
+func (w *notifier) enqueue(r *registration, f func()) {
+	r.queue = append(r.queue, f)
+	if r.running {
+		return
+	}
+	r.running = true
+	go w.drain(r)
+}
+
+// drain runs r's queue until it is empty.
+func (w *notifier) drain(r *registration) {
+	for {
+		w.mu.Lock()
+		if len(r.queue) == 0 {
+			r.running = false
+			w.mu.Unlock()
+			return
+		}
+		f := r.queue[0]
+		r.queue[0] = nil
+		r.queue = r.queue[1:]
+		w.mu.Unlock()
+		f()
+	}
+}
