@@ -76,6 +76,9 @@ type stream struct {
 type registration struct {
 	h   podworker.Handle
 	ref string
+	// since is when Notify was called, in Unix nanoseconds: events from before it only
+	// trigger an inspection.
+	since int64
 	// ctx is the caller's context, cancelled once the registration is reported.
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -98,7 +101,7 @@ func newNotifier(b *Backend) *notifier {
 // add registers a Notify call.
 func (n *notifier) add(ctx context.Context, h podworker.Handle, ref string, ended func(podworker.Exit, error)) {
 	rctx, cancel := context.WithCancel(ctx)
-	r := &registration{h: h, ref: ref, ctx: rctx, cancel: cancel, ended: ended}
+	r := &registration{h: h, ref: ref, since: time.Now().UnixNano(), ctx: rctx, cancel: cancel, ended: ended}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	set := n.regs[ref]
@@ -255,6 +258,12 @@ func (n *notifier) event(m events.Message) {
 	defer n.mu.Unlock()
 	for _, ref := range []string{m.Actor.ID, m.Actor.Attributes["name"]} {
 		for r := range n.regs[ref] {
+			if m.TimeNano < r.since {
+				// Replayed from before Notify: what the container's inspection says counts,
+				// as for Wait (a container removed before Notify is not found).
+				n.checkLocked(r)
+				continue
+			}
 			switch m.Action {
 			case events.ActionDie:
 				if code, err := strconv.Atoi(m.Actor.Attributes["exitCode"]); err == nil {
