@@ -30,3 +30,24 @@ func SetBeforeSubscribe(b *Backend, f func()) {
 	b.notes.beforeSubscribe = f
 	b.notes.replay = 0
 }
+
+// SetBeforeInspect makes b call f with its number before each inspection of a container
+// registered with Notify. Call it before b's first Notify.
+func SetBeforeInspect(b *Backend, f func(int64)) { b.notes.beforeInspect = f }
+
+// Inspecting reports whether an inspection of a registered container is under way.
+func Inspecting(b *Backend) bool {
+	b.notes.mu.Lock()
+	defer b.notes.mu.Unlock()
+	for _, set := range b.notes.regs {
+		for r := range set {
+			if r.checking {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Inspections returns how many inspections of registered containers b started.
+func Inspections(b *Backend) int64 { return b.notes.inspections.Load() }

@@ -52,6 +52,10 @@ type notifier struct {
 	// called before each.
 	subscriptions   atomic.Int64
 	beforeSubscribe func()
+	// inspections counts the inspections of registered containers; beforeInspect, when set
+	// (tests), is called before each with its number.
+	inspections   atomic.Int64
+	beforeInspect func(int64)
 	// wg counts the stream's goroutine and the inspections under way.
 	wg sync.WaitGroup
 
@@ -295,6 +299,9 @@ func (n *notifier) checkLocked(r *registration) {
 // engine cannot be reached, until r ends.
 func (n *notifier) check(r *registration) {
 	for pause := 100 * time.Millisecond; ; pause = min(2*pause, maxWaitRetry) {
+		if i := n.inspections.Add(1); n.beforeInspect != nil {
+			n.beforeInspect(i)
+		}
 		c, err := n.b.inspect(r.ctx, r.ref)
 		if r.ctx.Err() != nil {
 			return // reported already, or ctx ended and its AfterFunc reports

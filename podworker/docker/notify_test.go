@@ -240,3 +240,32 @@ func TestNotifyRejectsBadHandles(t *testing.T) {
 	e := endOf(t, notifyT(t, t.Context(), b, podworker.Handle{Backend: "docker", ID: "../etc"}), "bad handle")
 	assert.ErrorIs(t, e.err, docker.ErrInvalidHandle, "Notify of a bad handle")
 }
+
+// TestNotifyRemovedBeforeInspection: a container removed before the inspection its die event
+// triggered reports the exit code of that event, as Wait reports the code of its wait when the
+// container is gone by the inspection.
+func TestNotifyRemovedBeforeInspection(t *testing.T) {
+	image := testImage(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
+	// The inspection after the die event waits until the container is removed.
+	hold := make(chan struct{})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) }) // before b.Close
+	docker.SetBeforeInspect(b, func(i int64) {
+		if i == 2 {
+			<-hold
+		}
+	})
+	h := startT(t, b, fakeSpec(65, "forever"))
+	ch := notifyT(t, ctxT(t), b, h)
+	// The first inspection, once subscribed, finds it running.
+	require.Eventually(t, func() bool { return docker.Inspections(b) == 1 && !docker.Inspecting(b) }, testTimeout, 10*time.Millisecond, "no inspection after subscribing")
+	requireNoEnd(t, ch, h.ID)
+	code, err := engineJSON(ctxT(t), http.MethodDelete, "/containers/"+h.Data["container_id"]+"?force=1", nil, nil)
+	require.NoError(t, err, "remove")
+	require.Equal(t, http.StatusNoContent, code, "remove")
+	release.Do(func() { close(hold) })
+	e := endOf(t, ch, "removed")
+	require.NoError(t, e.err, "removed before the inspection")
+	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed before the inspection: the die event's code")
+}
