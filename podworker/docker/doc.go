@@ -83,7 +83,10 @@
 // the exit code is always known; "oom" is the reason when the kernel killed the container for
 // memory. While the engine cannot be reached or answers with a server error (a restart of the
 // engine, which with live-restore keeps containers running), Wait retries until its context
-// ends rather than report the environment lost. Destroy stops the container with Config.Grace, force-removes it (with its anonymous
+// ends rather than report the environment lost. The worker does not wait: Notify serves every
+// environment from one subscription to the engine's event stream (die, oom and destroy events
+// of Config.Scope), inspects each container once after subscribing and again after each
+// reconnection, and computes the Exit as Wait does. Destroy stops the container with Config.Grace, force-removes it (with its anonymous
 // volumes) and removes its secrets directory; it is idempotent. List reports the managed
 // containers of Config.Scope, plus every entry of StateDir without a container (a crash between
 // writing secrets and creating the container) as a Handle with nil Data.

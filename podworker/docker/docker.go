@@ -163,6 +163,8 @@ type Backend struct {
 	// spiffeSocket is Config.SpiffeSocket, without "unix://".
 	spiffeSocket string
 	log          zerolog.Logger
+	// notes serves Notify.
+	notes *notifier
 }
 
 var _ podworker.Backend = (*Backend)(nil)
@@ -269,7 +271,7 @@ func New(cfg Config) (*Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("docker: %w", err)
 	}
-	return &Backend{
+	b := &Backend{
 		eng:          eng,
 		image:        cfg.Image,
 		runnerSHA:    cfg.RunnerSHA256,
@@ -286,15 +288,19 @@ func New(cfg Config) (*Backend, error) {
 		grace:        grace,
 		spiffeSocket: spiffeSocket,
 		log:          cfg.Log.With().Str(logkey.Backend, backendName).Logger(),
-	}, nil
+	}
+	b.notes = newNotifier(b)
+	return b, nil
 }
 
 // Name returns "docker".
 func (b *Backend) Name() string { return backendName }
 
-// Close releases the backend's idle connections to the engine. Environments keep running. It
-// is idempotent.
+// Close stops the event stream that serves Notify and releases the backend's idle connections
+// to the engine. Environments keep running; a Notify registration still pending ends only with
+// its context. It is idempotent.
 func (b *Backend) Close() error {
+	b.notes.close()
 	b.eng.close()
 	return nil
 }

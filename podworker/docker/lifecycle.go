@@ -61,16 +61,12 @@ func (b *Backend) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit,
 	case res.Error != nil && res.Error.Message != "":
 		return podworker.Exit{}, fmt.Errorf("docker: wait %s: %s", h.ID, res.Error.Message)
 	}
-	switch {
-	case c.State.Running:
+	exit, ended := exitOf(c)
+	if !ended {
 		// Restarted between the wait and the inspection: not this backend's doing.
 		return podworker.Exit{}, fmt.Errorf("docker: wait %s: container %s runs again", h.ID, shortID(c.ID))
-	case c.State.Status == container.StateCreated:
-		return podworker.Exit{Code: -1, Reason: "never started"}, nil
-	case c.State.OOMKilled:
-		return podworker.Exit{Code: c.State.ExitCode, Reason: podworker.ExitOOM}, nil
 	}
-	return podworker.Exit{Code: c.State.ExitCode, Reason: "exited"}, nil
+	return exit, nil
 }
 
 // maxWaitRetry bounds the pause between Wait's attempts while the engine is unreachable.

@@ -1,0 +1,271 @@
+package docker_test
+
+import (
+	"context"
+	"net/http"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/podworker"
+	"github.com/dynrunner/dynrunner/podworker/docker"
+)
+
+// ending is what Notify reported of one environment.
+type ending struct {
+	exit podworker.Exit
+	err  error
+}
+
+// notifyT registers h with b.Notify under ctx; the channel delivers the end. It fails the test
+// if the end is reported more than once.
+func notifyT(t *testing.T, ctx context.Context, b *docker.Backend, h podworker.Handle) <-chan ending {
+	t.Helper()
+	ch := make(chan ending, 1)
+	var calls atomic.Int32
+	b.Notify(ctx, h, func(exit podworker.Exit, err error) {
+		if calls.Add(1) > 1 {
+			t.Errorf("the end of %s was reported more than once", h.ID)
+			return
+		}
+		ch <- ending{exit, err}
+	})
+	return ch
+}
+
+// endOf waits for the end Notify reports on ch.
+func endOf(t *testing.T, ch <-chan ending, what string) ending {
+	t.Helper()
+	select {
+	case e := <-ch:
+		return e
+	case <-time.After(testTimeout):
+		require.FailNow(t, "no end reported", "%s: Notify reported nothing within %v", what, testTimeout)
+		return ending{}
+	}
+}
+
+// requireNoEnd checks that nothing was reported on ch yet.
+func requireNoEnd(t *testing.T, ch <-chan ending, what string) {
+	t.Helper()
+	select {
+	case e := <-ch:
+		require.FailNow(t, "end reported", "%s: Notify reported %+v of a running environment", what, e)
+	default:
+	}
+}
+
+// streamGoroutines counts the goroutines that follow an event stream of a Backend.
+func streamGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "podworker/docker.(*notifier).run(") {
+			n++
+		}
+	}
+	return n
+}
+
+// stopContainer stops container id at once (SIGKILL), behind the backend's back.
+func stopContainer(t *testing.T, id string) {
+	t.Helper()
+	code, err := engineJSON(ctxT(t), http.MethodPost, "/containers/"+id+"/stop?t=0", nil, nil)
+	require.NoError(t, err, "stop %s", id)
+	require.Contains(t, []int{http.StatusNoContent, http.StatusNotModified}, code, "stop %s", id)
+}
+
+// TestNotifyOneStream: several environments are served by one subscription to the engine's
+// event stream and one goroutine, whose ends are each reported once; the stream stops with the
+// last registration.
+func TestNotifyOneStream(t *testing.T) {
+	image := testImage(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
+	before := streamGoroutines()
+	const n = 3
+	var hs [n]podworker.Handle
+	var ends [n]<-chan ending
+	for i := range n {
+		hs[i] = startT(t, b, fakeSpec(assignment.TaskID(50+i), "forever"))
+		ends[i] = notifyT(t, ctxT(t), b, hs[i])
+	}
+	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) >= 1 }, testTimeout, 10*time.Millisecond, "no subscription")
+	for i := range n {
+		requireNoEnd(t, ends[i], hs[i].ID)
+	}
+	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions for %d environments", n)
+	assert.Equal(t, 1, streamGoroutines()-before, "goroutines following the event stream for %d environments", n)
+
+	// One ends by itself, behind the backend's back; the others are destroyed.
+	stopContainer(t, hs[0].Data["container_id"])
+	e := endOf(t, ends[0], "stopped")
+	require.NoError(t, e.err, "stopped")
+	want, err := b.Wait(ctxT(t), hs[0])
+	require.NoError(t, err, "Wait")
+	assert.Equal(t, want, e.exit, "Notify, against Wait")
+	assert.Equal(t, "exited", e.exit.Reason, "stopped")
+	assert.NotZero(t, e.exit.Code, "stopped")
+	for i := 1; i < n; i++ {
+		require.NoError(t, b.Destroy(ctxT(t), hs[i]))
+		e := endOf(t, ends[i], hs[i].ID)
+		assert.NoError(t, e.err, "destroyed %s", hs[i].ID)
+		assert.Equal(t, "exited", e.exit.Reason, "destroyed %s", hs[i].ID)
+	}
+	assert.Eventually(t, func() bool { return !docker.EventsRunning(b) && streamGoroutines() == before },
+		testTimeout, 10*time.Millisecond, "the event stream runs on with no registration")
+	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions")
+}
+
+// TestNotifyContextEnds: a registration whose context ends is reported with ctx's error and the
+// environment runs on; a context that ended before Notify is reported at once.
+func TestNotifyContextEnds(t *testing.T) {
+	image := testImage(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
+	h := startT(t, b, fakeSpec(60, "forever"))
+	ctx, cancel := context.WithCancel(ctxT(t))
+	ch := notifyT(t, ctx, b, h)
+	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) == 1 }, testTimeout, 10*time.Millisecond, "no subscription")
+	requireNoEnd(t, ch, h.ID)
+	cancel()
+	e := endOf(t, ch, "cancelled")
+	assert.ErrorIs(t, e.err, context.Canceled, "Notify after its context was cancelled = %+v", e.exit)
+	assert.Eventually(t, func() bool { return !docker.EventsRunning(b) }, testTimeout, 10*time.Millisecond, "the event stream runs on with no registration")
+
+	short, cancelShort := context.WithTimeout(ctxT(t), 300*time.Millisecond)
+	defer cancelShort()
+	_, err := b.Wait(short, h)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "the environment stopped with its registration")
+
+	done, cancelDone := context.WithCancel(ctxT(t))
+	cancelDone()
+	e = endOf(t, notifyT(t, done, b, h), "context ended before Notify")
+	assert.ErrorIs(t, e.err, context.Canceled, "Notify with an ended context = %+v", e.exit)
+}
+
+// TestNotifyRemoved: a container removed while registered reports its exit, as Wait does when
+// the container is removed right after it stopped; one already gone reports ErrNotFound; one
+// that already exited reports its exit at once.
+func TestNotifyRemoved(t *testing.T) {
+	image := testImage(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
+	h := startT(t, b, fakeSpec(61, "forever"))
+	ch := notifyT(t, ctxT(t), b, h)
+	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) == 1 }, testTimeout, 10*time.Millisecond, "no subscription")
+	requireNoEnd(t, ch, h.ID)
+	code, err := engineJSON(ctxT(t), http.MethodDelete, "/containers/"+h.Data["container_id"]+"?force=1", nil, nil)
+	require.NoError(t, err, "remove")
+	require.Equal(t, http.StatusNoContent, code, "remove")
+	e := endOf(t, ch, "removed")
+	require.NoError(t, e.err, "removed while registered")
+	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed while registered")
+
+	e = endOf(t, notifyT(t, ctxT(t), b, h), "gone before Notify")
+	assert.ErrorIs(t, e.err, podworker.ErrNotFound, "Notify of a removed container = %+v", e.exit)
+	_, err = b.Wait(ctxT(t), h)
+	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait of a removed container")
+
+	exited := startT(t, b, fakeSpec(62, "exit3"))
+	want := waitT(t, b, exited)
+	e = endOf(t, notifyT(t, ctxT(t), b, exited), "exited before Notify")
+	require.NoError(t, e.err, "exited before Notify")
+	assert.Equal(t, want, e.exit, "Notify, against Wait")
+}
+
+// TestNotifyReconnects: when the event stream breaks, the backend subscribes again and then
+// inspects every registered container, so an end while it was not subscribed is reported, and
+// ends after it come through the new subscription.
+func TestNotifyReconnects(t *testing.T) {
+	image := testImage(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
+	// The second subscription waits until the test let it.
+	hold := make(chan struct{})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) }) // before b.Close
+	var subscribing atomic.Int32
+	docker.SetBeforeSubscribe(b, func() {
+		if subscribing.Add(1) == 2 {
+			<-hold
+		}
+	})
+	stays := startT(t, b, fakeSpec(63, "forever"))
+	stops := startT(t, b, fakeSpec(64, "forever"))
+	staysEnd := notifyT(t, ctxT(t), b, stays)
+	stopsEnd := notifyT(t, ctxT(t), b, stops)
+	require.Eventually(t, func() bool { return docker.HangUpEvents(b) }, testTimeout, 10*time.Millisecond, "never subscribed")
+	require.Eventually(t, func() bool { return subscribing.Load() == 2 }, testTimeout, 10*time.Millisecond, "no second subscription")
+
+	stopContainer(t, stops.Data["container_id"])
+	requireNoEnd(t, stopsEnd, "not subscribed")
+	release.Do(func() { close(hold) })
+	e := endOf(t, stopsEnd, "stopped while not subscribed")
+	require.NoError(t, e.err, "stopped while not subscribed")
+	want, err := b.Wait(ctxT(t), stops)
+	require.NoError(t, err, "Wait")
+	assert.Equal(t, want, e.exit, "Notify, against Wait")
+	requireNoEnd(t, staysEnd, stays.ID)
+
+	require.NoError(t, b.Destroy(ctxT(t), stays))
+	e = endOf(t, staysEnd, "destroyed after the reconnection")
+	assert.NoError(t, e.err, "destroyed after the reconnection")
+	assert.EqualValues(t, 2, docker.EventSubscriptions(b), "subscriptions")
+}
+
+// TestNotifyUnreachableEngine: while the engine cannot be reached, a registration is not
+// reported lost; it ends with its context.
+func TestNotifyUnreachableEngine(t *testing.T) {
+	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), func(c *docker.Config) {
+		c.Socket = filepath.Join(t.TempDir(), "absent.sock")
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
+	defer cancel()
+	h := podworker.Handle{Backend: "docker", ID: "dynrunner-5-1", Task: 5, Epoch: 1}
+	e := endOf(t, notifyT(t, ctx, b, h), "unreachable engine")
+	assert.ErrorIs(t, e.err, context.DeadlineExceeded, "Notify with the engine unreachable waits until the context ends")
+	require.NoError(t, b.Close())
+	assert.Zero(t, streamGoroutines(), "goroutines following the event stream after Close")
+}
+
+// TestNotifyRejectsBadHandles: Notify refuses what Wait refuses.
+func TestNotifyRejectsBadHandles(t *testing.T) {
+	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), nil)
+	e := endOf(t, notifyT(t, t.Context(), b, podworker.Handle{Backend: "docker", ID: "../etc"}), "bad handle")
+	assert.ErrorIs(t, e.err, docker.ErrInvalidHandle, "Notify of a bad handle")
+}
+
+// TestNotifyRemovedBeforeInspection: a container removed before the inspection its die event
+// triggered reports the exit code of that event, as Wait reports the code of its wait when the
+// container is gone by the inspection.
+func TestNotifyRemovedBeforeInspection(t *testing.T) {
+	image := testImage(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
+	// The inspection after the die event waits until the container is removed.
+	hold := make(chan struct{})
+	var release sync.Once
+	t.Cleanup(func() { release.Do(func() { close(hold) }) }) // before b.Close
+	docker.SetBeforeInspect(b, func(i int64) {
+		if i == 2 {
+			<-hold
+		}
+	})
+	h := startT(t, b, fakeSpec(65, "forever"))
+	ch := notifyT(t, ctxT(t), b, h)
+	// The first inspection, once subscribed, finds it running.
+	require.Eventually(t, func() bool { return docker.Inspections(b) == 1 && !docker.Inspecting(b) }, testTimeout, 10*time.Millisecond, "no inspection after subscribing")
+	requireNoEnd(t, ch, h.ID)
+	code, err := engineJSON(ctxT(t), http.MethodDelete, "/containers/"+h.Data["container_id"]+"?force=1", nil, nil)
+	require.NoError(t, err, "remove")
+	require.Equal(t, http.StatusNoContent, code, "remove")
+	release.Do(func() { close(hold) })
+	e := endOf(t, ch, "removed")
+	require.NoError(t, e.err, "removed before the inspection")
+	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed before the inspection: the die event's code")
+}
