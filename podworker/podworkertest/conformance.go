@@ -435,9 +435,10 @@ func (s *suite) testDestroyRunning(t *testing.T) {
 	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait after Destroy = %+v", exit)
 }
 
-// testNotifyCancelled: a podworker.Notifier's registration whose context ends is told so
-// once, with the context's error, and not again when the environment ends after; a second
-// registration on the same environment is told of its end.
+// testNotifyCancelled: a podworker.Notifier's registration whose context ends is told so at
+// once, with the context's error; a second registration on the same environment is told of
+// its end, and the first has not been told again by then (a best-effort look: a second call
+// that comes later still is not seen).
 func (s *suite) testNotifyCancelled(t *testing.T) {
 	b := s.h.New(t)
 	n, ok := b.(podworker.Notifier)
