@@ -66,6 +66,9 @@ type notifier struct {
 	count  int     // registrations in regs
 	cur    *stream // the event stream, nil when none runs
 	closed bool
+	// refused is the engine's refusal of the event stream, once it refused it for good:
+	// every registration is then served by Wait.
+	refused error
 }
 
 // stream is one run of the event stream, from the first registration to the last.
@@ -122,6 +125,8 @@ func (n *notifier) add(ctx context.Context, h podworker.Handle, ref string, ende
 	switch {
 	case n.closed:
 		// Closed: only ctx ends the registration.
+	case n.refused != nil:
+		n.waitLocked(r)
 	case n.cur == nil:
 		n.startLocked() // it inspects every registration once subscribed
 	case n.cur.connected:
@@ -175,7 +180,7 @@ func (n *notifier) run(ctx context.Context, s *stream) {
 			return
 		}
 		if !transient(err) {
-			n.failAll(s, err)
+			n.fallBack(s, err)
 			return
 		}
 		if subscribed {
@@ -236,24 +241,42 @@ func (n *notifier) follow(ctx context.Context, s *stream) (subscribed bool, err 
 	}
 }
 
-// failAll reports err to every registration: the engine refused the event stream for good
-// (as Wait returns the engine's refusals).
-func (n *notifier) failAll(s *stream, err error) {
+// fallBack serves every registration by Wait from now on: the engine refused the event
+// stream for good (an authorization plugin or a socket proxy that forbids /events, while it
+// allows the container calls). A refusal of the stream says nothing of the environments, so
+// none is reported ended for it; each is waited on as Wait does, one request to the engine
+// and one goroutine each.
+func (n *notifier) fallBack(s *stream, err error) {
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.cur == s {
 		n.cur = nil
 	}
 	s.stop()
-	var all []*registration
+	if n.closed {
+		return
+	}
+	n.refused = err
+	n.b.log.Error().Err(err).Msg("the engine refused its event stream; waiting on each container instead, one request each")
 	for _, set := range n.regs {
 		for r := range set {
-			all = append(all, r)
+			n.waitLocked(r)
 		}
 	}
-	n.mu.Unlock()
-	for _, r := range all {
-		n.finish(r, podworker.Exit{}, fmt.Errorf("docker: wait %s: events: %w", r.h.ID, err))
+}
+
+// waitLocked reports r's end as Wait finds it, on a goroutine of its own.
+func (n *notifier) waitLocked(r *registration) {
+	if r.done {
+		return
 	}
+	n.wg.Go(func() {
+		exit, err := n.b.Wait(r.ctx, r.h)
+		if r.ctx.Err() != nil {
+			return // reported already, or ctx ended and its AfterFunc reports
+		}
+		n.finish(r, exit, err)
+	})
 }
 
 // event notes what m says of the registered containers and inspects them.

@@ -2,7 +2,9 @@ package docker_test
 
 import (
 	"context"
+	"net"
 	"net/http"
+	"net/http/httputil"
 	"path/filepath"
 	"runtime"
 	"strings"
@@ -268,4 +270,64 @@ func TestNotifyRemovedBeforeInspection(t *testing.T) {
 	e := endOf(t, ch, "removed")
 	require.NoError(t, e.err, "removed before the inspection")
 	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed before the inspection: the die event's code")
+}
+
+// eventsRefusingProxy serves the engine's API on a unix socket of its own, as a socket proxy
+// that forbids the event stream does (docker-socket-proxy with EVENTS=0, an authorization
+// plugin): GET /events is answered 403, every other request goes to the engine.
+func eventsRefusingProxy(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "proxy.sock")
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.Out.URL.Scheme, r.Out.URL.Host = "http", "docker"
+		},
+		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", docker.DefaultSocket)
+		}},
+	}
+	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasSuffix(r.URL.Path, "/events") {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"message":"authorization denied by the proxy: events"}`))
+			return
+		}
+		proxy.ServeHTTP(w, r)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return sock
+}
+
+// TestNotifyEventsRefused: behind a proxy that refuses the event stream but allows the
+// container calls, no environment is reported ended for the refusal: each registration, and
+// each made after it, is waited on as Wait does, and its end is reported as Wait reports it.
+func TestNotifyEventsRefused(t *testing.T) {
+	image := testImage(t)
+	sock := eventsRefusingProxy(t)
+	b := newBackend(t, image, t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = sock })
+	h := startT(t, b, fakeSpec(70, "forever"))
+	ch := notifyT(t, ctxT(t), b, h)
+	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) >= 1 && !docker.EventsRunning(b) },
+		testTimeout, 10*time.Millisecond, "the refused event stream is still followed")
+	requireNoEnd(t, ch, h.ID)
+	later := startT(t, b, fakeSpec(71, "forever"))
+	chLater := notifyT(t, ctxT(t), b, later)
+
+	stopContainer(t, h.Data["container_id"])
+	e := endOf(t, ch, "stopped behind a proxy that refuses events")
+	require.NoError(t, e.err, "stopped")
+	want, err := b.Wait(ctxT(t), h)
+	require.NoError(t, err, "Wait")
+	assert.Equal(t, want, e.exit, "Notify, against Wait")
+	requireNoEnd(t, chLater, later.ID)
+	require.NoError(t, b.Destroy(ctxT(t), later))
+	e = endOf(t, chLater, "destroyed behind a proxy that refuses events")
+	if e.err != nil {
+		assert.ErrorIs(t, e.err, podworker.ErrNotFound, "destroyed: want an exit or not found, as Wait")
+	}
+	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions after the engine refused the stream")
 }
