@@ -71,6 +71,7 @@ type registration struct {
 	done    bool        // ended is queued; nothing more is
 	queue   []func()    // OnPhase calls, then ended: run in order by one goroutine at a time
 	running bool        // a goroutine runs queue
+	seen    bool        // the informer showed the handle's Pod
 }
 
 // notifier serves every Notify of a Backend: its registrations and the informer.
@@ -85,10 +86,18 @@ type informer struct {
 	stop  chan struct{} // closed to stop it
 	kick  chan struct{} // wakes its run loop for pending (buffered, one)
 	store cache.Store
-	// pending are registrations whose Pod the store did not show yet: the run loop looks them
-	// up once the store has synced. Guarded by notifier.mu.
-	pending []*registration
+	// pending are registrations whose Pod the store did not show yet, or showed as another
+	// Pod of the same name: the run loop looks them up once the store has synced. unseen are
+	// those whose Pod the apiserver had and the informer had not seen yet: they are looked
+	// up again every unseenRecheck until it has (a watch that broke before the informer saw
+	// the Pod, and a deletion before its relist, would otherwise leave them waiting).
+	// Guarded by notifier.mu.
+	pending, unseen []*registration
 }
+
+// unseenRecheck is how often registrations whose Pod the informer has not seen yet are looked
+// up again.
+const unseenRecheck = 10 * time.Second
 
 // register adds r and starts the informer if none runs.
 func (w *notifier) register(b *Backend, r *registration) {
@@ -142,6 +151,8 @@ func (w *notifier) run(b *Backend, inf *informer, ctl cache.Controller) {
 	}
 	pause := 100 * time.Millisecond
 	var retry <-chan time.Time
+	recheck := time.NewTicker(unseenRecheck)
+	defer recheck.Stop()
 	for {
 		select {
 		case <-inf.stop:
@@ -149,6 +160,8 @@ func (w *notifier) run(b *Backend, inf *informer, ctl cache.Controller) {
 		case <-inf.kick:
 		case <-retry:
 			retry = nil
+		case <-recheck.C:
+			w.recheckUnseen(inf)
 		}
 		if w.lookUp(b, inf) {
 			pause = 100 * time.Millisecond
@@ -176,8 +189,8 @@ func (w *notifier) lookUp(b *Backend, inf *informer) bool {
 			w.mu.Unlock()
 			continue
 		}
-		if obj, exists, _ := store.GetByKey(b.ns + "/" + r.h.ID); exists {
-			w.observe(r, obj.(*corev1.Pod), false)
+		if pod, ok := storedPod(store, b.ns, r); ok {
+			w.observe(r, pod, false)
 			w.mu.Unlock()
 			continue
 		}
@@ -196,9 +209,9 @@ func (w *notifier) lookUp(b *Backend, inf *informer) bool {
 		case err != nil && !apierrors.IsNotFound(err):
 			w.finish(r, podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", r.h.ID, err))
 		default:
-			if obj, exists, _ := store.GetByKey(b.ns + "/" + r.h.ID); exists {
+			if stored, ok := storedPod(store, b.ns, r); ok {
 				// The informer saw it during the GET.
-				w.observe(r, obj.(*corev1.Pod), false)
+				w.observe(r, stored, false)
 				break
 			}
 			if err != nil {
@@ -206,12 +219,21 @@ func (w *notifier) lookUp(b *Backend, inf *informer) bool {
 				w.finishGone(r, nil)
 				break
 			}
-			// Not yet seen by the informer (just created): it reports the Pod once it does,
-			// unless it ended already or is not the handle's.
-			_, done := exitOf(pod)
-			if done || !managed(pod) || (r.uid != "" && string(pod.UID) != r.uid) {
-				w.observe(r, pod, !managed(pod))
+			if r.uid != "" && string(pod.UID) != r.uid {
+				// The apiserver's Pod of that name is another one: names are unique, so the
+				// handle's is gone.
+				r.ph.gone(r.ctx, reasonReplaced)
+				w.finishGone(r, nil)
+				break
 			}
+			// Not yet seen by the informer (just created): it reports the Pod once it does,
+			// unless it ended already or is not the handle's; until then it is looked up
+			// again every unseenRecheck.
+			if _, done := exitOf(pod); done || !managed(pod) {
+				w.observe(r, pod, !managed(pod))
+				break
+			}
+			inf.unseen = append(inf.unseen, r)
 		}
 		w.mu.Unlock()
 	}
@@ -262,9 +284,10 @@ func (w *notifier) observe(r *registration, pod *corev1.Pod, gone bool) {
 	}
 	switch {
 	case r.uid != "" && string(pod.UID) != r.uid:
-		// A newer Pod of the same name: this handle's is gone.
-		r.ph.gone(r.ctx, reasonReplaced)
-		w.finishGone(r, nil)
+		// Another Pod of the same name: a newer one that replaced the handle's, or an older
+		// one whose events the informer still delivers (a Pod deleted and created again by
+		// Start). Only the apiserver's current Pod of the name tells which: look it up.
+		w.verifyLocked(r)
 		return
 	case gone:
 		r.ph.saw(r.ctx, pod)
@@ -272,11 +295,57 @@ func (w *notifier) observe(r *registration, pod *corev1.Pod, gone bool) {
 		w.finishGone(r, pod)
 		return
 	}
+	r.seen = true
 	r.ph.saw(r.ctx, pod)
 	if exit, done := exitOf(pod); done {
 		r.ph.ended(r.ctx, pod)
 		w.finish(r, exit, nil)
 	}
+}
+
+// verifyLocked has the run loop look r up; w.mu is held.
+func (w *notifier) verifyLocked(r *registration) {
+	if w.cur == nil {
+		return
+	}
+	w.cur.pending = append(w.cur.pending, r)
+	select {
+	case w.cur.kick <- struct{}{}:
+	default:
+	}
+}
+
+// recheckUnseen looks up again the registrations whose Pod the informer has not shown yet.
+func (w *notifier) recheckUnseen(inf *informer) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	unseen := inf.unseen
+	inf.unseen = nil
+	for _, r := range unseen {
+		if !r.done && !r.seen {
+			inf.pending = append(inf.pending, r)
+		}
+	}
+	if len(inf.pending) > 0 {
+		select {
+		case inf.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// storedPod returns r's Pod from the informer's store, when the store holds the handle's Pod
+// (another Pod of the name is not r's).
+func storedPod(store cache.Store, ns string, r *registration) (*corev1.Pod, bool) {
+	obj, exists, _ := store.GetByKey(ns + "/" + r.h.ID)
+	if !exists {
+		return nil, false
+	}
+	pod := obj.(*corev1.Pod)
+	if r.uid != "" && string(pod.UID) != r.uid {
+		return nil, false
+	}
+	return pod, true
 }
 
 // finish queues r's ended call, removes r, and stops the informer when no registration is

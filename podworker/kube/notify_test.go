@@ -31,6 +31,7 @@ func (e *env) testNotify(t *testing.T) {
 	t.Run("Cancelled", e.testNotifyCancelled)
 	t.Run("Deleted", e.testNotifyDeleted)
 	t.Run("ApiserverOutage", e.testNotifyOutage)
+	t.Run("StaleEventOfOlderPod", e.testNotifyStaleEvent)
 }
 
 // notified is the outcome of one Notify.
@@ -378,4 +379,41 @@ func (p *proxy) restore() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.down = false
+}
+
+// testNotifyStaleEvent: events of an older Pod of the same name that the informer still
+// delivers (Start deleted it and created the handle's) do not end the handle's registration:
+// the apiserver's current Pod of the name is looked up, and it is the handle's.
+func (e *env) testNotifyStaleEvent(t *testing.T) {
+	ns := e.c.Namespace(t)
+	b := e.unscheduled(t, e.c.Client, ns)
+	// A registration that keeps the informer running throughout.
+	keeper := startT(t, b, fakeSpec(810, "forever"))
+	keeperCh := notifyT(t, ctxT(t), b, keeper)
+
+	old := startT(t, b, fakeSpec(811, "forever"))
+	oldPod := getPod(t, e.c, ns, old.ID)
+	oldCh := notifyT(t, ctxT(t), b, old)
+	require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), old.ID, metav1.DeleteOptions{}))
+	got := receiveT(t, "deleted "+old.ID, oldCh)
+	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify of the deleted Pod = %+v", got.exit)
+
+	h := startT(t, b, fakeSpec(811, "forever")) // the same name, a new Pod
+	require.NotEqual(t, old.Data["pod_uid"], h.Data["pod_uid"])
+	ch := notifyT(t, ctxT(t), b, h)
+	require.True(t, kube.DeliverPodEvent(b, oldPod, false), "no informer runs")
+	require.True(t, kube.DeliverPodEvent(b, oldPod, true), "no informer runs")
+	// Registrations are looked up in order: once a Pod that never existed is reported gone,
+	// h's look-up after the stale events is done too.
+	never := podworker.Handle{Backend: "kubernetes", ID: "dynrunner-898-1", Task: 898, Epoch: 1}
+	got = receiveT(t, never.ID, notifyT(t, ctxT(t), b, never))
+	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify on a Pod that never existed = %+v", got.exit)
+	requireNotNotified(t, h.ID, ch)
+	requireNotNotified(t, keeper.ID, keeperCh)
+
+	// The handle's own end is still reported.
+	e.endPod(t, ns, h, 3)
+	got = receiveT(t, h.ID, ch)
+	require.NoError(t, got.err)
+	assert.Equal(t, 3, got.exit.Code, "exit %+v", got.exit)
 }
