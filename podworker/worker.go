@@ -719,8 +719,8 @@ func (w *Worker) watching(task assignment.TaskID, e *env) bool {
 }
 
 // onChange ends the environment of an assignment that ended or failed elsewhere (a lease
-// expired, the job was cancelled): its end is reported (Await), and envEnded cleans up. A renewed lease renews
-// the environment's identity files with it.
+// expired, the job was cancelled): its end is reported (Await), and envEnded cleans up. A
+// renewed lease renews the environment's identity files with it.
 func (w *Worker) onChange(st assignment.State) {
 	w.mu.Lock()
 	e, ok := w.envs[st.Task]
