@@ -1,5 +1,7 @@
 package docker
 
+import "time"
+
 // EventSubscriptions returns how many times b subscribed to the engine's event stream.
 func EventSubscriptions(b *Backend) int64 { return b.notes.subscriptions.Load() }
 
@@ -51,3 +53,7 @@ func Inspecting(b *Backend) bool {
 
 // Inspections returns how many inspections of registered containers b started.
 func Inspections(b *Backend) int64 { return b.notes.inspections.Load() }
+
+// SetRecheck makes b inspect every registered container every d while it follows the event
+// stream. Call it before b's first Notify.
+func SetRecheck(b *Backend, d time.Duration) { b.notes.recheck = d }

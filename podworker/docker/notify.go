@@ -43,11 +43,15 @@ func (b *Backend) Notify(ctx context.Context, h podworker.Handle, ended func(pod
 // be lost; a replayed event only costs an inspection.
 const defaultReplay = time.Second
 
+// recheckEvery is how often the containers of every registration are inspected again while
+// the event stream is followed.
+const recheckEvery = 2 * time.Minute
+
 // notifier serves every Notify registration of a Backend from one event stream.
 type notifier struct {
 	b *Backend
-	// replay is defaultReplay, or what a test sets.
-	replay time.Duration
+	// replay is defaultReplay, and recheck recheckEvery, or what a test sets.
+	replay, recheck time.Duration
 	// subscriptions counts the event streams opened; beforeSubscribe, when set (tests), is
 	// called before each.
 	subscriptions   atomic.Int64
@@ -102,7 +106,7 @@ type registration struct {
 }
 
 func newNotifier(b *Backend) *notifier {
-	return &notifier{b: b, replay: defaultReplay, regs: make(map[string]map[*registration]struct{})}
+	return &notifier{b: b, replay: defaultReplay, recheck: recheckEvery, regs: make(map[string]map[*registration]struct{})}
 }
 
 // add registers a Notify call.
@@ -228,8 +232,21 @@ func (n *notifier) follow(ctx context.Context, s *stream) (subscribed bool, err 
 		}
 	}
 	n.mu.Unlock()
+	// The engine drops events a slow subscriber did not take in time: every recheckEvery each
+	// registered container is inspected again, so a lost die event delays an end, never
+	// hides it.
+	recheck := time.NewTicker(n.recheck)
+	defer recheck.Stop()
 	for {
 		select {
+		case <-recheck.C:
+			n.mu.Lock()
+			for _, set := range n.regs {
+				for r := range set {
+					n.checkLocked(r)
+				}
+			}
+			n.mu.Unlock()
 		case m := <-evs.Messages:
 			n.event(m)
 		case err := <-evs.Err:

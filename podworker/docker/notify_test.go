@@ -272,10 +272,9 @@ func TestNotifyRemovedBeforeInspection(t *testing.T) {
 	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed before the inspection: the die event's code")
 }
 
-// eventsRefusingProxy serves the engine's API on a unix socket of its own, as a socket proxy
-// that forbids the event stream does (docker-socket-proxy with EVENTS=0, an authorization
-// plugin): GET /events is answered 403, every other request goes to the engine.
-func eventsRefusingProxy(t *testing.T) string {
+// socketProxy serves the engine's API on a unix socket of its own, as a socket proxy does;
+// events, when not nil, answers GET /events instead of the engine.
+func socketProxy(t *testing.T, events func(w http.ResponseWriter, r *http.Request, engine http.Handler)) string {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "proxy.sock")
 	ln, err := net.Listen("unix", sock)
@@ -287,12 +286,11 @@ func eventsRefusingProxy(t *testing.T) string {
 		Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", docker.DefaultSocket)
 		}},
+		FlushInterval: -1, // the event stream as it comes
 	}
 	srv := &http.Server{ReadHeaderTimeout: 10 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasSuffix(r.URL.Path, "/events") {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusForbidden)
-			_, _ = w.Write([]byte(`{"message":"authorization denied by the proxy: events"}`))
+		if events != nil && strings.HasSuffix(r.URL.Path, "/events") {
+			events(w, r, proxy)
 			return
 		}
 		proxy.ServeHTTP(w, r)
@@ -300,6 +298,43 @@ func eventsRefusingProxy(t *testing.T) string {
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return sock
+}
+
+// TestNotifyLostEvent: the engine drops events a slow subscriber does not take in time; a
+// die event lost so still ends the registration, at the next inspection of every registered
+// container. Here a proxy keeps the event stream open but passes no event.
+func TestNotifyLostEvent(t *testing.T) {
+	image := testImage(t)
+	sock := socketProxy(t, func(w http.ResponseWriter, r *http.Request, _ http.Handler) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	})
+	b := newBackend(t, image, t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = sock })
+	docker.SetRecheck(b, 500*time.Millisecond)
+	h := startT(t, b, fakeSpec(72, "forever"))
+	ch := notifyT(t, ctxT(t), b, h)
+	require.Eventually(t, func() bool { return docker.Inspections(b) >= 1 && !docker.Inspecting(b) }, testTimeout, 10*time.Millisecond, "no inspection after subscribing")
+	requireNoEnd(t, ch, h.ID)
+	stopContainer(t, h.Data["container_id"])
+	e := endOf(t, ch, "stopped, its die event lost")
+	require.NoError(t, e.err, "stopped")
+	want, err := b.Wait(ctxT(t), h)
+	require.NoError(t, err, "Wait")
+	assert.Equal(t, want, e.exit, "Notify, against Wait")
+}
+
+// eventsRefusingProxy serves the engine's API on a unix socket of its own, as a socket proxy
+// that forbids the event stream does (docker-socket-proxy with EVENTS=0, an authorization
+// plugin): GET /events is answered 403, every other request goes to the engine.
+func eventsRefusingProxy(t *testing.T) string {
+	t.Helper()
+	return socketProxy(t, func(w http.ResponseWriter, _ *http.Request, _ http.Handler) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"message":"authorization denied by the proxy: events"}`))
+	})
 }
 
 // TestNotifyEventsRefused: behind a proxy that refuses the event stream but allows the
