@@ -760,7 +760,11 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 		if !e.mine {
 			e.st, e.known = w.view.Get(h.Task)
 		}
-		switch planSweep(e) {
+		plan := planSweep(e)
+		if plan == sweepReap && !e.mine {
+			plan = w.confirmReap(ctx, &e)
+		}
+		switch plan {
 		case sweepMine, sweepYoung:
 		case sweepAdopt:
 			if w.draining.Load() {
@@ -783,6 +787,25 @@ func (w *Worker) sweep(ctx context.Context) (time.Time, error) {
 		}
 	}
 	return recheck, nil
+}
+
+// confirmReap plans again for an environment the view says no live assignment owns, on its
+// assignment read from JetStream now: the view may lag behind, or lack an assignment claimed
+// a moment before it started (the live index is written after the claim), and an environment
+// is destroyed only when JetStream agrees. Without an answer the environment is left to the
+// next sweep.
+func (w *Worker) confirmReap(ctx context.Context, e *sweepEnv) sweepAction {
+	st, err := w.log.Get(ctx, e.h.Task)
+	switch {
+	case errors.Is(err, assignment.ErrNotFound):
+		return sweepReap
+	case err != nil:
+		w.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(e.h.Task)).Str(logkey.Env, e.h.ID).
+			Msg("environment not reaped: its assignment could not be read")
+		return sweepYoung
+	}
+	e.st, e.known = st, true
+	return planSweep(*e)
 }
 
 // adopt watches the environment h that st records unless another worker watches it. When it

@@ -255,11 +255,13 @@ func (s *share) Notify(ctx context.Context, h podworker.Handle, ended func(podwo
 }
 
 type rig struct {
-	t    *testing.T
-	conn *natsconn.Conn
-	log  *eventlog.Log
-	view *eventlog.View
-	js   jetstream.JetStream
+	// wrapView, when set, is what the workers started next see of their view.
+	wrapView func(podworker.View) podworker.View
+	t        *testing.T
+	conn     *natsconn.Conn
+	log      *eventlog.Log
+	view     *eventlog.View
+	js       jetstream.JetStream
 }
 
 func newRig(t *testing.T) *rig {
@@ -325,7 +327,11 @@ func (r *rig) startWorker(l *eventlog.Log, backend podworker.Backend, cfg podwor
 	}
 	cfg.Log = zerolog.New(zerolog.NewTestWriter(r.t)).With().Str("actor", cfg.Actor).Logger()
 	view := r.view
-	w := podworker.New(cfg, backend, l, view)
+	var wview podworker.View = view
+	if r.wrapView != nil {
+		wview = r.wrapView(view)
+	}
+	w := podworker.New(cfg, backend, l, wview)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = l.Watch(ctx, view) })
@@ -481,6 +487,41 @@ func TestWorkerDeadLettersAfterMaxDeliver(t *testing.T) {
 		return err == nil
 	})
 	assert.Contains(t, msg.Header.Get("Dynrunner-Reason"), "no capacity", "dead letter reason")
+}
+
+// hidingView is a view that lacks one task's assignment, as a view started between a claim
+// and its key in the live index does.
+type hidingView struct {
+	podworker.View
+	hide assignment.TaskID
+}
+
+func (v hidingView) Get(task assignment.TaskID) (assignment.State, bool) {
+	if task == v.hide {
+		return assignment.State{}, false
+	}
+	return v.View.Get(task)
+}
+
+// TestWorkerReapsOnlyWhatJetStreamDisowns: an environment whose assignment the worker's view
+// lacks is not destroyed while JetStream records it live: the sweep reads the assignment
+// before it reaps, and adopts the environment.
+func TestWorkerReapsOnlyWhatJetStreamDisowns(t *testing.T) {
+	r := newRig(t)
+	mem := newMem()
+	stop := r.run(mem)
+	st := r.claim(3)
+	eventually(t, "started", func() bool { return r.phase(3).Phase == assignment.Started })
+	stop()
+
+	owned := fmt.Sprintf("3-%d", st.Epoch())
+	orphan := podworker.Handle{Backend: "mem", ID: "99-1", Task: 99, Epoch: 1}
+	mem.add(orphan)
+	r.wrapView = func(v podworker.View) podworker.View { return hidingView{View: v, hide: 3} }
+	r.run(mem)
+	eventually(t, "the orphan reaped", func() bool { return !mem.has(orphan.ID) })
+	require.True(t, mem.has(owned), "an environment JetStream records live was reaped because the view lacked its assignment")
+	eventually(t, "the environment adopted", func() bool { return mem.watchers(owned) == 1 })
 }
 
 func TestWorkerAdoptsOwnedAndReapsOrphans(t *testing.T) {
