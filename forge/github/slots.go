@@ -154,7 +154,7 @@ func (h *Slots) Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScal
 		}
 	}
 	for _, id := range steps.Retire {
-		h.retire(ctx, id)
+		h.retire(ctx, s, id)
 	}
 	return h.Reconcile(ctx, s)
 }
@@ -378,11 +378,22 @@ func (h *Slots) generate(ctx context.Context, client *scaleset.Client, set Scale
 	return int64(jit.Runner.ID), digest, nil
 }
 
-// retire fails an idle slot no assigned job needs; closing it removes its runner.
-func (h *Slots) retire(ctx context.Context, id int64) {
+// retire fails an idle slot no assigned job needs, after removing its runner from GitHub.
+// GitHub refuses to remove a runner that is running a job, so a slot whose runner took a job
+// the messages have not told of yet (JobStarted comes in a later message than the statistics
+// that no longer count the slot) is kept; its JobStarted binds it.
+func (h *Slots) retire(ctx context.Context, s *Session, id int64) {
 	st, err := h.cfg.Events.Get(ctx, assignment.TaskID(id))
 	if err != nil || st.GitHubJob != "" || !st.Active() {
 		return // its runner took a job meanwhile (Plan saw a view behind the log), or it ended
+	}
+	if err := h.removeRunner(ctx, s.Clients().Client(), st); err != nil {
+		if errors.Is(err, scaleset.JobStillRunningError) {
+			h.cfg.Log.Debug().Int64("slot", id).Msg("github: slot not retired: its runner is running a job")
+			return
+		}
+		h.cfg.Log.Warn().Err(err).Int64("slot", id).Msg("github: slot not retired: its runner could not be removed; the next message's plan retries")
+		return
 	}
 	_, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
 		Actor: h.cfg.Actor, At: h.cfg.Now(), Reason: "no job assigned to the scale set needs the slot any more (GitHub cancelled or gave the job to another runner)"}, &st)

@@ -282,3 +282,43 @@ func TestMalformedMessagesAreDropped(t *testing.T) {
 	assert.Equal(t, 2.0, testutil.ToFloat64(b.metrics.Dropped.WithLabelValues(itoa(b.pod.ID))))
 	require.Eventually(t, func() bool { return b.srv.PendingMessages(b.pod.ID) == 0 }, 10*time.Second, 20*time.Millisecond)
 }
+
+// TestSlotsKeepARunnerThatTookAJob: statistics that no longer count a slot whose runner has
+// just taken a job (its JobStarted comes in a later message) retire the idle slot but not that
+// one: GitHub refuses to remove a busy runner, and the slot is kept until its JobStarted.
+func TestSlotsKeepARunnerThatTookAJob(t *testing.T) {
+	b := newSlotBed(t, 4)
+	stop := run(t, b.sess)
+	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		n := 0
+		for _, st := range b.live() {
+			if st.Ready() {
+				n++
+			}
+		}
+		return n == 2
+	}, 15*time.Second, 20*time.Millisecond, "two jobs did not get two configured slots")
+	stop()
+	slots := b.live()
+	busy, idle := slots[0], slots[1]
+	_, err = b.srv.StartJob(job, int(busy.RunnerID))
+	require.NoError(t, err)
+
+	// A message whose statistics count no assigned job, and that does not tell of the start.
+	require.NoError(t, b.slots.Handle(t.Context(), b.sess, &scaleset.RunnerScaleSetMessage{Statistics: &scaleset.RunnerScaleSetStatistic{}}))
+	assert.True(t, b.state(t, busy.Task).Active(), "the slot whose runner is running a job was retired")
+	assert.False(t, b.state(t, idle.Task).Active(), "the idle slot was not retired")
+	var ids []int64
+	for _, r := range b.srv.Runners() {
+		ids = append(ids, int64(r.ID))
+	}
+	assert.Equal(t, []int64{busy.RunnerID}, ids, "GitHub's runners are not the busy slot's alone")
+
+	run(t, b.sess)
+	require.Eventually(t, func() bool { return b.state(t, busy.Task).Phase == assignment.Running }, 10*time.Second, 20*time.Millisecond,
+		"the kept slot did not record its JobStarted")
+}
