@@ -19,51 +19,8 @@ import (
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/docker"
+	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
-
-// ending is what Notify reported of one environment.
-type ending struct {
-	exit podworker.Exit
-	err  error
-}
-
-// notifyT registers h with b.Notify under ctx; the channel delivers the end. It fails the test
-// if the end is reported more than once.
-func notifyT(t *testing.T, ctx context.Context, b *docker.Backend, h podworker.Handle) <-chan ending {
-	t.Helper()
-	ch := make(chan ending, 1)
-	var calls atomic.Int32
-	b.Notify(ctx, h, func(exit podworker.Exit, err error) {
-		if calls.Add(1) > 1 {
-			t.Errorf("the end of %s was reported more than once", h.ID)
-			return
-		}
-		ch <- ending{exit, err}
-	})
-	return ch
-}
-
-// endOf waits for the end Notify reports on ch.
-func endOf(t *testing.T, ch <-chan ending, what string) ending {
-	t.Helper()
-	select {
-	case e := <-ch:
-		return e
-	case <-time.After(testTimeout):
-		require.FailNow(t, "no end reported", "%s: Notify reported nothing within %v", what, testTimeout)
-		return ending{}
-	}
-}
-
-// requireNoEnd checks that nothing was reported on ch yet.
-func requireNoEnd(t *testing.T, ch <-chan ending, what string) {
-	t.Helper()
-	select {
-	case e := <-ch:
-		require.FailNow(t, "end reported", "%s: Notify reported %+v of a running environment", what, e)
-	default:
-	}
-}
 
 // streamGoroutines counts the goroutines that follow an event stream of a Backend.
 func streamGoroutines() int {
@@ -95,32 +52,32 @@ func TestNotifyOneStream(t *testing.T) {
 	before := streamGoroutines()
 	const n = 3
 	var hs [n]podworker.Handle
-	var ends [n]<-chan ending
+	var ends [n]<-chan podworkertest.Ended
 	for i := range n {
 		hs[i] = startT(t, b, fakeSpec(assignment.TaskID(50+i), "forever"))
-		ends[i] = notifyT(t, ctxT(t), b, hs[i])
+		ends[i] = podworkertest.Notified(t, ctxT(t), b, hs[i])
 	}
 	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) >= 1 }, testTimeout, 10*time.Millisecond, "no subscription")
 	for i := range n {
-		requireNoEnd(t, ends[i], hs[i].ID)
+		podworkertest.RequireNoEnd(t, ends[i], hs[i].ID)
 	}
 	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions for %d environments", n)
 	assert.Equal(t, 1, streamGoroutines()-before, "goroutines following the event stream for %d environments", n)
 
 	// One ends by itself, behind the backend's back; the others are destroyed.
 	stopContainer(t, hs[0].Data["container_id"])
-	e := endOf(t, ends[0], "stopped")
-	require.NoError(t, e.err, "stopped")
+	e := podworkertest.Receive(t, testTimeout, ends[0], "stopped")
+	require.NoError(t, e.Err, "stopped")
 	want, err := b.Wait(ctxT(t), hs[0])
 	require.NoError(t, err, "Wait")
-	assert.Equal(t, want, e.exit, "Notify, against Wait")
-	assert.Equal(t, "exited", e.exit.Reason, "stopped")
-	assert.NotZero(t, e.exit.Code, "stopped")
+	assert.Equal(t, want, e.Exit, "Notify, against Wait")
+	assert.Equal(t, "exited", e.Exit.Reason, "stopped")
+	assert.NotZero(t, e.Exit.Code, "stopped")
 	for i := 1; i < n; i++ {
 		require.NoError(t, b.Destroy(ctxT(t), hs[i]))
-		e := endOf(t, ends[i], hs[i].ID)
-		assert.NoError(t, e.err, "destroyed %s", hs[i].ID)
-		assert.Equal(t, "exited", e.exit.Reason, "destroyed %s", hs[i].ID)
+		e := podworkertest.Receive(t, testTimeout, ends[i], hs[i].ID)
+		assert.NoError(t, e.Err, "destroyed %s", hs[i].ID)
+		assert.Equal(t, "exited", e.Exit.Reason, "destroyed %s", hs[i].ID)
 	}
 	assert.Eventually(t, func() bool { return !docker.EventsRunning(b) && streamGoroutines() == before },
 		testTimeout, 10*time.Millisecond, "the event stream runs on with no registration")
@@ -134,12 +91,12 @@ func TestNotifyContextEnds(t *testing.T) {
 	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
 	h := startT(t, b, fakeSpec(60, "forever"))
 	ctx, cancel := context.WithCancel(ctxT(t))
-	ch := notifyT(t, ctx, b, h)
+	ch := podworkertest.Notified(t, ctx, b, h)
 	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) == 1 }, testTimeout, 10*time.Millisecond, "no subscription")
-	requireNoEnd(t, ch, h.ID)
+	podworkertest.RequireNoEnd(t, ch, h.ID)
 	cancel()
-	e := endOf(t, ch, "cancelled")
-	assert.ErrorIs(t, e.err, context.Canceled, "Notify after its context was cancelled = %+v", e.exit)
+	e := podworkertest.Receive(t, testTimeout, ch, "cancelled")
+	assert.ErrorIs(t, e.Err, context.Canceled, "Notify after its context was cancelled = %+v", e.Exit)
 	assert.Eventually(t, func() bool { return !docker.EventsRunning(b) }, testTimeout, 10*time.Millisecond, "the event stream runs on with no registration")
 
 	short, cancelShort := context.WithTimeout(ctxT(t), 300*time.Millisecond)
@@ -149,8 +106,8 @@ func TestNotifyContextEnds(t *testing.T) {
 
 	done, cancelDone := context.WithCancel(ctxT(t))
 	cancelDone()
-	e = endOf(t, notifyT(t, done, b, h), "context ended before Notify")
-	assert.ErrorIs(t, e.err, context.Canceled, "Notify with an ended context = %+v", e.exit)
+	e = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, done, b, h), "context ended before Notify")
+	assert.ErrorIs(t, e.Err, context.Canceled, "Notify with an ended context = %+v", e.Exit)
 }
 
 // TestNotifyRemoved: a container removed while registered reports its exit, as Wait does when
@@ -160,26 +117,26 @@ func TestNotifyRemoved(t *testing.T) {
 	image := testImage(t)
 	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
 	h := startT(t, b, fakeSpec(61, "forever"))
-	ch := notifyT(t, ctxT(t), b, h)
+	ch := podworkertest.Notified(t, ctxT(t), b, h)
 	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) == 1 }, testTimeout, 10*time.Millisecond, "no subscription")
-	requireNoEnd(t, ch, h.ID)
+	podworkertest.RequireNoEnd(t, ch, h.ID)
 	code, err := engineJSON(ctxT(t), http.MethodDelete, "/containers/"+h.Data["container_id"]+"?force=1", nil, nil)
 	require.NoError(t, err, "remove")
 	require.Equal(t, http.StatusNoContent, code, "remove")
-	e := endOf(t, ch, "removed")
-	require.NoError(t, e.err, "removed while registered")
-	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed while registered")
+	e := podworkertest.Receive(t, testTimeout, ch, "removed")
+	require.NoError(t, e.Err, "removed while registered")
+	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.Exit, "removed while registered")
 
-	e = endOf(t, notifyT(t, ctxT(t), b, h), "gone before Notify")
-	assert.ErrorIs(t, e.err, podworker.ErrNotFound, "Notify of a removed container = %+v", e.exit)
+	e = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, h), "gone before Notify")
+	assert.ErrorIs(t, e.Err, podworker.ErrNotFound, "Notify of a removed container = %+v", e.Exit)
 	_, err = b.Wait(ctxT(t), h)
 	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait of a removed container")
 
 	exited := startT(t, b, fakeSpec(62, "exit3"))
 	want := waitT(t, b, exited)
-	e = endOf(t, notifyT(t, ctxT(t), b, exited), "exited before Notify")
-	require.NoError(t, e.err, "exited before Notify")
-	assert.Equal(t, want, e.exit, "Notify, against Wait")
+	e = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, exited), "exited before Notify")
+	require.NoError(t, e.Err, "exited before Notify")
+	assert.Equal(t, want, e.Exit, "Notify, against Wait")
 }
 
 // TestNotifyReconnects: when the event stream breaks, the backend subscribes again and then
@@ -200,24 +157,24 @@ func TestNotifyReconnects(t *testing.T) {
 	})
 	stays := startT(t, b, fakeSpec(63, "forever"))
 	stops := startT(t, b, fakeSpec(64, "forever"))
-	staysEnd := notifyT(t, ctxT(t), b, stays)
-	stopsEnd := notifyT(t, ctxT(t), b, stops)
+	staysEnd := podworkertest.Notified(t, ctxT(t), b, stays)
+	stopsEnd := podworkertest.Notified(t, ctxT(t), b, stops)
 	require.Eventually(t, func() bool { return docker.HangUpEvents(b) }, testTimeout, 10*time.Millisecond, "never subscribed")
 	require.Eventually(t, func() bool { return subscribing.Load() == 2 }, testTimeout, 10*time.Millisecond, "no second subscription")
 
 	stopContainer(t, stops.Data["container_id"])
-	requireNoEnd(t, stopsEnd, "not subscribed")
+	podworkertest.RequireNoEnd(t, stopsEnd, "not subscribed")
 	release.Do(func() { close(hold) })
-	e := endOf(t, stopsEnd, "stopped while not subscribed")
-	require.NoError(t, e.err, "stopped while not subscribed")
+	e := podworkertest.Receive(t, testTimeout, stopsEnd, "stopped while not subscribed")
+	require.NoError(t, e.Err, "stopped while not subscribed")
 	want, err := b.Wait(ctxT(t), stops)
 	require.NoError(t, err, "Wait")
-	assert.Equal(t, want, e.exit, "Notify, against Wait")
-	requireNoEnd(t, staysEnd, stays.ID)
+	assert.Equal(t, want, e.Exit, "Notify, against Wait")
+	podworkertest.RequireNoEnd(t, staysEnd, stays.ID)
 
 	require.NoError(t, b.Destroy(ctxT(t), stays))
-	e = endOf(t, staysEnd, "destroyed after the reconnection")
-	assert.NoError(t, e.err, "destroyed after the reconnection")
+	e = podworkertest.Receive(t, testTimeout, staysEnd, "destroyed after the reconnection")
+	assert.NoError(t, e.Err, "destroyed after the reconnection")
 	assert.EqualValues(t, 2, docker.EventSubscriptions(b), "subscriptions")
 }
 
@@ -230,8 +187,8 @@ func TestNotifyUnreachableEngine(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	h := podworker.Handle{Backend: "docker", ID: "dynrunner-5-1", Task: 5, Epoch: 1}
-	e := endOf(t, notifyT(t, ctx, b, h), "unreachable engine")
-	assert.ErrorIs(t, e.err, context.DeadlineExceeded, "Notify with the engine unreachable waits until the context ends")
+	e := podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctx, b, h), "unreachable engine")
+	assert.ErrorIs(t, e.Err, context.DeadlineExceeded, "Notify with the engine unreachable waits until the context ends")
 	require.NoError(t, b.Close())
 	assert.Zero(t, streamGoroutines(), "goroutines following the event stream after Close")
 }
@@ -239,8 +196,8 @@ func TestNotifyUnreachableEngine(t *testing.T) {
 // TestNotifyRejectsBadHandles: Notify refuses what Wait refuses.
 func TestNotifyRejectsBadHandles(t *testing.T) {
 	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), nil)
-	e := endOf(t, notifyT(t, t.Context(), b, podworker.Handle{Backend: "docker", ID: "../etc"}), "bad handle")
-	assert.ErrorIs(t, e.err, docker.ErrInvalidHandle, "Notify of a bad handle")
+	e := podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, t.Context(), b, podworker.Handle{Backend: "docker", ID: "../etc"}), "bad handle")
+	assert.ErrorIs(t, e.Err, docker.ErrInvalidHandle, "Notify of a bad handle")
 }
 
 // TestNotifyRemovedBeforeInspection: a container removed before the inspection its die event
@@ -259,17 +216,17 @@ func TestNotifyRemovedBeforeInspection(t *testing.T) {
 		}
 	})
 	h := startT(t, b, fakeSpec(65, "forever"))
-	ch := notifyT(t, ctxT(t), b, h)
+	ch := podworkertest.Notified(t, ctxT(t), b, h)
 	// The first inspection, once subscribed, finds it running.
 	require.Eventually(t, func() bool { return docker.Inspections(b) == 1 && !docker.Inspecting(b) }, testTimeout, 10*time.Millisecond, "no inspection after subscribing")
-	requireNoEnd(t, ch, h.ID)
+	podworkertest.RequireNoEnd(t, ch, h.ID)
 	code, err := engineJSON(ctxT(t), http.MethodDelete, "/containers/"+h.Data["container_id"]+"?force=1", nil, nil)
 	require.NoError(t, err, "remove")
 	require.Equal(t, http.StatusNoContent, code, "remove")
 	release.Do(func() { close(hold) })
-	e := endOf(t, ch, "removed")
-	require.NoError(t, e.err, "removed before the inspection")
-	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.exit, "removed before the inspection: the die event's code")
+	e := podworkertest.Receive(t, testTimeout, ch, "removed")
+	require.NoError(t, e.Err, "removed before the inspection")
+	assert.Equal(t, podworker.Exit{Code: 137, Reason: "exited"}, e.Exit, "removed before the inspection: the die event's code")
 }
 
 // socketProxy serves the engine's API on a unix socket of its own, as a socket proxy does;
@@ -314,15 +271,15 @@ func TestNotifyLostEvent(t *testing.T) {
 	b := newBackend(t, image, t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = sock })
 	docker.SetRecheck(b, 500*time.Millisecond)
 	h := startT(t, b, fakeSpec(72, "forever"))
-	ch := notifyT(t, ctxT(t), b, h)
+	ch := podworkertest.Notified(t, ctxT(t), b, h)
 	require.Eventually(t, func() bool { return docker.Inspections(b) >= 1 && !docker.Inspecting(b) }, testTimeout, 10*time.Millisecond, "no inspection after subscribing")
-	requireNoEnd(t, ch, h.ID)
+	podworkertest.RequireNoEnd(t, ch, h.ID)
 	stopContainer(t, h.Data["container_id"])
-	e := endOf(t, ch, "stopped, its die event lost")
-	require.NoError(t, e.err, "stopped")
+	e := podworkertest.Receive(t, testTimeout, ch, "stopped, its die event lost")
+	require.NoError(t, e.Err, "stopped")
 	want, err := b.Wait(ctxT(t), h)
 	require.NoError(t, err, "Wait")
-	assert.Equal(t, want, e.exit, "Notify, against Wait")
+	assert.Equal(t, want, e.Exit, "Notify, against Wait")
 }
 
 // eventsRefusingProxy serves the engine's API on a unix socket of its own, as a socket proxy
@@ -345,24 +302,24 @@ func TestNotifyEventsRefused(t *testing.T) {
 	sock := eventsRefusingProxy(t)
 	b := newBackend(t, image, t.TempDir(), testScope(t), func(c *docker.Config) { c.Socket = sock })
 	h := startT(t, b, fakeSpec(70, "forever"))
-	ch := notifyT(t, ctxT(t), b, h)
+	ch := podworkertest.Notified(t, ctxT(t), b, h)
 	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) >= 1 && !docker.EventsRunning(b) },
 		testTimeout, 10*time.Millisecond, "the refused event stream is still followed")
-	requireNoEnd(t, ch, h.ID)
+	podworkertest.RequireNoEnd(t, ch, h.ID)
 	later := startT(t, b, fakeSpec(71, "forever"))
-	chLater := notifyT(t, ctxT(t), b, later)
+	chLater := podworkertest.Notified(t, ctxT(t), b, later)
 
 	stopContainer(t, h.Data["container_id"])
-	e := endOf(t, ch, "stopped behind a proxy that refuses events")
-	require.NoError(t, e.err, "stopped")
+	e := podworkertest.Receive(t, testTimeout, ch, "stopped behind a proxy that refuses events")
+	require.NoError(t, e.Err, "stopped")
 	want, err := b.Wait(ctxT(t), h)
 	require.NoError(t, err, "Wait")
-	assert.Equal(t, want, e.exit, "Notify, against Wait")
-	requireNoEnd(t, chLater, later.ID)
+	assert.Equal(t, want, e.Exit, "Notify, against Wait")
+	podworkertest.RequireNoEnd(t, chLater, later.ID)
 	require.NoError(t, b.Destroy(ctxT(t), later))
-	e = endOf(t, chLater, "destroyed behind a proxy that refuses events")
-	if e.err != nil {
-		assert.ErrorIs(t, e.err, podworker.ErrNotFound, "destroyed: want an exit or not found, as Wait")
+	e = podworkertest.Receive(t, testTimeout, chLater, "destroyed behind a proxy that refuses events")
+	if e.Err != nil {
+		assert.ErrorIs(t, e.Err, podworker.ErrNotFound, "destroyed: want an exit or not found, as Wait")
 	}
 	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions after the engine refused the stream")
 }

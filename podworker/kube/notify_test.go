@@ -21,6 +21,7 @@ import (
 	"github.com/dynrunner/dynrunner/internal/assignment"
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
+	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
 
 // testNotify checks Notify against the apiserver with Pods that no kubelet runs (no node, no
@@ -32,49 +33,6 @@ func (e *env) testNotify(t *testing.T) {
 	t.Run("Deleted", e.testNotifyDeleted)
 	t.Run("ApiserverOutage", e.testNotifyOutage)
 	t.Run("StaleEventOfOlderPod", e.testNotifyStaleEvent)
-}
-
-// notified is the outcome of one Notify.
-type notified struct {
-	exit podworker.Exit
-	err  error
-}
-
-// notifyT registers h with b.Notify; the channel delivers what ended got, and the test fails
-// if ended is called more than once.
-func notifyT(t *testing.T, ctx context.Context, b *kube.Backend, h podworker.Handle) <-chan notified {
-	ch := make(chan notified, 1)
-	var calls atomic.Int32
-	b.Notify(ctx, h, func(exit podworker.Exit, err error) {
-		if calls.Add(1) > 1 {
-			t.Errorf("the end of %s was reported more than once", h.ID)
-			return
-		}
-		ch <- notified{exit, err}
-	})
-	return ch
-}
-
-// receiveT returns what ch delivers, failing the test after testTimeout.
-func receiveT(t *testing.T, what string, ch <-chan notified) notified {
-	t.Helper()
-	select {
-	case n := <-ch:
-		return n
-	case <-ctxT(t).Done():
-		t.Fatalf("%s: not notified within %v", what, testTimeout)
-		return notified{}
-	}
-}
-
-// requireNotNotified fails the test if ch already delivered.
-func requireNotNotified(t *testing.T, what string, ch <-chan notified) {
-	t.Helper()
-	select {
-	case n := <-ch:
-		t.Fatalf("%s: notified %+v, %v while it still runs", what, n.exit, n.err)
-	default:
-	}
 }
 
 // unscheduled returns a Backend whose Pods have no node: without a scheduler they stay Pending.
@@ -152,33 +110,33 @@ func (e *env) testNotifyOneWatch(t *testing.T) {
 		hs[i] = startT(t, b, fakeSpec(assignment.TaskID(700+i), "forever"))
 	}
 	before := kubeGoroutines()
-	chs := make([]<-chan notified, n)
-	chs[0] = notifyT(t, ctxT(t), b, hs[0])
+	chs := make([]<-chan podworkertest.Ended, n)
+	chs[0] = podworkertest.Notified(t, ctxT(t), b, hs[0])
 	pollT(t, "the shared watch", func() bool { return watches.Load() > 0 })
 	first := watches.Load()
 	for i := 1; i < n; i++ {
-		chs[i] = notifyT(t, ctxT(t), b, hs[i])
+		chs[i] = podworkertest.Notified(t, ctxT(t), b, hs[i])
 	}
 	// Nothing has ended: the registrations are served, with no goroutine of their own.
 	for i, ch := range chs {
-		requireNotNotified(t, hs[i].ID, ch)
+		podworkertest.RequireNoEnd(t, ch, hs[i].ID)
 	}
 	assert.LessOrEqual(t, kubeGoroutines()-before, 3, "goroutines of package kube with %d environments registered", n)
 	for i, h := range hs {
 		e.endPod(t, ns, h, int32(i))
 	}
 	for i, ch := range chs {
-		got := receiveT(t, hs[i].ID, ch)
-		require.NoError(t, got.err, "Notify(%s)", hs[i].ID)
-		assert.Equal(t, i, got.exit.Code, "Notify(%s) = %+v", hs[i].ID, got.exit)
+		got := podworkertest.Receive(t, testTimeout, ch, hs[i].ID)
+		require.NoError(t, got.Err, "Notify(%s)", hs[i].ID)
+		assert.Equal(t, i, got.Exit.Code, "Notify(%s) = %+v", hs[i].ID, got.Exit)
 	}
 	assert.Equal(t, first, watches.Load(), "Pod watches sent for %d registrations", n)
 
 	// Ended Pods are reported at once by a fresh informer, which stops with the last one.
 	pollT(t, "the informer stopped", func() bool { return kubeGoroutines() <= before })
-	got := receiveT(t, "ended "+hs[3].ID, notifyT(t, ctxT(t), b, hs[3]))
-	require.NoError(t, got.err)
-	assert.Equal(t, podworker.Exit{Code: 3, Reason: "exited"}, got.exit)
+	got := podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, hs[3]), "ended "+hs[3].ID)
+	require.NoError(t, got.Err)
+	assert.Equal(t, podworker.Exit{Code: 3, Reason: "exited"}, got.Exit)
 	pollT(t, "the informer stopped", func() bool { return kubeGoroutines() <= before })
 }
 
@@ -189,24 +147,24 @@ func (e *env) testNotifyCancelled(t *testing.T) {
 	b := e.unscheduled(t, e.c.Client, ns)
 	h := startT(t, b, fakeSpec(801, "forever"))
 	ctx, cancel := context.WithCancel(ctxT(t))
-	ch := notifyT(t, ctx, b, h)
-	other := notifyT(t, ctxT(t), b, h) // a second registration of the same Pod
-	requireNotNotified(t, h.ID, ch)
+	ch := podworkertest.Notified(t, ctx, b, h)
+	other := podworkertest.Notified(t, ctxT(t), b, h) // a second registration of the same Pod
+	podworkertest.RequireNoEnd(t, ch, h.ID)
 	cancel()
-	got := receiveT(t, h.ID, ch)
-	require.ErrorIs(t, got.err, context.Canceled, "Notify after cancel = %+v", got.exit)
-	requireNotNotified(t, "the other registration", other)
+	got := podworkertest.Receive(t, testTimeout, ch, h.ID)
+	require.ErrorIs(t, got.Err, context.Canceled, "Notify after cancel = %+v", got.Exit)
+	podworkertest.RequireNoEnd(t, other, "the other registration")
 	assert.Equal(t, corev1.PodPending, getPod(t, e.c, ns, h.ID).Status.Phase, "the Pod after the cancel")
 
 	done, cancelDone := context.WithCancel(ctxT(t))
 	cancelDone()
-	got = receiveT(t, "done ctx", notifyT(t, done, b, h))
-	require.ErrorIs(t, got.err, context.Canceled, "Notify with a done ctx = %+v", got.exit)
+	got = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, done, b, h), "done ctx")
+	require.ErrorIs(t, got.Err, context.Canceled, "Notify with a done ctx = %+v", got.Exit)
 
 	e.endPod(t, ns, h, 0)
-	got = receiveT(t, "the other registration", other)
-	require.NoError(t, got.err)
-	assert.Equal(t, podworker.Exit{Code: 0, Reason: "exited"}, got.exit)
+	got = podworkertest.Receive(t, testTimeout, other, "the other registration")
+	require.NoError(t, got.Err)
+	assert.Equal(t, podworker.Exit{Code: 0, Reason: "exited"}, got.Exit)
 }
 
 // testNotifyDeleted checks a Pod deleted while registered, one gone before Notify, and one
@@ -216,22 +174,22 @@ func (e *env) testNotifyDeleted(t *testing.T) {
 	obs := &phaseLog{got: map[string][]kube.PhaseChange{}}
 	b := e.newBackend(t, e.c.Client, ns, func(c *kube.Config) { c.NodeName = ""; c.OnPhase = obs.observe })
 	h := startT(t, b, fakeSpec(802, "forever"))
-	ch := notifyT(t, ctxT(t), b, h)
+	ch := podworkertest.Notified(t, ctxT(t), b, h)
 	// Registrations are looked up in order once the informer synced: when a Pod that never
 	// existed is reported gone, h has been looked up, so its deletion below reaches it
 	// through the watch.
 	never := podworker.Handle{Backend: "kubernetes", ID: "dynrunner-899-1", Task: 899, Epoch: 1}
-	got := receiveT(t, never.ID, notifyT(t, ctxT(t), b, never))
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify on a Pod that never existed = %+v", got.exit)
+	got := podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, never), never.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify on a Pod that never existed = %+v", got.Exit)
 	pollT(t, "Pending reported", func() bool {
 		obs.mu.Lock()
 		defer obs.mu.Unlock()
 		return len(obs.got[h.ID]) > 0
 	})
 	require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), h.ID, metav1.DeleteOptions{}))
-	got = receiveT(t, h.ID, ch)
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify = %+v", got.exit)
-	assert.Equal(t, podworker.Exit{Code: -1, Reason: "deleted"}, got.exit)
+	got = podworkertest.Receive(t, testTimeout, ch, h.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify = %+v", got.Exit)
+	assert.Equal(t, podworker.Exit{Code: -1, Reason: "deleted"}, got.Exit)
 	obs.mu.Lock()
 	changes := obs.got[h.ID]
 	obs.mu.Unlock()
@@ -240,16 +198,16 @@ func (e *env) testNotifyDeleted(t *testing.T) {
 	assert.Equal(t, kube.PhaseDeleted, changes[1].Phase)
 	assert.Equal(t, h.Data["pod_uid"], changes[1].UID)
 
-	got = receiveT(t, "gone "+h.ID, notifyT(t, ctxT(t), b, h))
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify on a gone Pod = %+v", got.exit)
+	got = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, h), "gone "+h.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify on a gone Pod = %+v", got.Exit)
 
 	// A newer Pod of the same name: the old handle's is gone.
 	h2 := startT(t, b, fakeSpec(802, "forever"))
 	require.NotEqual(t, h.Data["pod_uid"], h2.Data["pod_uid"])
-	got = receiveT(t, "replaced "+h.ID, notifyT(t, ctxT(t), b, h))
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify on a replaced Pod = %+v", got.exit)
-	ch2 := notifyT(t, ctxT(t), b, h2)
-	requireNotNotified(t, h2.ID, ch2)
+	got = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, h), "replaced "+h.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify on a replaced Pod = %+v", got.Exit)
+	ch2 := podworkertest.Notified(t, ctxT(t), b, h2)
+	podworkertest.RequireNoEnd(t, ch2, h2.ID)
 }
 
 // testNotifyOutage cuts the backend off the apiserver while environments are registered:
@@ -264,8 +222,8 @@ func (e *env) testNotifyOutage(t *testing.T) {
 	b := e.unscheduled(t, client, ns)
 	ended := startT(t, b, fakeSpec(811, "forever"))
 	gone := startT(t, b, fakeSpec(812, "forever"))
-	endedCh := notifyT(t, ctxT(t), b, ended)
-	goneCh := notifyT(t, ctxT(t), b, gone)
+	endedCh := podworkertest.Notified(t, ctxT(t), b, ended)
+	goneCh := podworkertest.Notified(t, ctxT(t), b, gone)
 	pollT(t, "the shared watch", func() bool { return watches.Load() > 0 })
 
 	p.cut()
@@ -274,15 +232,15 @@ func (e *env) testNotifyOutage(t *testing.T) {
 	require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), gone.ID, metav1.DeleteOptions{}))
 	refused := p.refused.Load()
 	pollT(t, "another reconnect attempt", func() bool { return p.refused.Load() > refused })
-	requireNotNotified(t, ended.ID, endedCh)
-	requireNotNotified(t, gone.ID, goneCh)
+	podworkertest.RequireNoEnd(t, endedCh, ended.ID)
+	podworkertest.RequireNoEnd(t, goneCh, gone.ID)
 
 	p.restore()
-	got := receiveT(t, ended.ID, endedCh)
-	require.NoError(t, got.err)
-	assert.Equal(t, podworker.Exit{Code: 7, Reason: "exited"}, got.exit)
-	got = receiveT(t, gone.ID, goneCh)
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify = %+v", got.exit)
+	got := podworkertest.Receive(t, testTimeout, endedCh, ended.ID)
+	require.NoError(t, got.Err)
+	assert.Equal(t, podworker.Exit{Code: 7, Reason: "exited"}, got.Exit)
+	got = podworkertest.Receive(t, testTimeout, goneCh, gone.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify = %+v", got.Exit)
 }
 
 // proxy forwards TCP connections to the apiserver until cut: then it drops every connection
@@ -389,31 +347,31 @@ func (e *env) testNotifyStaleEvent(t *testing.T) {
 	b := e.unscheduled(t, e.c.Client, ns)
 	// A registration that keeps the informer running throughout.
 	keeper := startT(t, b, fakeSpec(810, "forever"))
-	keeperCh := notifyT(t, ctxT(t), b, keeper)
+	keeperCh := podworkertest.Notified(t, ctxT(t), b, keeper)
 
 	old := startT(t, b, fakeSpec(811, "forever"))
 	oldPod := getPod(t, e.c, ns, old.ID)
-	oldCh := notifyT(t, ctxT(t), b, old)
+	oldCh := podworkertest.Notified(t, ctxT(t), b, old)
 	require.NoError(t, e.c.Client.CoreV1().Pods(ns).Delete(ctxT(t), old.ID, metav1.DeleteOptions{}))
-	got := receiveT(t, "deleted "+old.ID, oldCh)
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify of the deleted Pod = %+v", got.exit)
+	got := podworkertest.Receive(t, testTimeout, oldCh, "deleted "+old.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify of the deleted Pod = %+v", got.Exit)
 
 	h := startT(t, b, fakeSpec(811, "forever")) // the same name, a new Pod
 	require.NotEqual(t, old.Data["pod_uid"], h.Data["pod_uid"])
-	ch := notifyT(t, ctxT(t), b, h)
+	ch := podworkertest.Notified(t, ctxT(t), b, h)
 	require.True(t, kube.DeliverPodEvent(b, oldPod, false), "no informer runs")
 	require.True(t, kube.DeliverPodEvent(b, oldPod, true), "no informer runs")
 	// Registrations are looked up in order: once a Pod that never existed is reported gone,
 	// h's look-up after the stale events is done too.
 	never := podworker.Handle{Backend: "kubernetes", ID: "dynrunner-898-1", Task: 898, Epoch: 1}
-	got = receiveT(t, never.ID, notifyT(t, ctxT(t), b, never))
-	require.ErrorIs(t, got.err, podworker.ErrNotFound, "Notify on a Pod that never existed = %+v", got.exit)
-	requireNotNotified(t, h.ID, ch)
-	requireNotNotified(t, keeper.ID, keeperCh)
+	got = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, never), never.ID)
+	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify on a Pod that never existed = %+v", got.Exit)
+	podworkertest.RequireNoEnd(t, ch, h.ID)
+	podworkertest.RequireNoEnd(t, keeperCh, keeper.ID)
 
 	// The handle's own end is still reported.
 	e.endPod(t, ns, h, 3)
-	got = receiveT(t, h.ID, ch)
-	require.NoError(t, got.err)
-	assert.Equal(t, 3, got.exit.Code, "exit %+v", got.exit)
+	got = podworkertest.Receive(t, testTimeout, ch, h.ID)
+	require.NoError(t, got.Err)
+	assert.Equal(t, 3, got.Exit.Code, "exit %+v", got.Exit)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dynrunner/dynrunner/podworker"
 	"github.com/dynrunner/dynrunner/podworker/kube"
+	"github.com/dynrunner/dynrunner/podworker/podworkertest"
 )
 
 // phaseLog records what a Backend reports to Config.OnPhase, per environment.
@@ -58,9 +59,9 @@ func (e *env) testPhases(t *testing.T) {
 
 	t.Run("SucceededNotified", func(t *testing.T) {
 		h := startT(t, b, fakeSpec(63, "brief"))
-		got := receiveT(t, h.ID, notifyT(t, ctxT(t), b, h))
-		require.NoError(t, got.err, "Notify")
-		require.Zero(t, got.exit.Code, "Notify = %+v, want exit code 0", got.exit)
+		got := podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, h), h.ID)
+		require.NoError(t, got.Err, "Notify")
+		require.Zero(t, got.Exit.Code, "Notify = %+v, want exit code 0", got.Exit)
 		checkSucceeded(t, e, obs, h)
 	})
 

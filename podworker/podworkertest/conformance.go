@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -287,8 +286,8 @@ func (s *suite) start(t *testing.T, b podworker.Backend, spec podworker.Spec) po
 func (s *suite) wait(t *testing.T, b podworker.Backend, h podworker.Handle) podworker.Exit {
 	t.Helper()
 	r := <-s.waitAsync(t, b, h) // bounded by the suite's context
-	require.NoError(t, r.err, "Wait(%s)", h.ID)
-	return r.exit
+	require.NoError(t, r.Err, "Wait(%s)", h.ID)
+	return r.Exit
 }
 
 // checkCode checks an exit code, want or -1 when the backend may not know it, and that the
@@ -327,35 +326,20 @@ func (s *suite) checkRunning(t *testing.T, b podworker.Backend, h podworker.Hand
 	require.ErrorIs(t, err, context.DeadlineExceeded, "Wait(%s) on a running environment = %+v", h.ID, exit)
 }
 
-// waitResult is the outcome of a Wait run in the background.
-type waitResult struct {
-	exit podworker.Exit
-	err  error
-}
-
 // waitAsync waits for h in the background, as the worker does (podworker.Await: Notify when
 // the backend is a Notifier, else Wait); the channel delivers the result. It fails the test if
 // the result comes more than once.
-func (s *suite) waitAsync(t *testing.T, b podworker.Backend, h podworker.Handle) <-chan waitResult {
-	ch := make(chan waitResult, 1)
-	var calls atomic.Int32
-	podworker.Await(s.ctx(t), b, h, func(exit podworker.Exit, err error) {
-		if calls.Add(1) > 1 {
-			t.Errorf("%s: the end of %s was reported more than once", b.Name(), h.ID)
-			return
-		}
-		ch <- waitResult{exit, err}
-	})
-	return ch
+func (s *suite) waitAsync(t *testing.T, b podworker.Backend, h podworker.Handle) <-chan Ended {
+	return Ends(t, h, func(ended func(podworker.Exit, error)) { podworker.Await(s.ctx(t), b, h, ended) })
 }
 
 // checkWaitEnded checks that a background Wait racing with Destroy returned: with an Exit, or
 // with ErrNotFound when it only looked after the environment was gone.
-func (s *suite) checkWaitEnded(t *testing.T, what string, ch <-chan waitResult) {
+func (s *suite) checkWaitEnded(t *testing.T, what string, ch <-chan Ended) {
 	t.Helper()
 	r := <-ch // bounded by the Wait's context
-	if r.err != nil {
-		assert.ErrorIs(t, r.err, podworker.ErrNotFound, "%s: Wait during Destroy = %+v; want an exit or ErrNotFound", what, r.exit)
+	if r.Err != nil {
+		assert.ErrorIs(t, r.Err, podworker.ErrNotFound, "%s: Wait during Destroy = %+v; want an exit or ErrNotFound", what, r.Exit)
 	}
 }
 
@@ -448,12 +432,12 @@ func (s *suite) testNotifyCancelled(t *testing.T) {
 	h := s.start(t, b, s.spec(t, RunForever))
 	s.checkRunning(t, b, h)
 	ctx, cancel := context.WithCancel(s.ctx(t))
-	first := make(chan waitResult, 2)
-	n.Notify(ctx, h, func(exit podworker.Exit, err error) { first <- waitResult{exit, err} })
+	first := make(chan Ended, 2)
+	n.Notify(ctx, h, func(exit podworker.Exit, err error) { first <- Ended{exit, err} })
 	cancel()
 	select {
 	case r := <-first:
-		require.ErrorIs(t, r.err, context.Canceled, "a cancelled registration was told %+v", r.exit)
+		require.ErrorIs(t, r.Err, context.Canceled, "a cancelled registration was told %+v", r.Exit)
 	case <-time.After(s.h.Timeout):
 		t.Fatalf("a registration was not told within %s that its context ended", s.h.Timeout)
 	}
@@ -462,7 +446,7 @@ func (s *suite) testNotifyCancelled(t *testing.T) {
 	s.checkWaitEnded(t, "the second registration", second)
 	select {
 	case r := <-first:
-		t.Errorf("the cancelled registration was told again: %+v, %v", r.exit, r.err)
+		t.Errorf("the cancelled registration was told again: %+v, %v", r.Exit, r.Err)
 	default:
 	}
 }
