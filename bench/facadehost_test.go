@@ -7,9 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,8 +18,6 @@ import (
 	"time"
 
 	runnerv1 "code.gitea.io/actions-proto-go/runner/v1"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/facade"
@@ -68,17 +64,7 @@ func facadeHostMain() int {
 
 // runFacadeHost starts the facade and prints its URL; stop ends it.
 func runFacadeHost(ctx context.Context, cfg facadeHostConfig) (stop func(), err error) {
-	c, err := natsconn.Connect(natsconn.Config{URL: cfg.NATSURL, User: planeNATSUser, Password: planeNATSPassword, Name: "facade-host"})
-	if err != nil {
-		return nil, err
-	}
-	js, err := jetstream.New(c.NC)
-	if err != nil {
-		return nil, err
-	}
-	elCfg := eventlog.DefaultConfig()
-	elCfg.Key = benchTaskKey
-	l, err := eventlog.Open(ctx, js, elCfg)
+	c, _, l, err := openLog(ctx, natsconn.Config{URL: cfg.NATSURL, User: planeNATSUser, Password: planeNATSPassword, Name: "facade-host"}, benchTaskKey, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -94,17 +80,13 @@ func runFacadeHost(ctx context.Context, cfg facadeHostConfig) (stop func(), err 
 	if err != nil {
 		return nil, err
 	}
-	logw := zerolog.MultiLevelWriter(
-		zerolog.LevelWriterAdapter{Writer: io.Discard},
-		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: os.Stderr}, Level: zerolog.WarnLevel},
-	)
-	logger := zerolog.New(logw).Level(zerolog.InfoLevel).With().Timestamp().Str("component", "facade").Logger()
+	logger := controllerLogger(os.Stderr).With().Str("component", "facade").Logger()
 	view := eventlog.NewView()
 	f := facade.New(facade.Config{
 		Actor: "facade@bench-host", TrustDomain: benchTD, Lease: cfg.Lease, Issuer: issuer,
 		RunnerKey: benchRunnerKey, Box: box, Log: logger,
 	}, noForge{}, l, view)
-	src, err := ca.ServerSource(workload.FacadeID(benchTD), 24*time.Hour, workload.LocalHosts())
+	srv, err := facadeServer(f, ca, benchTD)
 	if err != nil {
 		return nil, err
 	}
@@ -112,8 +94,6 @@ func runFacadeHost(ctx context.Context, cfg facadeHostConfig) (stop func(), err 
 	if err != nil {
 		return nil, err
 	}
-	srv := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src),
-		ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = l.Watch(runCtx, view) })

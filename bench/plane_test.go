@@ -17,7 +17,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/require"
 
@@ -111,15 +110,9 @@ func newListeningPlane(b *testing.B) *plane {
 
 func openPlane(b *testing.B, natsCfg natsconn.Config) *plane {
 	b.Helper()
-	c, err := natsconn.Connect(natsCfg)
+	c, js, l, err := openLog(b.Context(), natsCfg, benchTaskKey, 0)
 	require.NoError(b, err)
 	b.Cleanup(c.Close)
-	js, err := jetstream.New(c.NC)
-	require.NoError(b, err)
-	elCfg := eventlog.DefaultConfig()
-	elCfg.Key = benchTaskKey
-	l, err := eventlog.Open(b.Context(), js, elCfg)
-	require.NoError(b, err)
 	td := benchTD
 	caDir := b.TempDir()
 	ca, err := workload.LoadOrCreateDevCA(caDir, td)
@@ -199,11 +192,7 @@ func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 	require.NoError(p.b, err)
 	p.b.Cleanup(func() { _ = logf.Close() })
 	p.logPath = logf.Name()
-	logw := zerolog.MultiLevelWriter(
-		zerolog.LevelWriterAdapter{Writer: io.Discard},
-		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: logf}, Level: zerolog.WarnLevel},
-	)
-	logger := zerolog.New(logw).Level(zerolog.InfoLevel).With().Timestamp().Logger()
+	logger := controllerLogger(logf)
 	pods := []assignment.Backend{assignment.BackendPod}
 
 	p.view.OnChange(backend.observe)
@@ -228,9 +217,8 @@ func (p *plane) start(cfg planeConfig, backend *noopBackend) {
 			RunnerKey: benchRunnerKey, Box: box,
 			Log: logger.With().Str("component", "facade").Logger(),
 		}, p.forge, p.log, p.view)
-		src, err := p.ca.ServerSource(workload.FacadeID(p.target.TD), 24*time.Hour, workload.LocalHosts())
+		srv, err = facadeServer(f, p.ca, p.target.TD)
 		require.NoError(p.b, err)
-		srv.Handler, srv.TLSConfig = f.Handler(), workload.ServerTLSConfig(src)
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())

@@ -5,10 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -21,7 +18,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/rs/zerolog"
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	"github.com/dynrunner/dynrunner/facade"
@@ -100,22 +96,11 @@ func planeHostMain() int {
 
 // runPlaneHost wires the components as plane.start does in process, on an R3 event log.
 func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
-	c, err := natsconn.Connect(natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword, Name: cfg.Name})
+	c, js, l, err := openLog(ctx, natsconn.Config{URL: cfg.NATSURL, User: cfg.NATSUser, Password: cfg.NATSPassword, Name: cfg.Name}, clusterTaskKey, 3)
 	if err != nil {
 		return hostResult{}, err
 	}
 	defer c.Close()
-	js, err := jetstream.New(c.NC)
-	if err != nil {
-		return hostResult{}, err
-	}
-	elCfg := eventlog.DefaultConfig()
-	elCfg.Key = clusterTaskKey
-	elCfg.Replicas = 3
-	l, err := eventlog.Open(ctx, js, elCfg)
-	if err != nil {
-		return hostResult{}, err
-	}
 	ca, err := workload.LoadOrCreateDevCA(filepath.Join(cfg.SecretsDir, "ca"), clusterTD)
 	if err != nil {
 		return hostResult{}, err
@@ -141,11 +126,7 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 	target := facadeTarget{URL: "https://" + ln.Addr().String(), TD: clusterTD}
 	// Info level, as the controller logs: every line is formatted; warnings and errors go to
 	// stderr, which the benchmark keeps for its failure message.
-	logw := zerolog.MultiLevelWriter(
-		zerolog.LevelWriterAdapter{Writer: io.Discard},
-		&zerolog.FilteredLevelWriter{Writer: zerolog.LevelWriterAdapter{Writer: os.Stderr}, Level: zerolog.WarnLevel},
-	)
-	logger := zerolog.New(logw).Level(zerolog.InfoLevel).With().Timestamp().Str("replica", cfg.Name).Logger()
+	logger := controllerLogger(os.Stderr).With().Str("replica", cfg.Name).Logger()
 	view := eventlog.NewView()
 	var retries atomic.Int64
 	backend := newLocalBackend(func(ctx context.Context, spec envSpec) error {
@@ -192,12 +173,10 @@ func runPlaneHost(ctx context.Context, cfg hostConfig) (hostResult, error) {
 		Actor: "facade@" + cfg.Name, TrustDomain: clusterTD, Lease: 5 * time.Minute, Issuer: issuer,
 		RunnerKey: clusterRunnerKey, Box: box, Log: logger.With().Str("component", "facade").Logger(),
 	}, fg, l, view)
-	src, err := ca.ServerSource(workload.FacadeID(clusterTD), 24*time.Hour, workload.LocalHosts())
+	srv, err := facadeServer(f, ca, clusterTD)
 	if err != nil {
 		return hostResult{}, err
 	}
-	srv := &http.Server{Handler: f.Handler(), TLSConfig: workload.ServerTLSConfig(src),
-		ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
 
 	runCtx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
