@@ -50,6 +50,8 @@ type noopEnv struct {
 	exit   podworker.Exit
 	cancel context.CancelFunc
 	waits  atomic.Int32
+	// exitOnce ends an environment that runs elsewhere once: killed (cancel) or exited.
+	exitOnce sync.Once
 
 	mu     sync.Mutex
 	notify []func() // Notify registrations, run once the environment ended
@@ -82,8 +84,7 @@ func (n *noopBackend) Start(_ context.Context, spec podworker.Spec) (podworker.H
 	if n.run == nil {
 		// Elsewhere: killing it ends it, as a container's engine reports; no context of its
 		// own, as a real backend keeps none per environment. Close kills the rest.
-		var once sync.Once
-		e.cancel = func() { once.Do(func() { e.end(podworker.Exit{Code: 137, Reason: "killed"}) }) }
+		e.cancel = func() { e.exitOnce.Do(func() { e.end(podworker.Exit{Code: 137, Reason: "killed"}) }) }
 		n.mu.Lock()
 		n.envs[spec.Task] = e
 		n.mu.Unlock()
@@ -139,6 +140,16 @@ func (e *noopEnv) onEnd(f func()) {
 	}
 	e.notify = append(e.notify, f)
 	e.mu.Unlock()
+}
+
+// exited ends the environment of task that ran elsewhere (newRemoteBackend) and exited 0.
+func (n *noopBackend) exited(task assignment.TaskID) {
+	n.mu.Lock()
+	e, ok := n.envs[task]
+	n.mu.Unlock()
+	if ok {
+		e.exitOnce.Do(func() { e.end(podworker.Exit{Code: 0, Reason: "exited"}) })
+	}
 }
 
 func (n *noopBackend) fail(err error) {

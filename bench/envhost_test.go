@@ -16,6 +16,8 @@ import (
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"github.com/stretchr/testify/require"
+
+	"github.com/dynrunner/dynrunner/internal/assignment"
 )
 
 // Environment variables of the environment host process.
@@ -23,11 +25,14 @@ const (
 	envHostVar = "DYNRUNNER_BENCH_ENVHOST" // set: this process is an environment host
 	envHostURL = "DYNRUNNER_BENCH_FACADE_URL"
 	envHostTD  = "DYNRUNNER_BENCH_TRUST_DOMAIN"
+	// envHostFinish set: environments run envFinish instead of envHold.
+	envHostFinish = "DYNRUNNER_BENCH_ENV_FINISH"
 )
 
 // envHostMain runs in the child process. It reads one JSON envSpec per line from stdin and
 // runs each as an envHold environment, answering "fetched <task>" or "error <task> <why>" on
-// stdout; it ends every environment when stdin closes.
+// stdout; it ends every environment when stdin closes. With envHostFinish set it runs them
+// as envFinish environments, answering "done <task>" when one ended.
 func envHostMain() int {
 	td, err := spiffeid.TrustDomainFromString(os.Getenv(envHostTD))
 	if err != nil {
@@ -35,6 +40,7 @@ func envHostMain() int {
 		return 2
 	}
 	target := facadeTarget{URL: os.Getenv(envHostURL), TD: td}
+	finish := os.Getenv(envHostFinish) != ""
 	ctx, cancel := context.WithCancel(context.Background())
 	var outMu sync.Mutex
 	out := bufio.NewWriter(os.Stdout)
@@ -54,7 +60,14 @@ func envHostMain() int {
 			continue
 		}
 		wg.Go(func() {
-			err := runEnv(ctx, target, spec, envHold, func() { reply("fetched %d", spec.Task) })
+			var err error
+			if finish {
+				if err = runEnv(ctx, target, spec, envFinish, nil); err == nil {
+					reply("done %d", spec.Task)
+				}
+			} else {
+				err = runEnv(ctx, target, spec, envHold, func() { reply("fetched %d", spec.Task) })
+			}
 			if err != nil && ctx.Err() == nil {
 				reply("error %d %s", spec.Task, strings.ReplaceAll(err.Error(), "\n", " "))
 			}
@@ -78,9 +91,15 @@ type envHost struct {
 	closed bool
 }
 
-// startEnvHost starts this test binary as an environment host for target; notify is called
-// after every answer from it.
+// startEnvHost starts this test binary as an environment host for target, whose environments
+// hold; notify is called after every answer from it.
 func startEnvHost(b *testing.B, target facadeTarget, notify func()) *envHost {
+	return startEnvHostWith(b, target, notify, nil)
+}
+
+// startEnvHostWith starts an environment host; with done set its environments finish their
+// job, and done is called with each that did.
+func startEnvHostWith(b *testing.B, target facadeTarget, notify func(), done func(assignment.TaskID)) *envHost {
 	b.Helper()
 	exe, err := os.Executable()
 	require.NoError(b, err)
@@ -89,6 +108,9 @@ func startEnvHost(b *testing.B, target facadeTarget, notify func()) *envHost {
 	b.Cleanup(func() { _ = logf.Close() })
 	cmd := exec.Command(exe)
 	cmd.Env = append(os.Environ(), envHostVar+"=1", envHostURL+"="+target.URL, envHostTD+"="+target.TD.Name())
+	if done != nil {
+		cmd.Env = append(cmd.Env, envHostFinish+"=1")
+	}
 	cmd.Stderr = logf
 	in, err := cmd.StdinPipe()
 	require.NoError(b, err)
@@ -112,6 +134,10 @@ func startEnvHost(b *testing.B, target facadeTarget, notify func()) *envHost {
 			switch kind {
 			case "fetched":
 				h.fetch.Add(1)
+			case "done":
+				if task, err := assignment.ParseTaskID(rest); err == nil && done != nil {
+					done(task)
+				}
 			case "error":
 				h.fails.Add(1)
 				h.mu.Lock()

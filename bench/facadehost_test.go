@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/dynrunner/dynrunner/facade"
+	"github.com/dynrunner/dynrunner/forge"
 	"github.com/dynrunner/dynrunner/internal/captoken"
 	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/natsconn"
@@ -39,6 +40,9 @@ type facadeHostConfig struct {
 	NATSURL string
 	CADir   string
 	Lease   time.Duration
+	// Forge: reports reach a fakeForge in the host, whose count of successes the host prints
+	// when it stops ("successes <n>"); without it they are refused (noForge).
+	Forge bool
 }
 
 // facadeHostMain runs in the child: a view and the facade on mTLS on loopback, as a
@@ -52,18 +56,24 @@ func facadeHostMain() int {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	stop, err := runFacadeHost(ctx, cfg)
+	var fg forge.Forge = noForge{}
+	counting := newFakeForge()
+	if cfg.Forge {
+		fg = counting
+	}
+	stop, err := runFacadeHost(ctx, cfg, fg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "facade host:", err)
 		return 1
 	}
 	_, _ = io.Copy(io.Discard, os.Stdin)
 	stop()
+	fmt.Println("successes", counting.successes.Load())
 	return 0
 }
 
 // runFacadeHost starts the facade and prints its URL; stop ends it.
-func runFacadeHost(ctx context.Context, cfg facadeHostConfig) (stop func(), err error) {
+func runFacadeHost(ctx context.Context, cfg facadeHostConfig, fg forge.Forge) (stop func(), err error) {
 	c, _, l, err := openLog(ctx, natsconn.Config{URL: cfg.NATSURL, User: planeNATSUser, Password: planeNATSPassword, Name: "facade-host"}, benchTaskKey, 0)
 	if err != nil {
 		return nil, err
@@ -85,7 +95,7 @@ func runFacadeHost(ctx context.Context, cfg facadeHostConfig) (stop func(), err 
 	f := facade.New(facade.Config{
 		Actor: "facade@bench-host", TrustDomain: benchTD, Lease: cfg.Lease, Issuer: issuer,
 		RunnerKey: benchRunnerKey, Box: box, Log: logger,
-	}, noForge{}, l, view)
+	}, fg, l, view)
 	srv, err := facadeServer(f, ca, benchTD)
 	if err != nil {
 		return nil, err
@@ -138,16 +148,20 @@ type facadeHost struct {
 	url  string
 	stop sync.Once
 	in   io.Closer
+	out  *bufio.Reader
+	// last is what the host printed after its stdin closed ("successes <n>").
+	last string
 }
 
 // startFacadeHost starts this test binary as a facade host for p, which must serve its
-// embedded server (newListeningPlane), and points p's environments at it.
-func startFacadeHost(b *testing.B, p *plane, lease time.Duration) *facadeHost {
+// embedded server (newListeningPlane), and points p's environments at it. With forge set,
+// the host forwards reports to a fakeForge of its own (successes counts them).
+func startFacadeHost(b *testing.B, p *plane, lease time.Duration, forge bool) *facadeHost {
 	b.Helper()
 	require.NotEmpty(b, p.natsListen, "a facade host needs the plane's server on loopback (newListeningPlane)")
 	exe, err := os.Executable()
 	require.NoError(b, err)
-	cfg, err := json.Marshal(facadeHostConfig{NATSURL: "nats://" + p.natsListen, CADir: p.caDir, Lease: lease})
+	cfg, err := json.Marshal(facadeHostConfig{NATSURL: "nats://" + p.natsListen, CADir: p.caDir, Lease: lease, Forge: forge})
 	require.NoError(b, err)
 	logPath := filepath.Join(b.TempDir(), "facadehost.log")
 	logf, err := os.Create(logPath)
@@ -161,9 +175,9 @@ func startFacadeHost(b *testing.B, p *plane, lease time.Duration) *facadeHost {
 	out, err := cmd.StdoutPipe()
 	require.NoError(b, err)
 	require.NoError(b, cmd.Start())
-	h := &facadeHost{cmd: cmd, in: in}
+	h := &facadeHost{cmd: cmd, in: in, out: bufio.NewReader(out)}
 	b.Cleanup(h.close)
-	line, err := bufio.NewReader(out).ReadString('\n')
+	line, err := h.out.ReadString('\n')
 	if err != nil {
 		tail, _ := os.ReadFile(logPath)
 		require.NoError(b, err, "facade host did not start: %s", tail)
@@ -181,6 +195,18 @@ func (h *facadeHost) pid() string { return strconv.Itoa(h.cmd.Process.Pid) }
 func (h *facadeHost) close() {
 	h.stop.Do(func() {
 		_ = h.in.Close()
+		last, _ := h.out.ReadString('\n')
+		h.last = strings.TrimSpace(last)
 		_ = h.cmd.Wait()
 	})
+}
+
+// successes stops the host and returns how many successes its forge saw.
+func (h *facadeHost) successes() (int64, error) {
+	h.close()
+	n, ok := strings.CutPrefix(h.last, "successes ")
+	if !ok {
+		return 0, fmt.Errorf("facade host said %q when it stopped, want successes <n>", h.last)
+	}
+	return strconv.ParseInt(n, 10, 64)
 }

@@ -83,3 +83,62 @@ func BenchmarkLifecycles(b *testing.B) {
 	b.ReportMetric(float64(d.writes())/n, "js-writes/lifecycle")
 	b.ReportMetric(float64(d.api)/n, "js-api/lifecycle")
 }
+
+// BenchmarkLifecyclesSplit is BenchmarkLifecycles with the facade and the environments in
+// processes of their own, as a fleet deploys them: the measured process is the controller
+// without its facade (embedded JetStream, served on loopback, the view, the scheduler and the
+// pod worker), a facade host serves the environments (COMPONENTS=facade against the
+// controller's server, its reports going to a stand-in forge in that host), and an
+// environment host runs them (one goroutine each, as in BenchmarkMemory10k, finishing their
+// job). The three share the machine's cores; each one's CPU per lifecycle is reported, the
+// controller's (cpu-ms/lifecycle) being what sizes a controller host.
+func BenchmarkLifecyclesSplit(b *testing.B) {
+	p := newListeningPlane(b)
+	cfg := planeConfig{Concurrency: lifecycleConcurrency, Lease: 5 * time.Minute, Pickup: 2 * time.Minute, NoFacade: true}
+	fh := startFacadeHost(b, p, cfg.Lease, true)
+	var backend *noopBackend
+	host := startEnvHostWith(b, p.target, p.poke, func(task assignment.TaskID) { backend.exited(task) })
+	backend = newRemoteBackend(host.send)
+	p.start(cfg, backend)
+	b.Logf("load average before: %s", loadAvg())
+
+	cpu0, facade0, env0 := cpuTime(), childCPU(b, fh.pid()), childCPU(b, host.pid())
+	var elapsed time.Duration
+	done := 0
+	for range b.N {
+		began := time.Now()
+		p.forge.release(lifecycleTasks)
+		done += lifecycleTasks
+		p.waitFor(5*time.Minute, func() bool {
+			n, first := host.failure()
+			require.Zero(b, n, "environments failed; first: %s", first)
+			backend.checkDoubles(b)
+			return p.n(assignment.Completed) >= done
+		}, func() string {
+			return fmt.Sprintf("%s; environments done %d", p, p.n(assignment.Completed))
+		})
+		elapsed += time.Since(began)
+	}
+	b.StopTimer()
+	cpu, facade, env := cpuTime()-cpu0, childCPU(b, fh.pid())-facade0, childCPU(b, host.pid())-env0
+	b.Logf("load average after: %s", loadAvg())
+	host.close()
+	successes, err := fh.successes()
+	require.NoError(b, err)
+	require.EqualValues(b, done, successes, "successes the facade host's forge saw")
+	n := float64(done)
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(n/elapsed.Seconds(), "lifecycles/s")
+	b.ReportMetric(float64(cpu.Microseconds())/1000/n, "cpu-ms/lifecycle")
+	b.ReportMetric(float64(facade.Microseconds())/1000/n, "facade-cpu-ms/lifecycle")
+	b.ReportMetric(float64(env.Microseconds())/1000/n, "env-cpu-ms/lifecycle")
+	b.ReportMetric((cpu+facade+env).Seconds()/elapsed.Seconds(), "cpu-cores")
+}
+
+// childCPU is the CPU time process pid has used.
+func childCPU(b *testing.B, pid string) time.Duration {
+	b.Helper()
+	d, err := procCPU(pid)
+	require.NoError(b, err)
+	return d
+}

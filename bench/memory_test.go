@@ -44,7 +44,7 @@ func memory10k(b *testing.B, split bool) {
 	var fh *facadeHost
 	if split {
 		p = newListeningPlane(b)
-		fh = startFacadeHost(b, p, cfg.Lease)
+		fh = startFacadeHost(b, p, cfg.Lease, false)
 	} else {
 		p = newPlane(b)
 	}

@@ -49,3 +49,27 @@ func statusKB(pid, field string) (uint64, error) {
 	}
 	return 0, os.ErrNotExist
 }
+
+// procCPU is the user and system CPU time process pid has used (/proc/<pid>/stat, in clock
+// ticks of 10 ms).
+func procCPU(pid string) (time.Duration, error) {
+	b, err := os.ReadFile("/proc/" + pid + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces: count after it.
+	_, rest, ok := strings.Cut(string(b), ") ")
+	f := strings.Fields(rest)
+	if !ok || len(f) < 13 {
+		return 0, os.ErrInvalid
+	}
+	var ticks uint64
+	for _, s := range f[11:13] { // utime and stime, fields 14 and 15
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			return 0, err
+		}
+		ticks += n
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
+}
