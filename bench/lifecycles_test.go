@@ -96,9 +96,9 @@ func BenchmarkLifecyclesSplit(b *testing.B) {
 	p := newListeningPlane(b)
 	cfg := planeConfig{Concurrency: lifecycleConcurrency, Lease: 5 * time.Minute, Pickup: 2 * time.Minute, NoFacade: true}
 	fh := startFacadeHost(b, p, cfg.Lease, true)
-	var backend *noopBackend
-	host := startEnvHostWith(b, p.target, p.poke, func(task assignment.TaskID) { backend.exited(task) })
-	backend = newRemoteBackend(host.send)
+	var host *envHost
+	backend := newRemoteBackend(func(spec envSpec) { host.send(spec) })
+	host = startEnvHostWith(b, p.target, p.poke, backend.exited)
 	p.start(cfg, backend)
 	b.Logf("load average before: %s", loadAvg())
 

@@ -392,7 +392,7 @@ func (h *Slots) retire(ctx context.Context, s *Session, id int64) {
 			h.cfg.Log.Debug().Int64("slot", id).Msg("github: slot not retired: its runner is running a job")
 			return
 		}
-		h.cfg.Log.Warn().Err(err).Int64("slot", id).Msg("github: slot not retired: its runner could not be removed; the next message's plan retries")
+		h.cfg.Log.Warn().Err(err).Int64("slot", id).Msg("github: slot not retired: its runner could not be removed; the next message's plan tries again, and GITHUB_IDLE_SECS ends the slot at the latest")
 		return
 	}
 	_, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
