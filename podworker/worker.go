@@ -111,6 +111,9 @@ type env struct {
 	// guarded by Worker.mu.
 	key string
 	rev uint64
+	// until is the end of the lease the environment's identity files were last issued for,
+	// guarded by Worker.mu.
+	until time.Time
 }
 
 // New returns a Worker, subscribed to view: call it before view is fed (eventlog.View).
@@ -581,10 +584,15 @@ func (w *Worker) owns(task assignment.TaskID) bool {
 // is released at the end.
 func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot bool, rev uint64) {
 	wctx, cancel := context.WithCancelCause(ctx)
-	e := &env{h: h, cancel: cancel, key: envKey(st.Task, st.Epoch()), rev: rev}
+	e := &env{h: h, cancel: cancel, key: envKey(st.Task, st.Epoch()), rev: rev, until: st.LeaseExpires}
 	w.mu.Lock()
 	w.envs[st.Task] = e
 	w.mu.Unlock()
+	// A renewal recorded while the environment started (between its `started` and now) found
+	// no environment to renew the identity of: renew it now.
+	if cur, ok := w.view.Get(st.Task); ok && cur.Epoch() == st.Epoch() && cur.Active() {
+		w.renewIdentity(e, cur)
+	}
 	// No goroutine waits while the environment runs when the backend is a Notifier: ended
 	// runs once it ended. What waits keeps only what it needs of st.
 	a := watched{task: st.Task, epoch: st.Epoch(), seq: st.Seq}
@@ -675,6 +683,19 @@ type Refresher interface {
 // refresh gives the environment h new identity files valid until st's lease ends. It runs on
 // the view's goroutine (a signature and a few small files); on error the environment's current
 // SVID stays valid until the lease it was issued for ends, and the next renewal tries again.
+// renewIdentity renews e's identity files for st's lease unless they were issued for it, or
+// for a later one, already.
+func (w *Worker) renewIdentity(e *env, st assignment.State) {
+	w.mu.Lock()
+	if !st.LeaseExpires.After(e.until) {
+		w.mu.Unlock()
+		return
+	}
+	e.until = st.LeaseExpires
+	w.mu.Unlock()
+	w.refresh(st, e.h)
+}
+
 func (w *Worker) refresh(st assignment.State, h Handle) {
 	r, ok := w.backend.(Refresher)
 	if !ok || w.cfg.Identity == nil {
@@ -727,7 +748,7 @@ func (w *Worker) onChange(st assignment.State) {
 	w.mu.Unlock()
 	if st.Active() {
 		if ok && e.h.ID != "" && e.h.Epoch == st.Epoch() && st.Transition == assignment.Renewed {
-			w.refresh(st, e.h)
+			w.renewIdentity(e, st)
 		}
 		return
 	}

@@ -828,6 +828,64 @@ func TestWorkerRenewsIdentityWithTheLease(t *testing.T) {
 	}
 }
 
+// renewingView renews the lease of the assignment whose `started` the worker records, before
+// the worker goes on to watch its environment, and waits until the worker was told of the
+// renewal: the renewal comes while the environment has no handle in the worker yet.
+type renewingView struct {
+	podworker.View
+	t       *testing.T
+	log     *eventlog.Log
+	renewed chan assignment.State
+	once    sync.Once
+}
+
+func (v *renewingView) OnChange(fn func(assignment.State)) {
+	v.View.OnChange(fn)
+	v.View.OnChange(func(st assignment.State) { // after the worker's
+		if st.Transition == assignment.Renewed {
+			select {
+			case v.renewed <- st:
+			default:
+			}
+		}
+	})
+}
+
+func (v *renewingView) Observe(st assignment.State) {
+	v.View.Observe(st)
+	if st.Transition != assignment.Started {
+		return
+	}
+	v.once.Do(func() {
+		_, err := v.log.Apply(context.Background(), assignment.Event{Transition: assignment.Renewed, Task: st.Task, Epoch: st.Epoch(),
+			At: time.Now().Add(time.Minute), Actor: "facade", Lease: 5 * time.Minute}, &st)
+		assert.NoError(v.t, err, "renew")
+		select {
+		case <-v.renewed:
+		case <-time.After(10 * time.Second):
+			assert.Fail(v.t, "the worker was not told of the renewal")
+		}
+	})
+}
+
+// TestWorkerRenewsIdentityRenewedWhileStarting: a lease renewed between the environment's
+// `started` and the worker watching it (the worker had no handle to renew its identity with
+// when told) still renews the identity, once.
+func TestWorkerRenewsIdentityRenewedWhileStarting(t *testing.T) {
+	r := newRig(t)
+	r.wrapView = func(v podworker.View) podworker.View {
+		return &renewingView{View: v, t: t, log: r.log, renewed: make(chan assignment.State, 1)}
+	}
+	b := &refreshing{memBackend: newMem(), refreshed: map[string][]time.Time{}}
+	r.runWorker(r.log, b, podworker.Config{Actor: "worker-test", Reap: time.Hour, Identity: leaseIdentity{}})
+	st := r.claim(1)
+	id := fmt.Sprintf("1-%d", st.Epoch())
+	eventually(t, "identity renewed", func() bool { return len(b.refreshes(id)) > 0 })
+	cur := r.phase(1)
+	require.Equal(t, assignment.Renewed, cur.Transition)
+	assert.Equal(t, []time.Time{cur.LeaseExpires}, b.refreshes(id), "identity renewals")
+}
+
 // TestWorkerMeasuresStartsAndJobs: the worker that starts an environment records how long the
 // start took and the wait since the claim, and the duration of its job by result once the
 // job ends.
