@@ -69,6 +69,20 @@ func (b *slotBed) state(t *testing.T, id assignment.TaskID) assignment.State {
 	return st
 }
 
+// waitConfigured waits until n live slots are configured with a runner.
+func (b *slotBed) waitConfigured(t *testing.T, n int) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		ready := 0
+		for _, st := range b.live() {
+			if st.Ready() {
+				ready++
+			}
+		}
+		return ready == n
+	}, 15*time.Second, 20*time.Millisecond, "%d jobs did not get %d configured slots", n, n)
+}
+
 // dispatched drains the pod dispatch queue and returns the tasks it named.
 func (b *slotBed) dispatched(t *testing.T) []assignment.TaskID {
 	t.Helper()
@@ -103,15 +117,7 @@ func TestSlotsFollowTheJobs(t *testing.T) {
 	job2, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
 	require.NoError(t, err)
 
-	require.Eventually(t, func() bool {
-		n := 0
-		for _, st := range b.live() {
-			if st.Ready() {
-				n++
-			}
-		}
-		return n == 2
-	}, 15*time.Second, 20*time.Millisecond, "two jobs did not get two configured slots")
+	b.waitConfigured(t, 2)
 	slots := b.live()
 	runners := map[int64]string{}
 	for _, r := range b.srv.Runners() {
@@ -293,15 +299,7 @@ func TestSlotsKeepARunnerThatTookAJob(t *testing.T) {
 	require.NoError(t, err)
 	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
 	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		n := 0
-		for _, st := range b.live() {
-			if st.Ready() {
-				n++
-			}
-		}
-		return n == 2
-	}, 15*time.Second, 20*time.Millisecond, "two jobs did not get two configured slots")
+	b.waitConfigured(t, 2)
 	stop()
 	slots := b.live()
 	busy, idle := slots[0], slots[1]
