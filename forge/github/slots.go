@@ -154,7 +154,7 @@ func (h *Slots) Handle(ctx context.Context, s *Session, msg *scaleset.RunnerScal
 		}
 	}
 	for _, id := range steps.Retire {
-		h.retire(ctx, s, id)
+		h.retire(ctx, s, id, "no job assigned to the scale set needs the slot any more (GitHub cancelled or gave the job to another runner)")
 	}
 	return h.Reconcile(ctx, s)
 }
@@ -220,8 +220,12 @@ func (h *Slots) refusedAssigned(set ScaleSet) int {
 // once closed, it is no live slot any more.
 func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 	var errs []error
+	now := h.cfg.Now()
 	for _, st := range h.live(s.Set()) {
 		switch {
+		case idleDue(st, now):
+			h.retire(ctx, s, int64(st.Task), fmt.Sprintf("GitHub gave the slot's runner no job within %s of its creation (GITHUB_IDLE_SECS); its runner was removed, and a job still waiting gets another slot",
+				st.PickupDeadline.Sub(st.ClaimedAt).Round(time.Second)))
 		case st.Phase == assignment.Claimed && !st.Ready():
 			// The view may be behind the log: configure what the log holds.
 			if cur, err := h.cfg.Events.Get(ctx, st.Task); err != nil {
@@ -241,6 +245,23 @@ func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 	}
 	return errors.Join(errs...)
 }
+
+// idleDue reports whether a slot's runner got no job and its idle deadline (GITHUB_IDLE_SECS,
+// the slot's pickup deadline) is near: Reconcile then retires it as Plan retires a slot no job
+// needs, its runner removed at GitHub first, so a runner that takes a job in that moment keeps
+// its slot. It retires a tenth of the idle time ahead, at most idleAhead: with the default
+// (10 min) a minute, so the reconcile after each long poll (GitHub holds one for up to 50 s)
+// comes before the deadline, which the scheduler's reconciler enforces without asking GitHub.
+func idleDue(st assignment.State, now time.Time) bool {
+	if !st.Active() || st.Phase == assignment.Running || st.GitHubJob != "" || st.PickupDeadline.IsZero() {
+		return false
+	}
+	ahead := min(st.PickupDeadline.Sub(st.ClaimedAt)/10, idleAhead)
+	return !now.Before(st.PickupDeadline.Add(-ahead))
+}
+
+// idleAhead is how long before its idle deadline at most Reconcile retires a slot.
+const idleAhead = 2 * time.Minute
 
 // live are the live slots of set's scale set.
 func (h *Slots) live(set ScaleSet) []assignment.State {
@@ -378,11 +399,12 @@ func (h *Slots) generate(ctx context.Context, client *scaleset.Client, set Scale
 	return int64(jit.Runner.ID), digest, nil
 }
 
-// retire fails an idle slot no assigned job needs, after removing its runner from GitHub.
+// retire fails an idle slot no assigned job needs (or whose idle deadline is near), for
+// reason, after removing its runner from GitHub.
 // GitHub refuses to remove a runner that is running a job, so a slot whose runner took a job
 // the messages have not told of yet (JobStarted comes in a later message than the statistics
 // that no longer count the slot) is kept; its JobStarted binds it.
-func (h *Slots) retire(ctx context.Context, s *Session, id int64) {
+func (h *Slots) retire(ctx context.Context, s *Session, id int64, reason string) {
 	st, err := h.cfg.Events.Get(ctx, assignment.TaskID(id))
 	if err != nil || st.GitHubJob != "" || !st.Active() {
 		return // its runner took a job meanwhile (Plan saw a view behind the log), or it ended
@@ -396,7 +418,7 @@ func (h *Slots) retire(ctx context.Context, s *Session, id int64) {
 		return
 	}
 	_, err = h.cfg.Events.Apply(ctx, assignment.Event{Transition: assignment.Failed, Task: st.Task, Epoch: st.Epoch(),
-		Actor: h.cfg.Actor, At: h.cfg.Now(), Reason: "no job assigned to the scale set needs the slot any more (GitHub cancelled or gave the job to another runner)"}, &st)
+		Actor: h.cfg.Actor, At: h.cfg.Now(), Reason: reason}, &st)
 	if err != nil && !errors.Is(err, assignment.ErrNoChange) {
 		h.cfg.Log.Debug().Err(err).Int64("slot", id).Msg("github: retire a slot")
 	}

@@ -2,6 +2,7 @@ package github_test
 
 import (
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -319,4 +320,44 @@ func TestSlotsKeepARunnerThatTookAJob(t *testing.T) {
 	run(t, b.sess)
 	require.Eventually(t, func() bool { return b.state(t, busy.Task).Phase == assignment.Running }, 10*time.Second, 20*time.Millisecond,
 		"the kept slot did not record its JobStarted")
+}
+
+// TestSlotsRetireIdleRunnersBeforeTheirDeadline: a slot whose runner got no job is retired
+// ahead of its idle deadline (GITHUB_IDLE_SECS), its runner removed at GitHub before the slot
+// fails; a runner that has just taken a job (busy at GitHub, its JobStarted not yet told)
+// keeps its slot, where the deadline itself would have failed it.
+func TestSlotsRetireIdleRunnersBeforeTheirDeadline(t *testing.T) {
+	var skew atomic.Int64
+	b := newSlotBed(t, 4, func(_ *bed, c *github.SlotsConfig) {
+		c.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	})
+	stop := run(t, b.sess)
+	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	b.waitConfigured(t, 2)
+	stop()
+	slots := b.live()
+	busy, idle := slots[0], slots[1]
+	_, err = b.srv.StartJob(job, int(busy.RunnerID))
+	require.NoError(t, err)
+
+	skew.Store(int64(8 * time.Minute))
+	require.NoError(t, b.slots.Reconcile(t.Context(), b.sess))
+	require.True(t, b.state(t, idle.Task).Active(), "a slot was retired two minutes before its idle deadline")
+
+	// 9.5 of the ten minutes of Pickup passed: within a minute of the deadline, not past it.
+	skew.Store(int64(9*time.Minute + 30*time.Second))
+	require.NoError(t, b.slots.Reconcile(t.Context(), b.sess))
+	assert.True(t, b.state(t, busy.Task).Active(), "the slot whose runner is running a job was retired")
+	got := b.state(t, idle.Task)
+	assert.False(t, got.Active(), "the idle slot was not retired before its deadline")
+	assert.Contains(t, got.Reason, "GITHUB_IDLE_SECS")
+	assert.False(t, got.Lost, "an idle slot lost no job")
+	var ids []int64
+	for _, r := range b.srv.Runners() {
+		ids = append(ids, int64(r.ID))
+	}
+	assert.Equal(t, []int64{busy.RunnerID}, ids, "GitHub's runners are not the busy slot's alone")
 }
