@@ -30,50 +30,9 @@ import (
 // it there; JobStarted and JobCompleted are recorded on the slot, and the VM (launcher, QEMU,
 // TAP device, directory) and the runner at GitHub are gone afterwards.
 func TestGitHubJobsRunInVMs(t *testing.T) {
-	tools := needTools(t)
-	needVMTools(t)
-	const bridge, cidr = "drgh0", "10.213.81.1/24"
-	bridgeAddr := netip.MustParsePrefix(cidr)
-	// The fake GitHub listens where guests reach it, the bridge's address, so the bridge is made
-	// before the controller's launchers would make it (they take it as it is); vmEnv removes
-	// it. The controller reaches the same fake on loopback: GITHUB_CONFIG_URL is https, or
-	// http on loopback only.
-	require.NoError(t, launcher.EnsureBridge(t.Context(), t.TempDir(), bridge, bridgeAddr))
-	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
-	guests, err := net.Listen("tcp4", net.JoinHostPort(bridgeAddr.Addr().String(), "0"))
-	require.NoError(t, err)
-	loop, err := net.Listen("tcp4", "127.0.0.1:0")
-	require.NoError(t, err)
-	srv := githubtest.New(t, githubtest.Options{Tokens: []string{"ghp_e2e"}, LongPollTimeout: time.Second, AssignOnAcquire: true,
-		SessionTimeout: 5 * time.Second, Listener: joinListeners(guests, loop)})
-
 	runnerDir, runnerSHA := guestStandInRunnerDir(t)
-	img := buildImage(t, "../deploy/vm-image/build.sh", "GITHUB_RUNNER_DIR="+runnerDir)
-	f := startForge(t, tools)
-	token := filepath.Join(t.TempDir(), "github-token")
-	require.NoError(t, secretfile.WriteNew(token, []byte("ghp_e2e")))
-	vm := vmEnv(t, img, bridge, cidr, "VM_EGRESS=nat", "VM_EGRESS_ALLOW="+guests.Addr().String())
-	env := append([]string{leaseEnv, pickupEnv, gitHubLeasesEnv,
-		"GITHUB_CONFIG_URL=http://" + loop.Addr().String() + "/acme", "GITHUB_TOKEN_FILE=" + token, "GITHUB_IDLE_SECS=300",
-		"GITHUB_VM_RUNNER_SHA256=" + runnerSHA,
-	}, gitHubWorkerEnv(t)...)
-	c := newController(t, tools, f, "", append(env, vm...)...)
-	var launchers string
-	for _, kv := range vm {
-		if v, ok := strings.CutPrefix(kv, "VM_LAUNCHER_ROOT="); ok {
-			launchers = v
-		}
-	}
-	c.start()
-	b := &gitHubBed{srv: srv, c: c}
-
-	require.Eventually(t, func() bool {
-		names := map[string]bool{}
-		for _, s := range srv.ScaleSets() {
-			names[s.Name] = true
-		}
-		return names["dynrunner-pod"] && names["dynrunner-vm"] && len(srv.Sessions()) == 2
-	}, 60*time.Second, 100*time.Millisecond, "the controller did not make the pod and vm scale sets and open their sessions")
+	b, launchers, bridge := startGitHubVMBed(t, runnerDir, runnerSHA)
+	srv := b.srv
 
 	job, err := srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "vm"}, Repository: "app", DisplayName: "inside",
 		Run: `echo "hello from $GITHUB_REPOSITORY on $RUNNER_NAME as $(id -un)"; grep -m1 'model name' /proc/cpuinfo; ` +
@@ -112,9 +71,96 @@ func TestGitHubJobsRunInVMs(t *testing.T) {
 	// runner at GitHub.
 	require.Eventually(t, func() bool { return vmLeftovers(launchers, bridge) == "" }, time.Minute, 250*time.Millisecond,
 		"left behind after the VM job: %s", vmLeftovers(launchers, bridge))
-	assertNoEnvironmentsLeft(t, c)
+	assertNoEnvironmentsLeft(t, b.c)
 	require.Eventually(t, func() bool { return len(srv.Runners()) == 0 }, time.Minute, 200*time.Millisecond,
 		"runners left at GitHub: %+v", srv.Runners())
+}
+
+// startGitHubVMBed starts a controller serving the pod and vm scale sets of a fake GitHub, its
+// vm tier booting the Debian guest image, with the runner of runnerDir as GitHub's runner
+// (GITHUB_RUNNER_DIR) under GITHUB_VM_RUNNER_SHA256=runnerSHA, under QEMU; it returns once
+// both scale sets' sessions are open, with the launchers' root and the bridge.
+func startGitHubVMBed(t *testing.T, runnerDir, runnerSHA string) (b *gitHubBed, launchers, bridge string) {
+	t.Helper()
+	tools := needTools(t)
+	needVMTools(t)
+	const cidr = "10.213.81.1/24"
+	bridge = "drgh0"
+	bridgeAddr := netip.MustParsePrefix(cidr)
+	// The fake GitHub listens where guests reach it, the bridge's address, so the bridge is made
+	// before the controller's launchers would make it (they take it as it is); vmEnv removes
+	// it. The controller reaches the same fake on loopback: GITHUB_CONFIG_URL is https, or
+	// http on loopback only.
+	require.NoError(t, launcher.EnsureBridge(t.Context(), t.TempDir(), bridge, bridgeAddr))
+	t.Cleanup(func() { _ = exec.Command("ip", "link", "del", bridge).Run() })
+	guests, err := net.Listen("tcp4", net.JoinHostPort(bridgeAddr.Addr().String(), "0"))
+	require.NoError(t, err)
+	loop, err := net.Listen("tcp4", "127.0.0.1:0")
+	require.NoError(t, err)
+	srv := githubtest.New(t, githubtest.Options{Tokens: []string{"ghp_e2e"}, LongPollTimeout: time.Second, AssignOnAcquire: true,
+		SessionTimeout: 5 * time.Second, Listener: joinListeners(guests, loop)})
+
+	img := buildImage(t, "../deploy/vm-image/build.sh", "GITHUB_RUNNER_DIR="+runnerDir)
+	f := startForge(t, tools)
+	token := filepath.Join(t.TempDir(), "github-token")
+	require.NoError(t, secretfile.WriteNew(token, []byte("ghp_e2e")))
+	vm := vmEnv(t, img, bridge, cidr, "VM_EGRESS=nat", "VM_EGRESS_ALLOW="+guests.Addr().String())
+	env := append([]string{leaseEnv, pickupEnv, gitHubLeasesEnv,
+		"GITHUB_CONFIG_URL=http://" + loop.Addr().String() + "/acme", "GITHUB_TOKEN_FILE=" + token, "GITHUB_IDLE_SECS=300",
+		"GITHUB_VM_RUNNER_SHA256=" + runnerSHA,
+	}, gitHubWorkerEnv(t)...)
+	c := newController(t, tools, f, "", append(env, vm...)...)
+	for _, kv := range vm {
+		if v, ok := strings.CutPrefix(kv, "VM_LAUNCHER_ROOT="); ok {
+			launchers = v
+		}
+	}
+	c.start()
+	b = &gitHubBed{srv: srv, c: c}
+
+	require.Eventually(t, func() bool {
+		names := map[string]bool{}
+		for _, s := range srv.ScaleSets() {
+			names[s.Name] = true
+		}
+		return names["dynrunner-pod"] && names["dynrunner-vm"] && len(srv.Sessions()) == 2
+	}, 60*time.Second, 100*time.Millisecond, "the controller did not make the pod and vm scale sets and open their sessions")
+	return b, launchers, bridge
+}
+
+// TestGitHubVMSlotFailsWithItsGuest: a slot whose guest fails before its runner runs (here:
+// run.sh does not match GITHUB_VM_RUNNER_SHA256) fails when its VM powers off, with the
+// guest's own error in the failed record, not only when GITHUB_IDLE_SECS passes with a reason
+// that does not say why; its VM and its runner at GitHub are gone afterwards.
+func TestGitHubVMSlotFailsWithItsGuest(t *testing.T) {
+	runnerDir, _ := guestStandInRunnerDir(t)
+	b, launchers, bridge := startGitHubVMBed(t, runnerDir, strings.Repeat("ab", 32))
+	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "vm"}, Repository: "app", Run: "true"})
+	require.NoError(t, err)
+	began := time.Now()
+	var failed assignment.State
+	require.Eventually(t, func() bool {
+		for _, r := range b.slotRecords(t) {
+			if r.Transition == assignment.Failed {
+				failed = r
+				return true
+			}
+		}
+		return false
+	}, 4*time.Minute, time.Second, "no slot failed")
+	t.Logf("the slot failed %s after the job was queued: %s", time.Since(began).Round(time.Second), failed.Reason)
+	assert.Contains(t, failed.Reason, "exit code 6", "the launcher did not pass the guest's failure on")
+	assert.Contains(t, failed.Reason, "guest failed: ", "the failed record does not carry the guest's error")
+	assert.Contains(t, failed.Reason, "does not match the pinned version", "the failed record does not say what the guest refused")
+	assert.NotContains(t, failed.Reason, "GITHUB_IDLE_SECS")
+
+	// The job is still assigned, so the scale set makes it another slot, whose guest fails the
+	// same way; cancelled, it needs none, and every slot of it ends with its VM and runner.
+	require.NoError(t, b.srv.CompleteJob(job, "canceled"))
+	require.Eventually(t, func() bool { return vmLeftovers(launchers, bridge) == "" }, 2*time.Minute, 250*time.Millisecond,
+		"left behind after the VM failed: %s", vmLeftovers(launchers, bridge))
+	require.Eventually(t, func() bool { return len(b.srv.Runners()) == 0 }, time.Minute, 200*time.Millisecond,
+		"runners left at GitHub: %+v", b.srv.Runners())
 }
 
 // guestStandInRunnerDir makes the directory the guest image gets as GitHub's runner

@@ -47,8 +47,10 @@
 // by the flock on launcher.pid.
 //
 // Run returns nil only when the guest powered off by itself (the hypervisor exited with status
-// 0; QEMU runs with -no-reboot, so a guest reboot counts as a power-off), ErrDeadline when
+// 0; QEMU runs with -no-reboot, so a guest reboot counts as a power-off) and `dynrunner guest`
+// did not say it failed, ErrGuestFailed when it did (the last GuestMarker line on the serial
+// console, as the process backends pass on the executor's exit code), ErrDeadline when
 // Config.Deadline killed the VM, ErrStopped when the launcher was stopped, and
-// ErrHypervisorFailed otherwise. ExitCode maps them to the command's exit codes 0, 3, 4, 5;
+// ErrHypervisorFailed otherwise. ExitCode maps them to the command's exit codes 0, 6, 3, 4, 5;
 // invalid input is 2 and any other failure 1.
 package launcher

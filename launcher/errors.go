@@ -21,6 +21,9 @@ var (
 	// ErrHypervisorFailed: the hypervisor exited with a non-zero status or was killed by a signal
 	// the launcher did not send (exit code 5).
 	ErrHypervisorFailed = errors.New("hypervisor failed")
+	// ErrGuestFailed: the guest powered off by itself after `dynrunner guest` failed, as the last
+	// line it wrote to the serial console says (GuestMarker; exit code 6).
+	ErrGuestFailed = errors.New("guest failed")
 	// ErrNoDirectIO: the file system of the instance directory or of the image refuses O_DIRECT
 	// (exit code 1).
 	ErrNoDirectIO = errors.New("file system refuses O_DIRECT")
@@ -34,6 +37,7 @@ const (
 	ExitDeadline   = 3 // the deadline killed the VM
 	ExitStopped    = 4 // SIGTERM/SIGINT stopped the launcher, which killed the VM
 	ExitHypervisor = 5 // the hypervisor failed (non-zero exit, or killed by someone else)
+	ExitGuest      = 6 // the guest powered off after `dynrunner guest` failed
 )
 
 // ExitCode maps an error of Launch to the launcher's exit code: 0 for nil (the guest powered
@@ -50,6 +54,8 @@ func ExitCode(err error) int {
 		return ExitStopped
 	case errors.Is(err, ErrHypervisorFailed):
 		return ExitHypervisor
+	case errors.Is(err, ErrGuestFailed):
+		return ExitGuest
 	default:
 		return ExitFailure
 	}

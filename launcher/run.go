@@ -5,12 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"github.com/rs/zerolog"
 )
@@ -79,6 +81,10 @@ func (i *Instance) exited(cmd *exec.Cmd, err error, ran time.Duration) error {
 	ps := cmd.ProcessState
 	log := i.log.Info().Dur("ran", ran)
 	if ps != nil && ps.Success() {
+		if failed := guestFailure(i.SerialLog()); failed != "" {
+			log.Str("guest", failed).Msg("the guest powered off after it failed")
+			return fmt.Errorf("launcher: %w: %s", ErrGuestFailed, failed)
+		}
 		log.Msg("the guest powered off")
 		return nil
 	}
@@ -97,6 +103,61 @@ func (i *Instance) exited(cmd *exec.Cmd, err error, ran time.Duration) error {
 		how += ": " + tail
 	}
 	return fmt.Errorf("launcher: %s %s: %w", i.hv.Name(), how, ErrHypervisorFailed)
+}
+
+// GuestMarker starts the line `dynrunner guest` writes to the serial console last, before it
+// powers the VM off: GuestDone when it ran its job, else its error.
+const (
+	GuestMarker = "dynrunner guest: "
+	GuestDone   = GuestMarker + "done"
+)
+
+// guestTail is how much of the serial console's end guestFailure reads, and guestSaid how much
+// of the guest's line it passes on.
+const (
+	guestTail = 64 << 10
+	guestSaid = 300
+)
+
+// guestFailure returns what `dynrunner guest` said failed, from the last GuestMarker line in the
+// end of the serial console log p; "" when that line is GuestDone, or there is none (an image
+// whose guest does not write one). The console is the guest's, so the line is untrusted: a job
+// that writes such a line changes only its own environment's outcome, and the guest's own last
+// line comes after it. What is returned is printable and at most guestSaid bytes.
+func guestFailure(p string) string {
+	f, err := os.Open(p)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > guestTail {
+		if _, err := f.Seek(st.Size()-guestTail, io.SeekStart); err != nil {
+			return ""
+		}
+	}
+	b, err := io.ReadAll(io.LimitReader(f, guestTail))
+	if err != nil {
+		return ""
+	}
+	last := ""
+	for l := range bytes.SplitSeq(b, []byte("\n")) {
+		if _, after, ok := bytes.Cut(l, []byte(GuestMarker)); ok {
+			last = string(after)
+		}
+	}
+	last = strings.TrimSpace(strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return -1
+		}
+		return r
+	}, last))
+	if last == strings.TrimPrefix(GuestDone, GuestMarker) {
+		return ""
+	}
+	if len(last) > guestSaid {
+		last = strings.ToValidUTF8(last[:guestSaid], "") + "..."
+	}
+	return last
 }
 
 // stopGroup sends SIGTERM to process group pgid, and SIGKILL after stopGrace, until done

@@ -5,9 +5,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
 
 	"github.com/dynrunner/dynrunner/guest"
+	"github.com/dynrunner/dynrunner/launcher"
 )
 
 // runGuest runs inside a microVM: one job, then power off.
@@ -22,8 +24,12 @@ func runGuest(ctx context.Context, args []string, getenv func(string) string) er
 	}
 	s.cfg.Env, s.cfg.Output, s.cfg.Log = os.Environ(), os.Stdout, log
 	err = guest.Run(ctx, s.cfg)
+	// The last line on the console (stderr) says how the guest ended: a launcher that sees the
+	// VM power off reads it (launcher.GuestMarker) to tell a failure from a job that ran.
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "dynrunner guest: %v\n", err)
+		fmt.Fprintf(os.Stderr, "\n%s%s\n", launcher.GuestMarker, strings.ReplaceAll(err.Error(), "\n", "; "))
+	} else {
+		fmt.Fprintf(os.Stderr, "\n%s\n", launcher.GuestDone)
 	}
 	if s.poweroff {
 		syscall.Sync()
