@@ -52,12 +52,14 @@ func newFakeGitHub(t *testing.T) *githubtest.Server {
 		SessionTimeout: 5 * time.Second})
 }
 
-// gitHubSchedulerEnv is what a scheduler needs to serve srv: its URL and a token file.
+// gitHubSchedulerEnv is what a scheduler needs to serve srv: its URL and a token file. An idle
+// slot is retired a minute before GITHUB_IDLE_SECS: a slot's runner gets a minute to take its
+// job, as a slow machine may need.
 func gitHubSchedulerEnv(t *testing.T, srv *githubtest.Server) []string {
 	t.Helper()
 	token := filepath.Join(t.TempDir(), "github-token")
 	require.NoError(t, secretfile.WriteNew(token, []byte("ghp_e2e")))
-	return []string{"GITHUB_CONFIG_URL=" + srv.OrgURL("acme"), "GITHUB_TOKEN_FILE=" + token, "GITHUB_IDLE_SECS=60"}
+	return []string{"GITHUB_CONFIG_URL=" + srv.OrgURL("acme"), "GITHUB_TOKEN_FILE=" + token, "GITHUB_IDLE_SECS=120"}
 }
 
 // gitHubWorkerEnv is what a worker needs to serve slots: the stand-in runner, pinned.

@@ -157,10 +157,17 @@ func TestGitHubVMSlotFailsWithItsGuest(t *testing.T) {
 	// The job is still assigned, so the scale set makes it another slot, whose guest fails the
 	// same way; cancelled, it needs none, and every slot of it ends with its VM and runner.
 	require.NoError(t, b.srv.CompleteJob(job, "canceled"))
-	require.Eventually(t, func() bool { return vmLeftovers(launchers, bridge) == "" }, 2*time.Minute, 250*time.Millisecond,
+	require.Eventually(t, func() bool {
+		for _, tr := range transitions(b.slotRecords(t)) {
+			if tr[assignment.Closed] == 0 && tr[assignment.Completed] == 0 {
+				return false
+			}
+		}
+		return len(b.srv.Runners()) == 0
+	}, 3*time.Minute, time.Second, "slots did not end after the job was cancelled; runners at GitHub: %+v", b.srv.Runners())
+	require.Eventually(t, func() bool { return vmLeftovers(launchers, bridge) == "" }, time.Minute, 250*time.Millisecond,
 		"left behind after the VM failed: %s", vmLeftovers(launchers, bridge))
-	require.Eventually(t, func() bool { return len(b.srv.Runners()) == 0 }, time.Minute, 200*time.Millisecond,
-		"runners left at GitHub: %+v", b.srv.Runners())
+	assertNoEnvironmentsLeft(t, b.c)
 }
 
 // guestStandInRunnerDir makes the directory the guest image gets as GitHub's runner

@@ -27,6 +27,8 @@ func TestGuestFailure(t *testing.T) {
 		{"after kernel output on the same line", "[  2.0] random: crng init done" + GuestMarker + "bad pin\n", "bad pin"},
 		{"control characters dropped", GuestMarker + "bad\x1b[31m pin\x00\n", "bad[31m pin"},
 		{"bounded", GuestMarker + long + "\n", long[:guestSaid] + "..."},
+		{"a line the power-off cut short says nothing", "job\n" + GuestMarker + "do", ""},
+		{"a failure before a line cut short", GuestMarker + "bad pin\n" + GuestMarker + "do", "bad pin"},
 		{"only the tail is read", GuestMarker + "too early\n" + strings.Repeat("y", guestTail) + "\n", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -21,7 +21,8 @@ import (
 const stopGrace = 5 * time.Second
 
 // Run boots the VM and blocks until it ends. It returns nil when the guest powered off by
-// itself (the hypervisor exited with status 0), an error wrapping ErrDeadline when the VM ran
+// itself (the hypervisor exited with status 0) and `dynrunner guest` did not say it failed
+// (guestFailure), ErrGuestFailed when it did, an error wrapping ErrDeadline when the VM ran
 // past Config.Deadline, ErrStopped when ctx was cancelled, and ErrHypervisorFailed when the
 // hypervisor exited otherwise. In the last three cases the hypervisor is killed (SIGTERM, then
 // SIGKILL after 5 s). The hypervisor runs in its own process group with a parent-death signal
@@ -116,14 +117,16 @@ const (
 // of the guest's line it passes on.
 const (
 	guestTail = 64 << 10
-	guestSaid = 300
+	guestSaid = 512
 )
 
 // guestFailure returns what `dynrunner guest` said failed, from the last GuestMarker line in the
 // end of the serial console log p; "" when that line is GuestDone, or there is none (an image
-// whose guest does not write one). The console is the guest's, so the line is untrusted: a job
-// that writes such a line changes only its own environment's outcome, and the guest's own last
-// line comes after it. What is returned is printable and at most guestSaid bytes.
+// whose guest does not write one; a line the power-off cut short counts as none). The console
+// is the guest's, so the line is untrusted: a job that writes such a line changes only its own
+// environment's outcome (as a job that kills its runner does), and the guest, PID 1, kills
+// every other process before it writes its own. What is returned is printable and at most
+// guestSaid bytes.
 func guestFailure(p string) string {
 	f, err := os.Open(p)
 	if err != nil {
@@ -138,6 +141,12 @@ func guestFailure(p string) string {
 	b, err := io.ReadAll(io.LimitReader(f, guestTail))
 	if err != nil {
 		return ""
+	}
+	// Only whole lines: one the power-off cut short (`dynrunner guest: do`) says nothing.
+	if end := bytes.LastIndexByte(b, '\n'); end >= 0 {
+		b = b[:end]
+	} else {
+		b = nil
 	}
 	last := ""
 	for l := range bytes.SplitSeq(b, []byte("\n")) {

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strings"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dynrunner/dynrunner/guest"
 	"github.com/dynrunner/dynrunner/launcher"
@@ -25,19 +29,41 @@ func runGuest(ctx context.Context, args []string, getenv func(string) string) er
 	s.cfg.Env, s.cfg.Output, s.cfg.Log = os.Environ(), os.Stdout, log
 	err = guest.Run(ctx, s.cfg)
 	// The last line on the console (stderr) says how the guest ended: a launcher that sees the
-	// VM power off reads it (launcher.GuestMarker) to tell a failure from a job that ran.
+	// VM power off reads it (launcher.GuestMarker) to tell a failure from a job that ran. As
+	// PID 1 the guest first ends every other process, so nothing the job left writes after it,
+	// and lets the console send the line before the power-off.
+	if s.poweroff && os.Getpid() == 1 {
+		endOthers(2 * time.Second)
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "\n%s%s\n", launcher.GuestMarker, strings.ReplaceAll(err.Error(), "\n", "; "))
 	} else {
 		fmt.Fprintf(os.Stderr, "\n%s\n", launcher.GuestDone)
 	}
 	if s.poweroff {
+		_ = unix.IoctlSetInt(int(os.Stderr.Fd()), unix.TCSBRK, 1) // tcdrain; fails harmlessly on a non-terminal
 		syscall.Sync()
 		if perr := syscall.Reboot(syscall.LINUX_REBOOT_CMD_POWER_OFF); perr != nil {
 			return fmt.Errorf("power off: %w", perr)
 		}
 	}
 	return err
+}
+
+// endOthers kills every process but PID 1 (the caller) and reaps them, for at most limit.
+func endOthers(limit time.Duration) {
+	_ = syscall.Kill(-1, syscall.SIGKILL)
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		pid, err := syscall.Wait4(-1, nil, syscall.WNOHANG, nil)
+		switch {
+		case errors.Is(err, syscall.ECHILD):
+			return // none left
+		case err == nil && pid > 0:
+			continue // reaped one; there may be more
+		}
+		time.Sleep(10 * time.Millisecond) // killed ones not yet exited
+	}
 }
 
 // guestSettings is the configuration of `dynrunner guest`.

@@ -16,7 +16,8 @@ import (
 // runLauncher runs one single-use VM (microvm-runner-launch): `dynrunner launcher --flags`, every
 // flag also from launcher.EnvName(flag) (the vm worker passes everything through the
 // environment). It exits by itself with launcher.ExitCode: 0 only when the guest powered off
-// by itself, else non-zero with the reason on stderr, starting with "dynrunner launcher: ".
+// by itself and did not say it failed (6 when it did), else non-zero with the reason on
+// stderr, starting with "dynrunner launcher: ".
 // Logs are JSON on stderr (LOG_FORMAT=console for humans, LOG_LEVEL).
 func runLauncher(ctx context.Context, args []string, getenv func(string) string) error {
 	s, err := parseLauncher(args, getenv, os.Stderr)

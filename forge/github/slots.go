@@ -224,8 +224,8 @@ func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 	for _, st := range h.live(s.Set()) {
 		switch {
 		case idleDue(st, now):
-			h.retire(ctx, s, int64(st.Task), fmt.Sprintf("GitHub gave the slot's runner no job within %s of its creation (GITHUB_IDLE_SECS); its runner was removed, and a job still waiting gets another slot",
-				st.PickupDeadline.Sub(st.ClaimedAt).Round(time.Second)))
+			h.retire(ctx, s, int64(st.Task), fmt.Sprintf("GitHub gave the slot's runner no job within %s of its creation (retired ahead of GITHUB_IDLE_SECS, %s); its runner was removed, and a job still waiting gets another slot",
+				now.Sub(st.ClaimedAt).Round(time.Second), st.PickupDeadline.Sub(st.ClaimedAt).Round(time.Second)))
 		case st.Phase == assignment.Claimed && !st.Ready():
 			// The view may be behind the log: configure what the log holds.
 			if cur, err := h.cfg.Events.Get(ctx, st.Task); err != nil {
@@ -249,19 +249,20 @@ func (h *Slots) Reconcile(ctx context.Context, s *Session) error {
 // idleDue reports whether a slot's runner got no job and its idle deadline (GITHUB_IDLE_SECS,
 // the slot's pickup deadline) is near: Reconcile then retires it as Plan retires a slot no job
 // needs, its runner removed at GitHub first, so a runner that takes a job in that moment keeps
-// its slot. It retires a tenth of the idle time ahead, at most idleAhead: with the default
-// (10 min) a minute, so the reconcile after each long poll (GitHub holds one for up to 50 s)
-// comes before the deadline, which the scheduler's reconciler enforces without asking GitHub.
+// its slot. It retires idleAhead ahead: a minute, more than the longest gap between two
+// reconciles (one follows each long poll, which GitHub holds for up to 50 s), so it comes
+// before the deadline, which the scheduler's reconciler enforces without asking GitHub; at
+// most half the idle time (GITHUB_IDLE_SECS below 2 min), so a slot gets at least that long.
 func idleDue(st assignment.State, now time.Time) bool {
 	if !st.Active() || st.Phase == assignment.Running || st.GitHubJob != "" || st.PickupDeadline.IsZero() {
 		return false
 	}
-	ahead := min(st.PickupDeadline.Sub(st.ClaimedAt)/10, idleAhead)
+	ahead := min(st.PickupDeadline.Sub(st.ClaimedAt)/2, idleAhead)
 	return !now.Before(st.PickupDeadline.Add(-ahead))
 }
 
-// idleAhead is how long before its idle deadline at most Reconcile retires a slot.
-const idleAhead = 2 * time.Minute
+// idleAhead is how long before its idle deadline Reconcile retires a slot.
+const idleAhead = time.Minute
 
 // live are the live slots of set's scale set.
 func (h *Slots) live(set ScaleSet) []assignment.State {
