@@ -128,17 +128,7 @@ const (
 // every other process before it writes its own. What is returned is printable and at most
 // guestSaid bytes.
 func guestFailure(p string) string {
-	f, err := os.Open(p)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	if st, err := f.Stat(); err == nil && st.Size() > guestTail {
-		if _, err := f.Seek(st.Size()-guestTail, io.SeekStart); err != nil {
-			return ""
-		}
-	}
-	b, err := io.ReadAll(io.LimitReader(f, guestTail))
+	b, err := readTail(p, guestTail)
 	if err != nil {
 		return ""
 	}
@@ -193,14 +183,26 @@ func stopGroup(pgid int, done <-chan error) error {
 	}
 }
 
+// readTail reads at most the last n bytes of the file p.
+func readTail(p string, n int64) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil && st.Size() > n {
+		if _, err := f.Seek(st.Size()-n, io.SeekStart); err != nil {
+			return nil, err
+		}
+	}
+	return io.ReadAll(io.LimitReader(f, n))
+}
+
 // lastLines returns up to n last non-empty lines of the file p, joined with " | ".
 func lastLines(p string, n int) string {
-	b, err := os.ReadFile(p)
+	b, err := readTail(p, 8192)
 	if err != nil {
 		return ""
-	}
-	if len(b) > 8192 {
-		b = b[len(b)-8192:]
 	}
 	var lines []string
 	for l := range bytes.SplitSeq(b, []byte("\n")) {

@@ -84,6 +84,25 @@ func (b *slotBed) waitConfigured(t *testing.T, n int) {
 	}, 15*time.Second, 20*time.Millisecond, "%d jobs did not get %d configured slots", n, n)
 }
 
+// busyAndIdle makes two configured slots for two queued jobs, then stops the session and starts
+// the first job on the first slot's runner at GitHub without telling the session: the busy
+// slot's runner is running a job its messages have not told of, the idle one's none.
+func (b *slotBed) busyAndIdle(t *testing.T) (busy, idle assignment.State) {
+	t.Helper()
+	stop := run(t, b.sess)
+	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
+	require.NoError(t, err)
+	b.waitConfigured(t, 2)
+	stop()
+	slots := b.live()
+	busy, idle = slots[0], slots[1]
+	_, err = b.srv.StartJob(job, int(busy.RunnerID))
+	require.NoError(t, err)
+	return busy, idle
+}
+
 // dispatched drains the pod dispatch queue and returns the tasks it named.
 func (b *slotBed) dispatched(t *testing.T) []assignment.TaskID {
 	t.Helper()
@@ -295,17 +314,7 @@ func TestMalformedMessagesAreDropped(t *testing.T) {
 // one: GitHub refuses to remove a busy runner, and the slot is kept until its JobStarted.
 func TestSlotsKeepARunnerThatTookAJob(t *testing.T) {
 	b := newSlotBed(t, 4)
-	stop := run(t, b.sess)
-	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
-	require.NoError(t, err)
-	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
-	require.NoError(t, err)
-	b.waitConfigured(t, 2)
-	stop()
-	slots := b.live()
-	busy, idle := slots[0], slots[1]
-	_, err = b.srv.StartJob(job, int(busy.RunnerID))
-	require.NoError(t, err)
+	busy, idle := b.busyAndIdle(t)
 
 	// A message whose statistics count no assigned job, and that does not tell of the start.
 	require.NoError(t, b.slots.Handle(t.Context(), b.sess, &scaleset.RunnerScaleSetMessage{Statistics: &scaleset.RunnerScaleSetStatistic{}}))
@@ -331,17 +340,7 @@ func TestSlotsRetireIdleRunnersBeforeTheirDeadline(t *testing.T) {
 	b := newSlotBed(t, 4, func(_ *bed, c *github.SlotsConfig) {
 		c.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	})
-	stop := run(t, b.sess)
-	job, err := b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
-	require.NoError(t, err)
-	_, err = b.srv.QueueJob(githubtest.JobSpec{Labels: []string{"self-hosted", "pod"}})
-	require.NoError(t, err)
-	b.waitConfigured(t, 2)
-	stop()
-	slots := b.live()
-	busy, idle := slots[0], slots[1]
-	_, err = b.srv.StartJob(job, int(busy.RunnerID))
-	require.NoError(t, err)
+	busy, idle := b.busyAndIdle(t)
 
 	skew.Store(int64(8*time.Minute + 50*time.Second))
 	require.NoError(t, b.slots.Reconcile(t.Context(), b.sess))
