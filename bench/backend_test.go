@@ -201,16 +201,16 @@ func (n *noopBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.E
 	}
 }
 
-// Notify is Wait without a goroutine per environment, as a backend with one event stream for
-// all its environments has: the registration runs when the environment ends, an AfterFunc
-// when ctx is done.
-func (n *noopBackend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+// Notify is Wait without a goroutine or a context per environment, as a backend with one
+// event stream for all its environments has: the registration runs when the environment ends,
+// or when it is stopped.
+func (n *noopBackend) Notify(h podworker.Handle, ended func(podworker.Exit, error)) func(error) {
 	n.mu.Lock()
 	e, ok := n.envs[h.Task]
 	n.mu.Unlock()
 	if !ok || e.h.ID != h.ID {
 		go ended(podworker.Exit{}, podworker.ErrNotFound)
-		return
+		return func(error) {}
 	}
 	if e.waits.Add(1) == 2 {
 		n.doubles.Add(1)
@@ -222,11 +222,8 @@ func (n *noopBackend) Notify(ctx context.Context, h podworker.Handle, ended func
 			go ended(exit, err)
 		})
 	}
-	stop := context.AfterFunc(ctx, func() { report(podworker.Exit{}, ctx.Err()) })
-	e.onEnd(func() {
-		stop()
-		report(e.exit, nil)
-	})
+	e.onEnd(func() { report(e.exit, nil) })
+	return func(cause error) { report(podworker.Exit{}, cause) }
 }
 
 // Destroy ends the environment; one that is already gone is no error.

@@ -73,25 +73,36 @@ type Backend interface {
 
 // Notifier is implemented by backends that learn of their environments' ends from one stream
 // for all of them (the engine's event stream, an informer's watch) rather than from one
-// blocking Wait each. The worker then holds no goroutine per running environment: it
-// registers each one it watches and is called back when it ends.
+// blocking Wait each. The worker then holds no goroutine and no context per running
+// environment: it registers each one it watches and is called back when it ends.
 type Notifier interface {
 	// Notify calls ended exactly once, on a goroutine of its own (the backend never waits
-	// for it), with what Wait(ctx, h) would return: the environment's Exit once it ended, an
-	// error wrapping ErrNotFound once it is gone, or an error wrapping ctx's error once ctx is
-	// done, whichever comes first. Like Wait it works for handles from Start and adopted ones,
-	// and reports an environment that ended before Notify was called.
-	Notify(ctx context.Context, h Handle, ended func(Exit, error))
+	// for it), with what Wait would return: the environment's Exit once it ended, or an error
+	// wrapping ErrNotFound once it is gone; or with cause, as it is, once stop(cause) was
+	// called before either (context.Canceled for a nil cause). Like Wait it works for
+	// handles from Start and adopted ones, and reports an environment that ended before
+	// Notify was called. stop may be called from any goroutine, any number of times, also
+	// after ended was called (it then does nothing). A registration keeps no context of its
+	// own: the worker ends them all with stop when it stops.
+	Notify(h Handle, ended func(Exit, error)) (stop func(cause error))
 }
 
-// Await calls ended once with what b.Wait(ctx, h) returns: through b's Notify when b is a
-// Notifier, else from a goroutine that waits in Wait.
-func Await(ctx context.Context, b Backend, h Handle, ended func(Exit, error)) {
+// Await calls ended once with what b.Wait returns for h: through b's Notify when b is a
+// Notifier, else from a goroutine that waits in Wait. Once stop(cause) is called before the
+// environment ended, ended gets cause.
+func Await(b Backend, h Handle, ended func(Exit, error)) (stop func(cause error)) {
 	if n, ok := b.(Notifier); ok {
-		n.Notify(ctx, h, ended)
-		return
+		return n.Notify(h, ended)
 	}
-	go func() { ended(b.Wait(ctx, h)) }()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() {
+		exit, err := b.Wait(ctx, h)
+		if cause := context.Cause(ctx); cause != nil && err != nil {
+			err = cause
+		}
+		ended(exit, err)
+	}()
+	return cancel
 }
 
 // ErrNotFound reports a handle whose environment no longer exists.

@@ -146,7 +146,7 @@ func (w *Worker) renew(ctx context.Context) error {
 			if h, err = w.claim(ctx, x.e.key); err == nil && h.rev == 0 {
 				w.cfg.Log.Warn().Int64(logkey.TaskID, int64(x.task)).Str(logkey.Env, x.e.h.ID).Str("watcher", h.actor).
 					Msg("another worker adopted the environment while this one was cut off; no longer watching it")
-				x.e.cancel(errReleased)
+				w.release(x.e)
 				continue
 			}
 			rev = h.rev

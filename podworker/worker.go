@@ -97,15 +97,18 @@ type Worker struct {
 	handling atomic.Int64
 	mu       sync.Mutex
 	envs     map[assignment.TaskID]*env
-	wg       sync.WaitGroup
-	ready    chan struct{}
+	// stopped: Run is returning; environments are no longer watched (stopWatches).
+	stopped bool
+	wg      sync.WaitGroup
+	ready   chan struct{}
 }
 
 // env is an environment the worker watches, or a reservation (zero h and key) while one starts
 // or is being adopted.
 type env struct {
-	h      Handle
-	cancel context.CancelCauseFunc
+	h Handle
+	// stop ends the watch (Await), nil until it began; guarded by Worker.mu.
+	stop func(cause error)
 	// key is the environment's key in eventlog.BucketWorkers; rev the revision this worker last wrote
 	// there, 0 while it holds none (the claim failed; the next heartbeat claims it). rev is
 	// guarded by Worker.mu.
@@ -195,6 +198,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// watches the environments then.
 	defer w.leave(ctx)
 	defer w.wg.Wait()
+	defer w.stopWatches()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	w.wg.Go(func() { w.heartbeatLoop(ctx) })
@@ -583,8 +587,7 @@ func (w *Worker) owns(task assignment.TaskID) bool {
 // yet); the key is deleted once the environment is destroyed. The slot the environment holds
 // is released at the end.
 func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot bool, rev uint64) {
-	wctx, cancel := context.WithCancelCause(ctx)
-	e := &env{h: h, cancel: cancel, key: envKey(st.Task, st.Epoch()), rev: rev, until: st.LeaseExpires}
+	e := &env{h: h, key: envKey(st.Task, st.Epoch()), rev: rev, until: st.LeaseExpires}
 	w.mu.Lock()
 	w.envs[st.Task] = e
 	w.mu.Unlock()
@@ -593,18 +596,52 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 	if cur, ok := w.view.Get(st.Task); ok && cur.Epoch() == st.Epoch() && cur.Active() {
 		w.renewIdentity(e, cur)
 	}
-	// No goroutine waits while the environment runs when the backend is a Notifier: ended
-	// runs once it ended. What waits keeps only what it needs of st.
+	// No goroutine and no context waits while the environment runs when the backend is a
+	// Notifier: ended runs once it ended, or once the watch is stopped (stopWatches,
+	// errReleased). What waits keeps only what it needs of st.
 	a := watched{task: st.Task, epoch: st.Epoch(), seq: st.Seq}
 	w.wg.Add(1)
-	Await(wctx, w.backend, h, func(exit Exit, err error) {
+	stop := Await(w.backend, h, func(exit Exit, err error) {
 		defer w.wg.Done()
 		if slot {
 			defer func() { <-w.slots }()
 		}
-		defer cancel(nil)
-		w.envEnded(ctx, wctx, a, e, exit, err)
+		w.envEnded(ctx, a, e, exit, err)
 	})
+	w.mu.Lock()
+	e.stop = stop
+	stopped := w.stopped
+	w.mu.Unlock()
+	if stopped { // the worker stopped while this environment started
+		stop(context.Canceled)
+	}
+}
+
+// stopWatches stops watching every environment, so Run can return: each keeps running, to be
+// adopted on restart. Environments watched from now on are stopped at once.
+func (w *Worker) stopWatches() {
+	w.mu.Lock()
+	w.stopped = true
+	var stops []func(error)
+	for _, e := range w.envs {
+		if e.stop != nil {
+			stops = append(stops, e.stop)
+		}
+	}
+	w.mu.Unlock()
+	for _, stop := range stops {
+		stop(context.Canceled)
+	}
+}
+
+// release stops watching e: another worker holds its key (errReleased).
+func (w *Worker) release(e *env) {
+	w.mu.Lock()
+	stop := e.stop
+	w.mu.Unlock()
+	if stop != nil {
+		stop(errReleased)
+	}
 }
 
 // watched is what watch keeps of the assignment whose environment it watches.
@@ -615,9 +652,9 @@ type watched struct {
 }
 
 // envEnded fails a's assignment if its job had not completed when its environment e ended
-// (exit, or err from the backend's wait), destroys the environment and deletes its key. wctx
-// is the wait's context: ctx's, or cancelled with errReleased when another worker adopted e.
-func (w *Worker) envEnded(ctx, wctx context.Context, a watched, e *env, exit Exit, err error) {
+// (exit, or err from the backend's wait), destroys the environment and deletes its key. err
+// is errReleased when another worker adopted e, and context.Canceled when the worker stopped.
+func (w *Worker) envEnded(ctx context.Context, a watched, e *env, exit Exit, err error) {
 	h := e.h
 	logger := w.cfg.Log.With().Int64(logkey.TaskID, int64(a.task)).Uint64(logkey.Epoch, uint64(a.epoch)).Str(logkey.Env, h.ID).Logger()
 	if ctx.Err() != nil {
@@ -625,7 +662,7 @@ func (w *Worker) envEnded(ctx, wctx context.Context, a watched, e *env, exit Exi
 		// in envs for leave to delete its key.
 		return
 	}
-	if errors.Is(context.Cause(wctx), errReleased) {
+	if errors.Is(err, errReleased) {
 		// Another worker adopted it (this one was cut off from NATS): the key is its.
 		w.unwatch(a.task, e)
 		return

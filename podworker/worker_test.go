@@ -147,14 +147,14 @@ func (m *memBackend) Wait(ctx context.Context, h podworker.Handle) (podworker.Ex
 }
 
 // Notify is Wait without a goroutine per environment: the registration is called when the
-// environment ends, or an AfterFunc of ctx when ctx is done. It counts in watchers as Wait does.
-func (m *memBackend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+// environment ends, or when it is stopped. It counts in watchers as Wait does.
+func (m *memBackend) Notify(h podworker.Handle, ended func(podworker.Exit, error)) func(error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.envs[h.ID]
 	if !ok {
 		go ended(podworker.Exit{}, podworker.ErrNotFound)
-		return
+		return func(error) {}
 	}
 	m.waiting[h.ID]++
 	var once sync.Once
@@ -166,11 +166,8 @@ func (m *memBackend) Notify(ctx context.Context, h podworker.Handle, ended func(
 			go ended(exit, err)
 		})
 	}
-	stop := context.AfterFunc(ctx, func() { done(podworker.Exit{}, ctx.Err()) })
-	e.notify = append(e.notify, func(exit podworker.Exit) {
-		stop()
-		done(exit, nil)
-	})
+	e.notify = append(e.notify, func(exit podworker.Exit) { done(exit, nil) })
+	return func(cause error) { done(podworker.Exit{}, cause) }
 }
 
 func (m *memBackend) Destroy(_ context.Context, h podworker.Handle) error {
@@ -246,9 +243,9 @@ func (s *share) Wait(ctx context.Context, h podworker.Handle) (podworker.Exit, e
 	return s.memBackend.Wait(ctx, h)
 }
 
-func (s *share) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+func (s *share) Notify(h podworker.Handle, ended func(podworker.Exit, error)) func(error) {
 	s.waiting.Add(1)
-	s.memBackend.Notify(ctx, h, func(exit podworker.Exit, err error) {
+	return s.memBackend.Notify(h, func(exit podworker.Exit, err error) {
 		s.waiting.Add(-1)
 		ended(exit, err)
 	})

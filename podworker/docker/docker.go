@@ -298,7 +298,7 @@ func (b *Backend) Name() string { return backendName }
 
 // Close stops the event stream that serves Notify and releases the backend's idle connections
 // to the engine. Environments keep running; a Notify registration still pending ends only with
-// its context. It is idempotent.
+// its stop. It is idempotent.
 func (b *Backend) Close() error {
 	b.notes.close()
 	b.eng.close()

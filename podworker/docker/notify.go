@@ -20,22 +20,26 @@ import (
 
 var _ podworker.Notifier = (*Backend)(nil)
 
-// Notify calls ended once, on a goroutine of its own, with what Wait(ctx, h) would return:
-// the container's Exit once it stopped, an error wrapping podworker.ErrNotFound once it is
-// gone, or an error wrapping ctx's error once ctx is done. Every registration is served by
+// Notify calls ended once, on a goroutine of its own, with what Wait would return: the
+// container's Exit once it stopped, or an error wrapping podworker.ErrNotFound once it is
+// gone; or with cause, as it is, once stop(cause) was called before either (a nil cause is
+// reported as context.Canceled, as podworker.Await reports it). stop may be called from any
+// goroutine, any number of times; once the end was reported it does nothing. While the event
+// stream serves it, a registration holds no context and no goroutine of its own (when the
+// engine refuses the stream, each is waited on as Wait does). Every registration is served by
 // one subscription to the engine's event stream (die, oom and destroy events of the
 // backend's scope), opened on the first Notify and closed once no registration is left; the
 // container is inspected once after subscribing, so one that ended before Notify is reported
 // at once. While the engine cannot be reached the stream reconnects (pausing up to 5 s, as
 // Wait retries) and then inspects every registered container once: an environment is never
 // reported lost because the engine restarted.
-func (b *Backend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+func (b *Backend) Notify(h podworker.Handle, ended func(podworker.Exit, error)) (stop func(cause error)) {
 	ref, err := b.checkHandle(h)
 	if err != nil {
 		go ended(podworker.Exit{}, err)
-		return
+		return func(error) {}
 	}
-	b.notes.add(ctx, h, ref, ended)
+	return b.notes.add(h, ref, ended)
 }
 
 // defaultReplay is how far back each subscription asks the engine to replay events from.
@@ -60,7 +64,11 @@ type notifier struct {
 	// (tests), is called before each with its number.
 	inspections   atomic.Int64
 	beforeInspect func(int64)
-	// wg counts the stream's goroutine and the inspections under way.
+	// ctx ends the inspections and the Waits of the fallback; close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// wg counts the stream's goroutine, the inspections under way and the Waits of the
+	// fallback.
 	wg sync.WaitGroup
 
 	mu sync.Mutex
@@ -83,36 +91,39 @@ type stream struct {
 	hangUp    context.CancelFunc
 }
 
-// registration is one Notify call.
+// registration is one Notify call. It holds no context: the inspections run under the
+// notifier's, and stop ends it through finish.
 type registration struct {
 	h   podworker.Handle
 	ref string
 	// since is when Notify was called, in Unix nanoseconds: events from before it only
 	// trigger an inspection.
 	since int64
-	// ctx is the caller's context, cancelled once the registration is reported.
-	ctx    context.Context
-	cancel context.CancelFunc
-	ended  func(podworker.Exit, error)
+	ended func(podworker.Exit, error)
 
 	// Under notifier.mu.
-	stopAfter func() bool // stops the AfterFunc of the caller's context
-	done      bool
-	checking  bool // an inspection is under way
-	recheck   bool // an event came during it: inspect again
-	died      bool // a die event came, with exitCode
-	exitCode  int
-	oom       bool
+	done     bool
+	checking bool // an inspection is under way
+	recheck  bool // an event came during it: inspect again
+	died     bool // a die event came, with exitCode
+	exitCode int
+	oom      bool
+	// stopWait, once the engine refused the event stream, ends the Wait that serves r.
+	stopWait context.CancelFunc
 }
 
 func newNotifier(b *Backend) *notifier {
-	return &notifier{b: b, replay: defaultReplay, recheck: recheckEvery, regs: make(map[string]map[*registration]struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &notifier{
+		b: b, replay: defaultReplay, recheck: recheckEvery,
+		ctx: ctx, cancel: cancel,
+		regs: make(map[string]map[*registration]struct{}),
+	}
 }
 
-// add registers a Notify call.
-func (n *notifier) add(ctx context.Context, h podworker.Handle, ref string, ended func(podworker.Exit, error)) {
-	rctx, cancel := context.WithCancel(ctx)
-	r := &registration{h: h, ref: ref, since: time.Now().UnixNano(), ctx: rctx, cancel: cancel, ended: ended}
+// add registers a Notify call and returns its stop.
+func (n *notifier) add(h podworker.Handle, ref string, ended func(podworker.Exit, error)) (stop func(cause error)) {
+	r := &registration{h: h, ref: ref, since: time.Now().UnixNano(), ended: ended}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	set := n.regs[ref]
@@ -122,19 +133,21 @@ func (n *notifier) add(ctx context.Context, h podworker.Handle, ref string, ende
 	}
 	set[r] = struct{}{}
 	n.count++
-	// AfterFunc runs its function on a goroutine of its own, and only when ctx ends.
-	r.stopAfter = context.AfterFunc(ctx, func() {
-		n.finish(r, podworker.Exit{}, fmt.Errorf("docker: wait %s: %w", h.ID, ctx.Err()))
-	})
 	switch {
 	case n.closed:
-		// Closed: only ctx ends the registration.
+		// Closed: only stop ends the registration.
 	case n.refused != nil:
 		n.waitLocked(r)
 	case n.cur == nil:
 		n.startLocked() // it inspects every registration once subscribed
 	case n.cur.connected:
 		n.checkLocked(r)
+	}
+	return func(cause error) {
+		if cause == nil {
+			cause = context.Canceled
+		}
+		n.finish(r, podworker.Exit{}, cause)
 	}
 }
 
@@ -147,8 +160,9 @@ func (n *notifier) finish(r *registration, exit podworker.Exit, err error) {
 		return
 	}
 	r.done = true
-	r.stopAfter()
-	r.cancel()
+	if r.stopWait != nil {
+		r.stopWait()
+	}
 	set := n.regs[r.ref]
 	delete(set, r)
 	if len(set) == 0 {
@@ -282,15 +296,19 @@ func (n *notifier) fallBack(s *stream, err error) {
 	}
 }
 
-// waitLocked reports r's end as Wait finds it, on a goroutine of its own.
+// waitLocked reports r's end as Wait finds it, on a goroutine of its own. The Wait's
+// context, made now, ends with r (finish cancels it) or with close.
 func (n *notifier) waitLocked(r *registration) {
 	if r.done {
 		return
 	}
+	ctx, cancel := context.WithCancel(n.ctx)
+	r.stopWait = cancel
 	n.wg.Go(func() {
-		exit, err := n.b.Wait(r.ctx, r.h)
-		if r.ctx.Err() != nil {
-			return // reported already, or ctx ended and its AfterFunc reports
+		defer cancel()
+		exit, err := n.b.Wait(ctx, r.h)
+		if ctx.Err() != nil {
+			return // reported already, or closed: only stop reports it now
 		}
 		n.finish(r, exit, err)
 	})
@@ -336,17 +354,18 @@ func (n *notifier) checkLocked(r *registration) {
 }
 
 // check inspects r's container and reports its end, if it ended. It retries while the
-// engine cannot be reached, until r ends.
+// engine cannot be reached, until r is reported or the notifier closed.
 func (n *notifier) check(r *registration) {
 	for pause := 100 * time.Millisecond; ; pause = min(2*pause, maxWaitRetry) {
 		if i := n.inspections.Add(1); n.beforeInspect != nil {
 			n.beforeInspect(i)
 		}
-		c, err := n.b.inspect(r.ctx, r.ref)
-		if r.ctx.Err() != nil {
-			return // reported already, or ctx ended and its AfterFunc reports
-		}
+		c, err := n.b.inspect(n.ctx, r.ref)
 		n.mu.Lock()
+		if n.abandonLocked(r) {
+			n.mu.Unlock()
+			return
+		}
 		again := r.recheck // an event came during the inspection
 		r.recheck = false
 		exit, eerr, ended := r.settle(c, err)
@@ -366,10 +385,24 @@ func (n *notifier) check(r *registration) {
 		}
 		n.mu.Unlock()
 		n.b.envLog(r.h).Warn().Err(err).Dur("retry_in", pause).Msg("inspect on the engine failed; retrying")
-		if clock.Sleep(r.ctx, pause) != nil {
+		_ = clock.Sleep(n.ctx, pause) // a close ends it early, and abandonLocked sees it
+		n.mu.Lock()
+		abandon := n.abandonLocked(r)
+		n.mu.Unlock()
+		if abandon {
 			return
 		}
 	}
+}
+
+// abandonLocked reports whether r's inspection is to be given up, marking it ended: r was
+// reported already (stopped, or ended) or the notifier closed. The caller holds notifier.mu.
+func (n *notifier) abandonLocked(r *registration) bool {
+	if r.done || n.ctx.Err() != nil {
+		r.checking = false
+		return true
+	}
+	return false
 }
 
 // settle is how r ended by the inspection of its container (c, or err), as Wait reports it;
@@ -408,8 +441,9 @@ func exitOf(c container.InspectResponse) (exit podworker.Exit, ended bool) {
 	return podworker.Exit{Code: c.State.ExitCode, Reason: "exited"}, true
 }
 
-// close stops the event stream and waits for its goroutines. Registrations still pending
-// end only with their contexts.
+// close stops the event stream, the inspections and the Waits of the fallback, and waits for
+// their goroutines. Registrations still pending end only with their stop (the worker stops
+// them); none is reported ended for the close. It is idempotent.
 func (n *notifier) close() {
 	n.mu.Lock()
 	n.closed = true
@@ -417,11 +451,7 @@ func (n *notifier) close() {
 		n.cur.stop()
 		n.cur = nil
 	}
-	for _, set := range n.regs {
-		for r := range set {
-			r.cancel() // their inspections end; AfterFunc still reports ctx's end
-		}
-	}
 	n.mu.Unlock()
+	n.cancel()
 	n.wg.Wait()
 }

@@ -2,6 +2,7 @@ package docker_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -84,19 +85,25 @@ func TestNotifyOneStream(t *testing.T) {
 	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions")
 }
 
-// TestNotifyContextEnds: a registration whose context ends is reported with ctx's error and the
-// environment runs on; a context that ended before Notify is reported at once.
-func TestNotifyContextEnds(t *testing.T) {
+// errStopped is the cause the tests stop registrations with.
+var errStopped = errors.New("docker test: registration stopped")
+
+// TestNotifyStopped: a stopped registration is reported with the stop's cause, as it is, and the
+// environment runs on; stopping it again, or after its end, does nothing; a registration
+// stopped right after Notify is reported at once, and a nil cause as context.Canceled.
+func TestNotifyStopped(t *testing.T) {
 	image := testImage(t)
 	b := newBackend(t, image, t.TempDir(), testScope(t), nil)
 	h := startT(t, b, fakeSpec(60, "forever"))
-	ctx, cancel := context.WithCancel(ctxT(t))
-	ch := podworkertest.Notified(t, ctx, b, h)
+	var stop func(error)
+	ch := podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { stop = b.Notify(h, ended) })
 	require.Eventually(t, func() bool { return docker.EventSubscriptions(b) == 1 }, testTimeout, 10*time.Millisecond, "no subscription")
 	podworkertest.RequireNoEnd(t, ch, h.ID)
-	cancel()
-	e := podworkertest.Receive(t, testTimeout, ch, "cancelled")
-	assert.ErrorIs(t, e.Err, context.Canceled, "Notify after its context was cancelled = %+v", e.Exit)
+	stop(errStopped)
+	stop(context.Canceled) // reported once (Ends fails the test otherwise), with the first cause
+	e := podworkertest.Receive(t, testTimeout, ch, "stopped")
+	assert.ErrorIs(t, e.Err, errStopped, "Notify after its stop = %+v", e.Exit)
+	assert.Same(t, errStopped, e.Err, "the stop's cause, as it is")
 	assert.Eventually(t, func() bool { return !docker.EventsRunning(b) }, testTimeout, 10*time.Millisecond, "the event stream runs on with no registration")
 
 	short, cancelShort := context.WithTimeout(ctxT(t), 300*time.Millisecond)
@@ -104,10 +111,22 @@ func TestNotifyContextEnds(t *testing.T) {
 	_, err := b.Wait(short, h)
 	assert.ErrorIs(t, err, context.DeadlineExceeded, "the environment stopped with its registration")
 
-	done, cancelDone := context.WithCancel(ctxT(t))
-	cancelDone()
-	e = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, done, b, h), "context ended before Notify")
-	assert.ErrorIs(t, e.Err, context.Canceled, "Notify with an ended context = %+v", e.Exit)
+	ch = podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { b.Notify(h, ended)(errStopped) })
+	e = podworkertest.Receive(t, testTimeout, ch, "stopped right after Notify")
+	assert.ErrorIs(t, e.Err, errStopped, "Notify stopped at once = %+v", e.Exit)
+
+	ch = podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { b.Notify(h, ended)(nil) })
+	e = podworkertest.Receive(t, testTimeout, ch, "stopped with no cause")
+	assert.ErrorIs(t, e.Err, context.Canceled, "Notify stopped with a nil cause = %+v", e.Exit)
+
+	// Stopping after the end does nothing.
+	var stopEnded func(error)
+	ch = podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { stopEnded = b.Notify(h, ended) })
+	require.NoError(t, b.Destroy(ctxT(t), h))
+	e = podworkertest.Receive(t, testTimeout, ch, "destroyed")
+	require.NoError(t, e.Err, "destroyed")
+	stopEnded(errStopped)
+	podworkertest.RequireNoEnd(t, ch, "stopped after its end")
 }
 
 // TestNotifyRemoved: a container removed while registered reports its exit, as Wait does when
@@ -179,7 +198,7 @@ func TestNotifyReconnects(t *testing.T) {
 }
 
 // TestNotifyUnreachableEngine: while the engine cannot be reached, a registration is not
-// reported lost; it ends with its context.
+// reported lost; it ends with its stop (here when the context of Notified ends).
 func TestNotifyUnreachableEngine(t *testing.T) {
 	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), func(c *docker.Config) {
 		c.Socket = filepath.Join(t.TempDir(), "absent.sock")
@@ -196,8 +215,13 @@ func TestNotifyUnreachableEngine(t *testing.T) {
 // TestNotifyRejectsBadHandles: Notify refuses what Wait refuses.
 func TestNotifyRejectsBadHandles(t *testing.T) {
 	b := newBackend(t, "sha256:"+strings.Repeat("ab", 32), t.TempDir(), testScope(t), nil)
-	e := podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, t.Context(), b, podworker.Handle{Backend: "docker", ID: "../etc"}), "bad handle")
+	bad := podworker.Handle{Backend: "docker", ID: "../etc"}
+	var stop func(error)
+	ch := podworkertest.Ends(t, bad, func(ended func(podworker.Exit, error)) { stop = b.Notify(bad, ended) })
+	e := podworkertest.Receive(t, testTimeout, ch, "bad handle")
 	assert.ErrorIs(t, e.Err, docker.ErrInvalidHandle, "Notify of a bad handle")
+	stop(errStopped) // does nothing: reported already
+	podworkertest.RequireNoEnd(t, ch, "bad handle stopped after its end")
 }
 
 // TestNotifyRemovedBeforeInspection: a container removed before the inspection its die event
@@ -322,4 +346,51 @@ func TestNotifyEventsRefused(t *testing.T) {
 		assert.ErrorIs(t, e.Err, podworker.ErrNotFound, "destroyed: want an exit or not found, as Wait")
 	}
 	assert.EqualValues(t, 1, docker.EventSubscriptions(b), "subscriptions after the engine refused the stream")
+}
+
+// TestNotifyClosed: Close reports no registration ended, neither one served by the event stream
+// nor one waited on because the engine refused it, nor one made after Close; each still ends
+// with its stop, with the stop's cause.
+func TestNotifyClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		task    assignment.TaskID
+		refused bool
+	}{
+		{name: "event stream", task: 73},
+		{name: "events refused", task: 74, refused: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			image := testImage(t)
+			var edit func(*docker.Config)
+			if tc.refused {
+				sock := eventsRefusingProxy(t)
+				edit = func(c *docker.Config) { c.Socket = sock }
+			}
+			b := newBackend(t, image, t.TempDir(), testScope(t), edit)
+			h := startT(t, b, fakeSpec(tc.task, "forever"))
+			var stop func(error)
+			ch := podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { stop = b.Notify(h, ended) })
+			if tc.refused {
+				require.Eventually(t, func() bool { return docker.EventSubscriptions(b) >= 1 && !docker.EventsRunning(b) },
+					testTimeout, 10*time.Millisecond, "the refused event stream is still followed")
+			} else {
+				require.Eventually(t, func() bool { return docker.Inspections(b) >= 1 && !docker.Inspecting(b) },
+					testTimeout, 10*time.Millisecond, "no inspection after subscribing")
+			}
+			require.NoError(t, b.Close())
+			var stopLater func(error)
+			later := podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { stopLater = b.Notify(h, ended) })
+			assert.Never(t, func() bool { return len(ch) > 0 || len(later) > 0 }, 500*time.Millisecond, 10*time.Millisecond,
+				"an end reported for Close")
+			assert.Zero(t, streamGoroutines(), "goroutines following the event stream after Close")
+
+			stop(errStopped)
+			e := podworkertest.Receive(t, testTimeout, ch, "stopped after Close")
+			assert.ErrorIs(t, e.Err, errStopped, "stopped after Close = %+v", e.Exit)
+			stopLater(errStopped)
+			e = podworkertest.Receive(t, testTimeout, later, "made after Close, stopped")
+			assert.ErrorIs(t, e.Err, errStopped, "made after Close, stopped = %+v", e.Exit)
+		})
+	}
 }

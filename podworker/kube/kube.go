@@ -140,7 +140,8 @@ type Config struct {
 	// PhaseChange), synchronously and in order, with Wait's ctx. It must return quickly (bound
 	// its I/O with a timeout) and handle its errors itself: Wait waits for it. Notify calls it
 	// the same way, in order for each Pod and before the registration's ended, from a
-	// goroutine of the registration's (never the shared informer's).
+	// goroutine of the registration's (never the shared informer's), with the shared
+	// informer's ctx, which is done only once every registration's calls have returned.
 	OnPhase func(ctx context.Context, h podworker.Handle, c PhaseChange)
 	// Log receives the backend's events.
 	Log zerolog.Logger

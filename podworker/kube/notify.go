@@ -20,24 +20,27 @@ var _ podworker.Notifier = (*Backend)(nil)
 // goroutine waits for; a GET that times out is retried.
 const lookUpTimeout = 30 * time.Second
 
-// Notify calls ended once, on a goroutine of its own, with what Wait(ctx, h) would return:
-// the Pod's Exit once it ended, an error wrapping podworker.ErrNotFound (with Exit reason
-// "deleted") once it is gone or replaced by a newer Pod of the same name, or an error wrapping
-// ctx's error once ctx is done. Every registration is served by one informer: a single list
-// and watch of the backend's Pods (Selector) in the namespace, started by the first Notify and
-// stopped when no registration is left. A Pod that ended or is gone before Notify is reported
-// at once. While the apiserver cannot be reached the informer retries and nothing is reported;
-// when it relists, Pods deleted meanwhile are reported gone. A Pod whose labels are removed
-// leaves the informer's view and is reported gone, unlike Wait, which watches it by name.
-// Phase changes go to Config.OnPhase as Wait reports them, in order for each Pod, with ctx,
-// before ended is called.
-func (b *Backend) Notify(ctx context.Context, h podworker.Handle, ended func(podworker.Exit, error)) {
+// Notify calls ended once, on a goroutine of its own, with what Wait would return: the Pod's
+// Exit once it ended, or an error wrapping podworker.ErrNotFound (with Exit reason "deleted")
+// once it is gone or replaced by a newer Pod of the same name; or with cause, as it is, once
+// stop(cause) was called before either (context.Canceled for a nil cause). stop may be called
+// any number of times, from any goroutine; once ended was called it does nothing. Every
+// registration is served by one informer: a single list and watch of the backend's Pods
+// (Selector) in the namespace, started by the first Notify and stopped when no registration
+// is left; a registration keeps no context or goroutine of its own. A Pod that ended or is
+// gone before Notify is reported at once. While the apiserver cannot be reached the informer
+// retries and nothing is reported; when it relists, Pods deleted meanwhile are reported gone.
+// A Pod whose labels are removed leaves the informer's view and is reported gone, unlike
+// Wait, which watches it by name. Phase changes go to Config.OnPhase as Wait reports them, in
+// order for each Pod, before ended is called, with the informer's ctx: it is done only once
+// the informer stopped, which it does after the OnPhase calls of its last registration.
+func (b *Backend) Notify(h podworker.Handle, ended func(podworker.Exit, error)) (stop func(cause error)) {
 	uid, err := checkHandle(h)
 	if err != nil {
 		go ended(podworker.Exit{}, err)
-		return
+		return func(error) {}
 	}
-	r := &registration{ctx: ctx, h: h, uid: uid, ended: ended}
+	r := &registration{h: h, uid: uid, ended: ended}
 	r.ph = &phases{h: h, uid: uid}
 	w := &b.notifier
 	if b.onPhase != nil {
@@ -46,32 +49,28 @@ func (b *Backend) Notify(ctx context.Context, h podworker.Handle, ended func(pod
 		}
 	}
 	w.register(b, r)
-	stop := context.AfterFunc(ctx, func() {
+	return func(cause error) {
+		if cause == nil {
+			cause = context.Canceled
+		}
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		w.finish(r, podworker.Exit{}, fmt.Errorf("kube: wait %s: %w", h.ID, ctx.Err()))
-	})
-	w.mu.Lock()
-	r.stop = stop
-	if r.done {
-		stop()
+		w.finish(r, podworker.Exit{}, cause)
 	}
-	w.mu.Unlock()
 }
 
-// registration is one Notify call.
+// registration is one Notify call. It stays in the notifier's registrations, and keeps the
+// informer running, until its queue reaches ended.
 type registration struct {
-	ctx   context.Context
 	h     podworker.Handle
 	uid   string // the handle's Pod UID, "" when it has none
 	ended func(podworker.Exit, error)
 	// The rest is guarded by notifier.mu.
 	ph      *phases
-	stop    func() bool // stops the AfterFunc on ctx
-	done    bool        // ended is queued; nothing more is
-	queue   []func()    // OnPhase calls, then ended: run in order by one goroutine at a time
-	running bool        // a goroutine runs queue
-	seen    bool        // the informer showed the handle's Pod
+	done    bool     // ended is queued; nothing more is
+	queue   []func() // OnPhase calls, then ended: run in order by one goroutine at a time
+	running bool     // a goroutine runs queue
+	seen    bool     // the informer showed the handle's Pod
 }
 
 // notifier serves every Notify of a Backend: its registrations and the informer.
@@ -83,9 +82,13 @@ type notifier struct {
 
 // informer is one run of the shared informer, from the first registration to the last.
 type informer struct {
-	stop  chan struct{} // closed to stop it
-	kick  chan struct{} // wakes its run loop for pending (buffered, one)
-	store cache.Store
+	// ctx is done once the informer is stopped (cancel): it bounds the informer's list and
+	// watch and its look-ups, and is the ctx of every registration's OnPhase calls. All
+	// registrations share it; none has a context of its own.
+	ctx    context.Context
+	cancel context.CancelFunc
+	kick   chan struct{} // wakes its run loop for pending (buffered, one)
+	store  cache.Store
 	// pending are registrations whose Pod the store did not show yet, or showed as another
 	// Pod of the same name: the run loop looks them up once the store has synced. unseen are
 	// those whose Pod the apiserver had and the informer had not seen yet: they are looked
@@ -124,7 +127,6 @@ func (w *notifier) register(b *Backend, r *registration) {
 func (w *notifier) start(b *Backend) *informer {
 	lw := cache.NewFilteredListWatchFromClient(b.client.CoreV1().RESTClient(), "pods", b.ns,
 		func(o *metav1.ListOptions) { o.LabelSelector = selector })
-	stop := make(chan struct{})
 	var store cache.Store
 	store, ctl := cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: lw,
@@ -135,18 +137,19 @@ func (w *notifier) start(b *Backend) *informer {
 			DeleteFunc: func(obj any) { w.deleted(obj) },
 		},
 	})
-	inf := &informer{stop: stop, kick: make(chan struct{}, 1), store: store}
+	ctx, cancel := context.WithCancel(context.Background())
+	inf := &informer{ctx: ctx, cancel: cancel, kick: make(chan struct{}, 1), store: store}
 	go w.run(b, inf, ctl)
 	return inf
 }
 
-// run runs the informer until stop is closed and looks up pending registrations whenever
+// run runs the informer until it is stopped and looks up pending registrations whenever
 // kicked, once the informer has synced.
 func (w *notifier) run(b *Backend, inf *informer, ctl cache.Controller) {
 	var wg sync.WaitGroup
-	wg.Go(func() { ctl.Run(inf.stop) })
+	wg.Go(func() { ctl.Run(inf.ctx.Done()) })
 	defer wg.Wait()
-	if !cache.WaitForCacheSync(inf.stop, ctl.HasSynced) {
+	if !cache.WaitForCacheSync(inf.ctx.Done(), ctl.HasSynced) {
 		return
 	}
 	pause := 100 * time.Millisecond
@@ -155,7 +158,7 @@ func (w *notifier) run(b *Backend, inf *informer, ctl cache.Controller) {
 	defer recheck.Stop()
 	for {
 		select {
-		case <-inf.stop:
+		case <-inf.ctx.Done():
 			return
 		case <-inf.kick:
 		case <-retry:
@@ -195,13 +198,14 @@ func (w *notifier) lookUp(b *Backend, inf *informer) bool {
 			continue
 		}
 		w.mu.Unlock()
-		gctx, cancel := context.WithTimeout(r.ctx, lookUpTimeout)
+		gctx, cancel := context.WithTimeout(inf.ctx, lookUpTimeout)
 		pod, err := b.client.CoreV1().Pods(b.ns).Get(gctx, r.h.ID, metav1.GetOptions{})
 		cancel()
 		w.mu.Lock()
 		switch {
-		case r.done || r.ctx.Err() != nil:
-			// Ended meanwhile, or its ctx's AfterFunc ends it.
+		case r.done:
+			// Ended or stopped meanwhile (the informer stops only once every registration
+			// is done).
 		case err != nil && !apierrors.IsNotFound(err) && transient(err):
 			b.envLog(r.h).Warn().Err(err).Msg("get pod failed; retrying")
 			inf.pending = append(inf.pending, r)
@@ -215,14 +219,14 @@ func (w *notifier) lookUp(b *Backend, inf *informer) bool {
 				break
 			}
 			if err != nil {
-				r.ph.gone(r.ctx, "")
+				r.ph.gone(inf.ctx, "")
 				w.finishGone(r, nil)
 				break
 			}
 			if r.uid != "" && string(pod.UID) != r.uid {
 				// The apiserver's Pod of that name is another one: names are unique, so the
 				// handle's is gone.
-				r.ph.gone(r.ctx, reasonReplaced)
+				r.ph.gone(inf.ctx, reasonReplaced)
 				w.finishGone(r, nil)
 				break
 			}
@@ -282,6 +286,9 @@ func (w *notifier) observe(r *registration, pod *corev1.Pod, gone bool) {
 	if r.done {
 		return
 	}
+	// r is registered, so the informer runs: the current one, as it stops only once no
+	// registration is left (a stopped one may still deliver an event it had queued).
+	ctx := w.cur.ctx
 	switch {
 	case r.uid != "" && string(pod.UID) != r.uid:
 		// Another Pod of the same name: a newer one that replaced the handle's, or an older
@@ -290,15 +297,15 @@ func (w *notifier) observe(r *registration, pod *corev1.Pod, gone bool) {
 		w.verifyLocked(r)
 		return
 	case gone:
-		r.ph.saw(r.ctx, pod)
-		r.ph.gone(r.ctx, "")
+		r.ph.saw(ctx, pod)
+		r.ph.gone(ctx, "")
 		w.finishGone(r, pod)
 		return
 	}
 	r.seen = true
-	r.ph.saw(r.ctx, pod)
+	r.ph.saw(ctx, pod)
 	if exit, done := exitOf(pod); done {
-		r.ph.ended(r.ctx, pod)
+		r.ph.ended(ctx, pod)
 		w.finish(r, exit, nil)
 	}
 }
@@ -348,24 +355,26 @@ func storedPod(store cache.Store, ns string, r *registration) (*corev1.Pod, bool
 	return pod, true
 }
 
-// finish queues r's ended call, removes r, and stops the informer when no registration is
-// left; w.mu is held.
+// finish queues r's ended call after its OnPhase calls; w.mu is held. The queue's goroutine
+// removes r before it calls ended.
 func (w *notifier) finish(r *registration, exit podworker.Exit, err error) {
 	if r.done {
 		return
 	}
 	r.done = true
-	if r.stop != nil {
-		r.stop()
-	}
 	w.enqueue(r, func() { r.ended(exit, err) })
+}
+
+// remove removes r, whose OnPhase calls have run, and stops the informer when no registration
+// is left; w.mu is held.
+func (w *notifier) remove(r *registration) {
 	regs := w.regs[r.h.ID]
 	delete(regs, r)
 	if len(regs) == 0 {
 		delete(w.regs, r.h.ID)
 	}
 	if len(w.regs) == 0 && w.cur != nil {
-		close(w.cur.stop)
+		w.cur.cancel()
 		w.cur = nil
 	}
 }
@@ -400,6 +409,10 @@ func (w *notifier) drain(r *registration) {
 		f := r.queue[0]
 		r.queue[0] = nil
 		r.queue = r.queue[1:]
+		if r.done && len(r.queue) == 0 {
+			// f is ended, queued last: r needs the informer no more.
+			w.remove(r)
+		}
 		w.mu.Unlock()
 		f()
 	}

@@ -2,6 +2,7 @@ package kube_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -140,31 +141,56 @@ func (e *env) testNotifyOneWatch(t *testing.T) {
 	pollT(t, "the informer stopped", func() bool { return kubeGoroutines() <= before })
 }
 
-// testNotifyCancelled checks a registration whose ctx is cancelled: ended says so, once, and
-// the Pod is left alone.
+// errStopped is the cause testNotifyCancelled stops registrations with.
+var errStopped = errors.New("kube_test: registration stopped")
+
+// notifyStop registers h with b.Notify, as podworkertest.Notified does, and returns the
+// registration's stop.
+func notifyStop(t *testing.T, b *kube.Backend, h podworker.Handle) (<-chan podworkertest.Ended, func(error)) {
+	var stop func(error)
+	ch := podworkertest.Ends(t, h, func(ended func(podworker.Exit, error)) { stop = b.Notify(h, ended) })
+	return ch, stop
+}
+
+// testNotifyCancelled checks a registration that is stopped: ended gets the stop's cause as
+// it is, once, and the Pod and another registration of it are left alone; stopping again, or
+// after the end, does nothing.
 func (e *env) testNotifyCancelled(t *testing.T) {
 	ns := e.c.Namespace(t)
 	b := e.unscheduled(t, e.c.Client, ns)
 	h := startT(t, b, fakeSpec(801, "forever"))
-	ctx, cancel := context.WithCancel(ctxT(t))
-	ch := podworkertest.Notified(t, ctx, b, h)
-	other := podworkertest.Notified(t, ctxT(t), b, h) // a second registration of the same Pod
+	ch, stop := notifyStop(t, b, h)
+	other, stopOther := notifyStop(t, b, h) // a second registration of the same Pod
 	podworkertest.RequireNoEnd(t, ch, h.ID)
-	cancel()
+	stop(errStopped)
+	stop(context.Canceled) // does nothing
 	got := podworkertest.Receive(t, testTimeout, ch, h.ID)
-	require.ErrorIs(t, got.Err, context.Canceled, "Notify after cancel = %+v", got.Exit)
+	require.ErrorIs(t, got.Err, errStopped, "Notify after stop = %+v", got.Exit)
+	assert.Equal(t, podworker.Exit{}, got.Exit, "Notify after stop")
 	podworkertest.RequireNoEnd(t, other, "the other registration")
-	assert.Equal(t, corev1.PodPending, getPod(t, e.c, ns, h.ID).Status.Phase, "the Pod after the cancel")
+	assert.Equal(t, corev1.PodPending, getPod(t, e.c, ns, h.ID).Status.Phase, "the Pod after the stop")
 
-	done, cancelDone := context.WithCancel(ctxT(t))
-	cancelDone()
-	got = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, done, b, h), "done ctx")
-	require.ErrorIs(t, got.Err, context.Canceled, "Notify with a done ctx = %+v", got.Exit)
+	// Stopped at once, before the informer has looked it up.
+	at, stopAt := notifyStop(t, b, h)
+	stopAt(errStopped)
+	got = podworkertest.Receive(t, testTimeout, at, "stopped at once")
+	require.ErrorIs(t, got.Err, errStopped, "Notify stopped at once = %+v", got.Exit)
 
 	e.endPod(t, ns, h, 0)
 	got = podworkertest.Receive(t, testTimeout, other, "the other registration")
 	require.NoError(t, got.Err)
 	assert.Equal(t, podworker.Exit{Code: 0, Reason: "exited"}, got.Exit)
+	stopOther(errStopped) // after the end: does nothing (Ends fails t on a second end)
+	stop(errStopped)
+	podworkertest.RequireNoEnd(t, other, "the other registration after its stop")
+	podworkertest.RequireNoEnd(t, ch, h.ID+" after a second stop")
+
+	// A bad handle is reported at once; its stop does nothing.
+	bad := podworker.Handle{Backend: "docker", ID: h.ID}
+	badCh, stopBad := notifyStop(t, b, bad)
+	got = podworkertest.Receive(t, testTimeout, badCh, "a bad handle")
+	require.ErrorIs(t, got.Err, kube.ErrInvalidHandle, "Notify on a bad handle = %+v", got.Exit)
+	stopBad(errStopped)
 }
 
 // testNotifyDeleted checks a Pod deleted while registered, one gone before Notify, and one
@@ -197,6 +223,8 @@ func (e *env) testNotifyDeleted(t *testing.T) {
 	assert.Equal(t, string(corev1.PodPending), changes[0].Phase)
 	assert.Equal(t, kube.PhaseDeleted, changes[1].Phase)
 	assert.Equal(t, h.Data["pod_uid"], changes[1].UID)
+	// The registration was the informer's last: its phases still had a live ctx.
+	obs.requireLiveCtx(t, h)
 
 	got = podworkertest.Receive(t, testTimeout, podworkertest.Notified(t, ctxT(t), b, h), "gone "+h.ID)
 	require.ErrorIs(t, got.Err, podworker.ErrNotFound, "Notify on a gone Pod = %+v", got.Exit)

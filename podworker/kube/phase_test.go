@@ -17,14 +17,29 @@ import (
 
 // phaseLog records what a Backend reports to Config.OnPhase, per environment.
 type phaseLog struct {
-	mu  sync.Mutex
-	got map[string][]kube.PhaseChange
+	mu   sync.Mutex
+	got  map[string][]kube.PhaseChange
+	done map[string][]kube.PhaseChange // those reported with a ctx that was done
 }
 
-func (l *phaseLog) observe(_ context.Context, h podworker.Handle, c kube.PhaseChange) {
+func (l *phaseLog) observe(ctx context.Context, h podworker.Handle, c kube.PhaseChange) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.got[h.ID] = append(l.got[h.ID], c)
+	if ctx.Err() != nil {
+		if l.done == nil {
+			l.done = map[string][]kube.PhaseChange{}
+		}
+		l.done[h.ID] = append(l.done[h.ID], c)
+	}
+}
+
+// requireLiveCtx fails t if a phase of h was reported with a ctx that was done.
+func (l *phaseLog) requireLiveCtx(t *testing.T, h podworker.Handle) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	require.Empty(t, l.done[h.ID], "phases of %s reported with a done ctx", h.ID)
 }
 
 // phases returns the phases reported for h, without a leading Pending (which Wait sees only if
@@ -103,4 +118,5 @@ func checkSucceeded(t *testing.T, e *env, obs *phaseLog, h podworker.Handle) {
 		assert.Equal(t, e.k.NodeName(), c.Node, "%s: node", c.Phase)
 	}
 	assert.Equal(t, "Completed", changes[1].Reason, "reason of Succeeded")
+	obs.requireLiveCtx(t, h)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	mrand "math/rand/v2"
 	"slices"
 	"strings"
@@ -330,7 +331,11 @@ func (s *suite) checkRunning(t *testing.T, b podworker.Backend, h podworker.Hand
 // the backend is a Notifier, else Wait); the channel delivers the result. It fails the test if
 // the result comes more than once.
 func (s *suite) waitAsync(t *testing.T, b podworker.Backend, h podworker.Handle) <-chan Ended {
-	return Ends(t, h, func(ended func(podworker.Exit, error)) { podworker.Await(s.ctx(t), b, h, ended) })
+	return Ends(t, h, func(ended func(podworker.Exit, error)) {
+		stop := podworker.Await(b, h, ended)
+		ctx := s.ctx(t)
+		context.AfterFunc(ctx, func() { stop(ctx.Err()) })
+	})
 }
 
 // checkWaitEnded checks that a background Wait racing with Destroy returned: with an Exit, or
@@ -419,8 +424,8 @@ func (s *suite) testDestroyRunning(t *testing.T) {
 	assert.ErrorIs(t, err, podworker.ErrNotFound, "Wait after Destroy = %+v", exit)
 }
 
-// testNotifyCancelled: a podworker.Notifier's registration whose context ends is told so at
-// once, with the context's error; a second registration on the same environment is told of
+// testNotifyCancelled: a podworker.Notifier's registration that is stopped is told so at
+// once, with the stop's cause; a second registration on the same environment is told of
 // its end, and the first has not been told again by then (a best-effort look: a second call
 // that comes later still is not seen).
 func (s *suite) testNotifyCancelled(t *testing.T) {
@@ -431,15 +436,15 @@ func (s *suite) testNotifyCancelled(t *testing.T) {
 	}
 	h := s.start(t, b, s.spec(t, RunForever))
 	s.checkRunning(t, b, h)
-	ctx, cancel := context.WithCancel(s.ctx(t))
 	first := make(chan Ended, 2)
-	n.Notify(ctx, h, func(exit podworker.Exit, err error) { first <- Ended{exit, err} })
-	cancel()
+	stop := n.Notify(h, func(exit podworker.Exit, err error) { first <- Ended{exit, err} })
+	stop(errStopped)
+	stop(context.Canceled) // stopping again does nothing
 	select {
 	case r := <-first:
-		require.ErrorIs(t, r.Err, context.Canceled, "a cancelled registration was told %+v", r.Exit)
+		require.ErrorIs(t, r.Err, errStopped, "a stopped registration was told %+v", r.Exit)
 	case <-time.After(s.h.Timeout):
-		t.Fatalf("a registration was not told within %s that its context ended", s.h.Timeout)
+		t.Fatalf("a registration was not told within %s that it was stopped", s.h.Timeout)
 	}
 	second := s.waitAsync(t, b, h)
 	s.destroy(t, b, h)
@@ -450,6 +455,9 @@ func (s *suite) testNotifyCancelled(t *testing.T) {
 	default:
 	}
 }
+
+// errStopped is the cause testNotifyCancelled stops a registration with.
+var errStopped = errors.New("podworkertest: registration stopped")
 
 func (s *suite) testDestroyIdempotent(t *testing.T) {
 	b := s.h.New(t)

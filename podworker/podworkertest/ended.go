@@ -31,9 +31,13 @@ func Ends(t testing.TB, h podworker.Handle, register func(ended func(podworker.E
 	return ch
 }
 
-// Notified registers h with n.Notify under ctx (Ends of a Notifier).
+// Notified registers h with n.Notify (Ends of a Notifier) until ctx ends: then it stops the
+// registration with ctx's error, as the worker stops its registrations when it stops.
 func Notified(t testing.TB, ctx context.Context, n podworker.Notifier, h podworker.Handle) <-chan Ended {
-	return Ends(t, h, func(ended func(podworker.Exit, error)) { n.Notify(ctx, h, ended) })
+	return Ends(t, h, func(ended func(podworker.Exit, error)) {
+		stop := n.Notify(h, ended)
+		context.AfterFunc(ctx, func() { stop(ctx.Err()) })
+	})
 }
 
 // Receive returns the end ch delivers, failing t when none comes within timeout.
