@@ -3,6 +3,7 @@ package scheduler
 import (
 	"cmp"
 	"fmt"
+	"iter"
 	"maps"
 	"slices"
 	"strings"
@@ -65,17 +66,17 @@ type load struct {
 	queuedOwner map[assignment.Backend]map[string]int
 }
 
-func tally(live []assignment.State) load { return count(live, true) }
+func tally(live []assignment.State) load { return count(slices.Values(live), true) }
 
-// count is tally, counting per owner only when owners is set: the fetch loop, which asks only
-// whether a tier is full, runs it for every fetch.
-func count(live []assignment.State, owners bool) load {
+// count is tally of the states live yields, counting per owner only when owners is set: the
+// fetch loop, which asks only whether a tier is full, runs it for every fetch.
+func count(live iter.Seq[assignment.State], owners bool) load {
 	l := load{
 		inFlight: map[assignment.Backend]int{}, queued: map[assignment.Backend]int{},
 		ownerTier: map[assignment.Backend]map[string]int{}, owner: map[string]int{},
 		queuedOwner: map[assignment.Backend]map[string]int{},
 	}
-	for _, st := range live {
+	for st := range live {
 		switch {
 		case st.InFlight():
 			l.inFlight[st.Backend]++

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"iter"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -29,7 +30,12 @@ type EventLog interface {
 // one.
 type View interface {
 	Ready() <-chan struct{}
+	Get(task assignment.TaskID) (assignment.State, bool)
 	Live() []assignment.State
+	// LiveStates yields the live states under the view's read lock: the loop's body must not
+	// block or call the view.
+	LiveStates() iter.Seq[assignment.State]
+	LiveTasks() []assignment.TaskID
 	Ended() []assignment.State
 	Forget(cutoff time.Time) []assignment.TaskID
 	Observe(s assignment.State)

@@ -158,7 +158,7 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 		}
 		capacity, known := s.capacity()
 		if !known || (len(capacity) > 0 || s.cfg.Admission.Enabled()) &&
-			paused(count(s.view.Live(), false), capacity, s.cfg.Backends, s.cfg.Admission) {
+			paused(count(s.view.LiveStates(), false), capacity, s.cfg.Backends, s.cfg.Admission) {
 			wait = s.cfg.FetchInterval
 			continue
 		}
@@ -230,7 +230,7 @@ func (s *Scheduler) accept(ctx context.Context, task *runnerv1.Task) error {
 	var queue time.Duration
 	capacity, known := s.capacity()
 	if s.cfg.Admission.Enabled() && (!known ||
-		queueOnClaim(count(s.view.Live(), s.cfg.Admission.ShareCap > 0), capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task)))) {
+		queueOnClaim(count(s.view.LiveStates(), s.cfg.Admission.ShareCap > 0), capacity, s.cfg.Admission, backend, assignment.OwnerOf(repoOf(task)))) {
 		queue = s.cfg.Admission.Queue
 	}
 	var st assignment.State
@@ -416,14 +416,12 @@ func (s *Scheduler) reconcileLoop(ctx context.Context) {
 // the holder's belief in the lease, so a holder that paused past it sends nothing more.
 func (s *Scheduler) reconcile(ctx context.Context) {
 	now := s.cfg.Now()
-	live := s.view.Live()
-	s.cfg.Metrics.Live.Set(float64(len(live)))
-	s.cfg.Metrics.observeLoad(tally(live))
+	l := count(s.view.LiveStates(), true)
+	s.cfg.Metrics.observeLoad(l)
 	if s.cfg.Admission.Enabled() {
 		if lctx, cancel, held := s.lease.Context(ctx); held {
-			s.admit(lctx, live, now)
+			s.admit(lctx, s.view.Live(), now)
 			cancel()
-			live = s.view.Live()
 		}
 	}
 	// Ended assignments stay in the view for an hour (and at most eventlog.MaxEnded of them)
@@ -434,9 +432,18 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 		delete(s.dropped, id)
 		s.mu.Unlock()
 	}
-	for _, st := range live {
+	// Only the live assignments' ids are copied; each state is read as it is reconciled (the
+	// view's latest, not a snapshot's: every append is compare-and-swap either way), so a pass
+	// over 10,000 live assignments does not copy 10,000 states at once.
+	tasks := s.view.LiveTasks()
+	s.cfg.Metrics.Live.Set(float64(len(tasks)))
+	for _, task := range tasks {
 		if ctx.Err() != nil {
 			return
+		}
+		st, ok := s.view.Get(task)
+		if !ok || !st.Live() {
+			continue
 		}
 		lctx, cancel, held := s.lease.Context(ctx)
 		if !held {

@@ -51,6 +51,11 @@ func liveTasks(v *eventlog.View) []assignment.TaskID {
 	return out
 }
 
+func sorted(tasks []assignment.TaskID) []assignment.TaskID {
+	slices.Sort(tasks)
+	return tasks
+}
+
 // endAssignment fails and closes a task's assignment.
 func endAssignment(t *testing.T, l testLog, task assignment.TaskID) assignment.State {
 	t.Helper()
@@ -230,6 +235,19 @@ func TestViewKeepsTheLastEnded(t *testing.T) {
 		v.Observe(assignment.State{Record: assignment.Record{Task: task, Phase: assignment.Completed}, Seq: uint64(1001 + 2*i)})
 	}
 	assert.Len(t, v.Live(), 10)
+	assert.Equal(t, liveTasks(v), sorted(v.LiveTasks()), "LiveTasks")
+	var yielded []assignment.TaskID
+	for st := range v.LiveStates() {
+		yielded = append(yielded, st.Task)
+	}
+	assert.Equal(t, liveTasks(v), sorted(yielded), "LiveStates")
+	n := 0
+	for range v.LiveStates() {
+		if n++; n == 3 {
+			break
+		}
+	}
+	assert.Equal(t, 3, n, "a loop over LiveStates stops when it breaks")
 	assert.Len(t, v.Ended(), eventlog.MaxEnded)
 	assert.Equal(t, 10+eventlog.MaxEnded, v.Len())
 	_, ok := v.Get(100 + ended - 1)

@@ -2,6 +2,7 @@ package eventlog
 
 import (
 	"errors"
+	"iter"
 	"sync"
 	"time"
 
@@ -84,6 +85,34 @@ func (v *View) Live() []assignment.State {
 	for _, s := range v.states {
 		if s.Live() {
 			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// LiveStates yields the state of every assignment not yet ended, under the view's read lock:
+// nothing is copied to the heap, so counting the live assignments costs no allocation. The
+// loop's body must not block or call the view (a write waiting for the lock would deadlock it).
+func (v *View) LiveStates() iter.Seq[assignment.State] {
+	return func(yield func(assignment.State) bool) {
+		v.mu.RLock()
+		defer v.mu.RUnlock()
+		for _, s := range v.states {
+			if s.Live() && !yield(s) {
+				return
+			}
+		}
+	}
+}
+
+// LiveTasks returns the task ids of all assignments not yet ended.
+func (v *View) LiveTasks() []assignment.TaskID {
+	v.mu.RLock()
+	defer v.mu.RUnlock()
+	out := make([]assignment.TaskID, 0, len(v.states))
+	for id, s := range v.states {
+		if s.Live() {
+			out = append(out, id)
 		}
 	}
 	return out
