@@ -83,6 +83,7 @@ func memory10k(b *testing.B, split bool) {
 	const mib = 1 << 20
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(float64(after.heapInuse)/mib, "heap-inuse-MiB")
+	b.ReportMetric(float64(after.heapAlloc)/mib, "heap-alloc-MiB")
 	b.ReportMetric(float64(after.heapInuse-before.heapInuse)/mib, "heap-delta-MiB")
 	b.ReportMetric(float64(after.heapInuse-before.heapInuse)/inFlight/1024, "heap-KiB/assignment")
 	b.ReportMetric(float64(after.stackInuse)/mib, "stack-inuse-MiB")
@@ -101,8 +102,8 @@ func memory10k(b *testing.B, split bool) {
 
 // memSample is the process's memory at one point, after a full garbage collection.
 type memSample struct {
-	heapInuse, stackInuse, rss uint64
-	goroutines                 int
+	heapInuse, heapAlloc, stackInuse, rss uint64
+	goroutines                            int
 }
 
 func memNow(b *testing.B) memSample {
@@ -115,7 +116,7 @@ func memNow(b *testing.B) memSample {
 	runtime.ReadMemStats(&ms)
 	rss, err := rssBytes("self")
 	require.NoError(b, err)
-	return memSample{heapInuse: ms.HeapInuse, stackInuse: ms.StackInuse, rss: rss, goroutines: runtime.NumGoroutine()}
+	return memSample{heapInuse: ms.HeapInuse, heapAlloc: ms.HeapAlloc, stackInuse: ms.StackInuse, rss: rss, goroutines: runtime.NumGoroutine()}
 }
 
 // writeHeapProfile writes the live heap to $BENCH_HEAPPROFILE, if set: the in-use view that
