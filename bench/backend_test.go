@@ -223,7 +223,12 @@ func (n *noopBackend) Notify(h podworker.Handle, ended func(podworker.Exit, erro
 		})
 	}
 	e.onEnd(func() { report(e.exit, nil) })
-	return func(cause error) { report(podworker.Exit{}, cause) }
+	return func(cause error) {
+		if cause == nil {
+			cause = context.Canceled
+		}
+		report(podworker.Exit{}, cause)
+	}
 }
 
 // Destroy ends the environment; one that is already gone is no error.

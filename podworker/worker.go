@@ -107,8 +107,10 @@ type Worker struct {
 // or is being adopted.
 type env struct {
 	h Handle
-	// stop ends the watch (Await), nil until it began; guarded by Worker.mu.
-	stop func(cause error)
+	// stop ends the watch (Await), nil until it began; released is set when another worker
+	// took the key before then. Both guarded by Worker.mu.
+	stop     func(cause error)
+	released bool
 	// key is the environment's key in eventlog.BucketWorkers; rev the revision this worker last wrote
 	// there, 0 while it holds none (the claim failed; the next heartbeat claims it). rev is
 	// guarded by Worker.mu.
@@ -610,10 +612,16 @@ func (w *Worker) watch(ctx context.Context, st assignment.State, h Handle, slot 
 	})
 	w.mu.Lock()
 	e.stop = stop
-	stopped := w.stopped
+	var cause error
+	switch {
+	case w.stopped: // the worker stopped while this environment started
+		cause = context.Canceled
+	case e.released: // another worker took its key meanwhile (release)
+		cause = errReleased
+	}
 	w.mu.Unlock()
-	if stopped { // the worker stopped while this environment started
-		stop(context.Canceled)
+	if cause != nil {
+		stop(cause)
 	}
 }
 
@@ -634,10 +642,12 @@ func (w *Worker) stopWatches() {
 	}
 }
 
-// release stops watching e: another worker holds its key (errReleased).
+// release stops watching e: another worker holds its key (errReleased). Before its watch
+// began it marks e, and watch stops it as soon as it begins.
 func (w *Worker) release(e *env) {
 	w.mu.Lock()
 	stop := e.stop
+	e.released = stop == nil
 	w.mu.Unlock()
 	if stop != nil {
 		stop(errReleased)

@@ -167,7 +167,12 @@ func (m *memBackend) Notify(h podworker.Handle, ended func(podworker.Exit, error
 		})
 	}
 	e.notify = append(e.notify, func(exit podworker.Exit) { done(exit, nil) })
-	return func(cause error) { done(podworker.Exit{}, cause) }
+	return func(cause error) {
+		if cause == nil {
+			cause = context.Canceled
+		}
+		done(podworker.Exit{}, cause)
+	}
 }
 
 func (m *memBackend) Destroy(_ context.Context, h podworker.Handle) error {
