@@ -3,6 +3,7 @@ package eventlog
 import (
 	"errors"
 	"iter"
+	"slices"
 	"sync"
 	"time"
 
@@ -79,20 +80,12 @@ func (v *View) Get(task assignment.TaskID) (assignment.State, bool) {
 
 // Live returns the states of all assignments not yet ended.
 func (v *View) Live() []assignment.State {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	out := make([]assignment.State, 0, len(v.states))
-	for _, s := range v.states {
-		if s.Live() {
-			out = append(out, s)
-		}
-	}
-	return out
+	return slices.AppendSeq([]assignment.State{}, v.LiveStates()) // empty, not nil, as before
 }
 
 // LiveStates yields the state of every assignment not yet ended, under the view's read lock:
-// nothing is copied to the heap, so counting the live assignments costs no allocation. The
-// loop's body must not block or call the view (a write waiting for the lock would deadlock it).
+// no state is copied to the heap, so counting the live assignments copies none. The loop's
+// body must not block or call the view (a write waiting for the lock would deadlock it).
 func (v *View) LiveStates() iter.Seq[assignment.State] {
 	return func(yield func(assignment.State) bool) {
 		v.mu.RLock()
@@ -107,13 +100,9 @@ func (v *View) LiveStates() iter.Seq[assignment.State] {
 
 // LiveTasks returns the task ids of all assignments not yet ended.
 func (v *View) LiveTasks() []assignment.TaskID {
-	v.mu.RLock()
-	defer v.mu.RUnlock()
-	out := make([]assignment.TaskID, 0, len(v.states))
-	for id, s := range v.states {
-		if s.Live() {
-			out = append(out, id)
-		}
+	var out []assignment.TaskID
+	for s := range v.LiveStates() {
+		out = append(out, s.Task)
 	}
 	return out
 }
