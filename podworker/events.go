@@ -22,6 +22,9 @@ type EventLog interface {
 	GetTask(ctx context.Context, task assignment.TaskID) ([]byte, error)
 	// Workers is eventlog.BucketWorkers; its keys expire Config().WorkersTTL after their last put.
 	Workers() jetstream.KeyValue
+	// WriteWorkers makes compare-and-swap writes to Workers() pipelined: the heartbeat's
+	// renewals and the deletes of a worker that leaves.
+	WriteWorkers(ctx context.Context, ws []eventlog.KeyWrite) (revs []uint64, errs []error)
 }
 
 // View is what a Worker uses of the read model of the assignments. *eventlog.View is one;

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/dynrunner/dynrunner/internal/assignment"
+	"github.com/dynrunner/dynrunner/internal/eventlog"
 	"github.com/dynrunner/dynrunner/internal/logkey"
 )
 
@@ -77,7 +78,7 @@ func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
 	if err == nil {
 		return holder{rev: rev, actor: w.cfg.Actor}, nil
 	}
-	if !keyTaken(err) {
+	if !eventlog.KeyTaken(err) {
 		return holder{}, fmt.Errorf("podworker: claim %s: %w", key, err)
 	}
 	e, err := w.workers.Get(ctx, key)
@@ -95,7 +96,7 @@ func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
 	// Written by this worker (a heartbeat that raced its answer, a restart with the same
 	// actor): renew it at the revision read, so a worker that created it meanwhile wins.
 	rev, err = w.workers.Update(ctx, key, []byte(w.cfg.Actor), e.Revision())
-	if keyTaken(err) {
+	if eventlog.KeyTaken(err) {
 		return holder{expires: w.cfg.Now().Add(w.ttl())}, nil
 	}
 	if err != nil {
@@ -131,12 +132,24 @@ func (w *Worker) renew(ctx context.Context) error {
 		}
 	}
 	w.mu.Unlock()
+	// One pipelined write for all keys: at 10,000 environments one by one they took seconds of
+	// every heartbeat (BenchmarkWriteWorkers).
+	var writes []eventlog.KeyWrite
+	actor := []byte(w.cfg.Actor)
+	for _, x := range ws {
+		if x.rev > 0 {
+			writes = append(writes, eventlog.KeyWrite{Key: x.e.key, Value: actor, Rev: x.rev})
+		}
+	}
+	revs, werrs := w.log.WriteWorkers(ctx, writes)
 	var errs []error
+	j := 0
 	for _, x := range ws {
 		var rev uint64
 		var err error = jetstream.ErrKeyRevisionMismatch // no key yet: claim it
 		if x.rev > 0 {
-			rev, err = w.workers.Update(ctx, x.e.key, []byte(w.cfg.Actor), x.rev)
+			rev, err = revs[j], werrs[j]
+			j++
 		}
 		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			if !w.watching(x.task, x.e) {
@@ -161,8 +174,15 @@ func (w *Worker) renew(ctx context.Context) error {
 		}
 		w.mu.Unlock()
 	}
+	if len(errs) > maxRenewErrors {
+		errs = append(errs[:maxRenewErrors], fmt.Errorf("and %d more keys", len(errs)-maxRenewErrors))
+	}
 	return errors.Join(errs...)
 }
+
+// maxRenewErrors is how many failed renewals a heartbeat's warning names; with NATS away it
+// would otherwise list every environment.
+const maxRenewErrors = 3
 
 // errReleased is the cause a watch is cancelled with when another worker holds its
 // environment's key: it stops watching, and neither fails the assignment nor destroys the
@@ -205,22 +225,25 @@ func (w *Worker) leave(ctx context.Context) {
 	envs := w.envs
 	w.envs = make(map[assignment.TaskID]*env)
 	w.mu.Unlock()
+	var deletes []eventlog.KeyWrite
 	for _, e := range envs {
-		w.unclaim(ctx, e.key, e.rev)
+		if e.rev != 0 {
+			deletes = append(deletes, eventlog.KeyWrite{Key: e.key, Rev: e.rev, Delete: true})
+		}
+	}
+	_, errs := w.log.WriteWorkers(ctx, deletes)
+	failed, first := 0, error(nil)
+	for _, err := range errs {
+		if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			if failed++; first == nil {
+				first = err
+			}
+		}
+	}
+	if failed > 0 {
+		w.cfg.Log.Warn().Err(first).Int("keys", failed).Dur("expires_in", w.ttl()).Msg("delete the keys of the environments this worker watched; they expire by themselves")
 	}
 	if err := w.workers.Delete(ctx, workerKey(w.cfg.Actor)); err != nil {
 		w.cfg.Log.Warn().Err(err).Dur("expires_in", w.ttl()).Msg("delete the liveness key; it expires by itself")
 	}
-}
-
-// keyTaken reports whether a KV Create or Update lost to another writer. Besides the errors
-// nats.go names, a replicated bucket answers a Create over a delete marker (a key whose
-// watcher stopped cleanly) with the stream's wrong-last-sequence error, unwrapped.
-func keyTaken(err error) bool {
-	if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }

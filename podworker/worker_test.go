@@ -568,8 +568,12 @@ func TestWorkerLeavesEnvironmentsOfLiveWorkers(t *testing.T) {
 	stopA() // a clean shutdown: a's watch ends, the environment keeps running
 	require.Equal(t, 0, mem.watchers(id), "watchers after a stopped")
 	require.True(t, mem.has(id), "the environment is gone after a stopped")
-	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
+	// a deleted its keys as it left, rather than letting them expire: b may already have
+	// adopted the environment, but no key names a.
 	kv := workersBucket(t, r)
+	require.NotEqual(t, a, watcherOf(t, kv, 5, st.Epoch()), "the environment's key right after a left")
+	require.False(t, liveActors(t, kv)[a], "a's liveness key right after a left")
+	eventually(t, "worker b adopts the environment", func() bool { return mem.watchers(id) == 1 })
 	require.Equal(t, b, watcherOf(t, kv, 5, st.Epoch()), "the environment's key names")
 	// b watches it: ending the assignment elsewhere destroys the environment, and its key goes.
 	cur := r.phase(5)

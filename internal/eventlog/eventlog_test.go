@@ -23,12 +23,12 @@ type testLog struct {
 	js jetstream.JetStream
 }
 
-func openLog(t *testing.T, dir string) (testLog, func()) {
+func openLog(t testing.TB, dir string) (testLog, func()) {
 	t.Helper()
 	return openLogWith(t, dir, eventlog.DefaultConfig())
 }
 
-func openLogWith(t *testing.T, dir string, cfg eventlog.Config) (testLog, func()) {
+func openLogWith(t testing.TB, dir string, cfg eventlog.Config) (testLog, func()) {
 	t.Helper()
 	c, err := natsconn.Connect(natsconn.Config{StoreDir: dir, Name: t.Name()})
 	require.NoError(t, err)
