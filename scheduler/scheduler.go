@@ -438,19 +438,17 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	tasks := s.view.LiveTasks()
 	s.cfg.Metrics.Live.Set(float64(len(tasks)))
 	for _, task := range tasks {
-		if ctx.Err() != nil {
-			return
+		if ctx.Err() != nil || !s.lease.Held() {
+			return // done, or another replica reconciles
 		}
 		st, ok := s.view.Get(task)
 		if !ok || !st.Live() {
 			continue
 		}
-		lctx, cancel, held := s.lease.Context(ctx)
-		if !held {
+		err := s.reconcileOne(ctx, st, now)
+		if errors.Is(err, errNotHeld) {
 			return // another replica reconciles
 		}
-		err := s.reconcileOne(lctx, st, now)
-		cancel()
 		if err != nil && ctx.Err() == nil {
 			s.cfg.Log.Warn().Err(err).Int64(logkey.TaskID, int64(st.Task)).Uint64(logkey.Epoch, uint64(st.Epoch())).
 				Str("phase", string(st.Phase)).Msg("reconcile")
@@ -473,6 +471,9 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	}
 }
 
+// errNotHeld: this replica does not hold the reconcile lease, so it must not act.
+var errNotHeld = errors.New("scheduler: the reconcile lease is not held")
+
 // DefaultSweep is how often the scheduler sweeps by default (Config.Sweep).
 const DefaultSweep = 10 * time.Minute
 
@@ -483,13 +484,29 @@ const giveUpReporting = 15 * time.Minute
 // forgetAfter is how long an ended assignment stays in the in-memory view.
 const forgetAfter = time.Hour
 
-// reconcileOne reconciles one live assignment: it asks planReconcile what st needs and does it.
+// reconcileOne reconciles one live assignment: it asks planReconcile what st needs and does it,
+// under the reconcile lease (errNotHeld when this replica does not hold it).
 func (s *Scheduler) reconcileOne(ctx context.Context, st assignment.State, now time.Time) error {
 	s.mu.Lock()
 	keptAlive := s.keptAlive[st.Task]
 	s.mu.Unlock()
 	plan := planReconcile(reconcileSnapshot{st: st, now: now, started: s.started, lease: s.cfg.Lease,
 		keptAlive: keptAlive, every: s.cfg.Keepalive})
+	if len(plan) == 0 {
+		return nil // most assignments, most passes: no context, no timer, no copy on the heap
+	}
+	return s.act(ctx, st, plan, now)
+}
+
+// act does what planReconcile planned for st, under the reconcile lease. It is reconcileOne's
+// second half so that only an assignment with something to do has its state moved to the heap
+// (the appends take its address).
+func (s *Scheduler) act(ctx context.Context, st assignment.State, plan []reconcileAction, now time.Time) error {
+	ctx, cancel, held := s.lease.Context(ctx)
+	if !held {
+		return errNotHeld
+	}
+	defer cancel()
 	for _, a := range plan {
 		switch a.kind {
 		case reconcileFail:

@@ -100,7 +100,10 @@ func (v *View) LiveStates() iter.Seq[assignment.State] {
 
 // LiveTasks returns the task ids of all assignments not yet ended.
 func (v *View) LiveTasks() []assignment.TaskID {
-	var out []assignment.TaskID
+	v.mu.RLock()
+	n := len(v.states) // the live ones and at most MaxEnded more: one allocation, not a dozen
+	v.mu.RUnlock()
+	out := make([]assignment.TaskID, 0, n)
 	for s := range v.LiveStates() {
 		out = append(out, s.Task)
 	}
