@@ -204,13 +204,27 @@ func (w *Worker) heartbeatLoop(ctx context.Context) {
 	}
 }
 
-// unclaim deletes an environment's key if it still is at the revision this worker wrote, so
-// a key another worker holds is never removed. A key left behind expires by itself.
+// unclaim deletes an environment's key if it still is at the revision this worker wrote, or
+// at a later one that still names this worker (a heartbeat's renewal in flight), so a key
+// another worker holds is never removed. A key left behind expires by itself.
 func (w *Worker) unclaim(ctx context.Context, key string, rev uint64) {
 	if rev == 0 {
 		return
 	}
-	if err := w.workers.Delete(ctx, key, jetstream.LastRevision(rev)); err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+	err := w.workers.Delete(ctx, key, jetstream.LastRevision(rev))
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		// A heartbeat renewed it meanwhile (its new revision not yet recorded), or another
+		// worker holds it: delete it at its present revision only if it still names this one.
+		e, gerr := w.workers.Get(ctx, key)
+		if gerr != nil || string(e.Value()) != w.cfg.Actor {
+			return
+		}
+		err = w.workers.Delete(ctx, key, jetstream.LastRevision(e.Revision()))
+		if errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return
+		}
+	}
+	if err != nil {
 		w.cfg.Log.Warn().Err(err).Str("key", key).Dur("expires_in", w.ttl()).Msg("delete an environment's key; it expires by itself")
 	}
 }

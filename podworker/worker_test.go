@@ -692,6 +692,27 @@ func TestWorkerStopsWatchingWhenAdoptedElsewhere(t *testing.T) {
 	require.Equal(t, assignment.Started, r.phase(8).Phase, "phase")
 }
 
+// TestWorkerDeletesItsKeyRenewedMeanwhile: an environment ends while its key is at a revision
+// the worker has not recorded yet (a heartbeat's renewal in flight). The worker still deletes
+// the key, which names it, rather than leaving it to expire.
+func TestWorkerDeletesItsKeyRenewedMeanwhile(t *testing.T) {
+	const actor = "pod-worker@a/1"
+	r := newRigHeartbeat(t, time.Hour) // no heartbeat during the test; a key left lives 3 h
+	mem := newMem()
+	r.runWorker(r.log, mem, podworker.Config{Actor: actor, Reap: time.Hour, Heartbeat: time.Hour})
+	st := r.claim(11)
+	id := fmt.Sprintf("11-%d", st.Epoch())
+	eventually(t, "the worker watches its environment", func() bool { return mem.watchers(id) == 1 })
+	kv := workersBucket(t, r)
+	eventually(t, "the environment's key", func() bool { return watcherOf(t, kv, 11, st.Epoch()) == actor })
+	_, err := kv.Put(t.Context(), fmt.Sprintf("env.11.%d", st.Epoch()), []byte(actor)) // the renewal
+	require.NoError(t, err)
+
+	mem.exit(id, 2)
+	eventually(t, "failed", func() bool { return r.phase(11).Phase == assignment.Failed })
+	eventually(t, "the environment's key deleted", func() bool { return watcherOf(t, kv, 11, st.Epoch()) == "" })
+}
+
 func workersBucket(t *testing.T, r *rig) jetstream.KeyValue {
 	t.Helper()
 	kv, err := r.js.KeyValue(t.Context(), eventlog.BucketWorkers)

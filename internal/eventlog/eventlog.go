@@ -120,23 +120,25 @@ func DefaultConfig() Config {
 
 // Log appends and reads assignment transitions.
 type Log struct {
-	cfg      Config
-	js       jetstream.JetStream
-	asg      jetstream.Stream
-	envs     jetstream.Stream
-	tasks    jetstream.KeyValue
-	workers  jetstream.KeyValue
-	nonces   jetstream.KeyValue
-	leases   jetstream.KeyValue
-	live     jetstream.KeyValue
-	comps    jetstream.KeyValue
-	cordons  jetstream.KeyValue
-	reruns   jetstream.KeyValue
-	liveTTL  bool // purge markers in live expire
-	keyed    keyedSet
-	appended appended // this Log's own appends, for its views
-	sign     signer
-	rejected seen
+	cfg Config
+	js  jetstream.JetStream
+	// keyWriter is the handle WriteWorkers publishes on (newKeyWriter).
+	keyWriter jetstream.JetStream
+	asg       jetstream.Stream
+	envs      jetstream.Stream
+	tasks     jetstream.KeyValue
+	workers   jetstream.KeyValue
+	nonces    jetstream.KeyValue
+	leases    jetstream.KeyValue
+	live      jetstream.KeyValue
+	comps     jetstream.KeyValue
+	cordons   jetstream.KeyValue
+	reruns    jetstream.KeyValue
+	liveTTL   bool // purge markers in live expire
+	keyed     keyedSet
+	appended  appended // this Log's own appends, for its views
+	sign      signer
+	rejected  seen
 }
 
 // Open ensures the whole topology dynrunner uses exists, creating or updating every stream and
@@ -271,7 +273,11 @@ func Open(ctx context.Context, js jetstream.JetStream, cfg Config) (*Log, error)
 	}
 	key := hmac.New(sha256.New, cfg.Key)
 	key.Write([]byte("dynrunner event records v1"))
-	return &Log{cfg: cfg, js: js, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, cordons: cordons, reruns: reruns, liveTTL: liveTTL,
+	keyWriter, err := newKeyWriter(js.Conn())
+	if err != nil {
+		return nil, fmt.Errorf("eventlog: %w", err)
+	}
+	return &Log{cfg: cfg, js: js, keyWriter: keyWriter, asg: asg, envs: envs, tasks: tasks, workers: workers, nonces: nonces, leases: leases, live: live, comps: comps, cordons: cordons, reruns: reruns, liveTTL: liveTTL,
 		sign: signer{key: key.Sum(nil)}}, nil
 }
 

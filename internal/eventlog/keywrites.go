@@ -24,17 +24,29 @@ type KeyWrite struct {
 // limit of pending asynchronous publishes (4,000 by default), which other callers share.
 const keyWriteWindow = 256
 
-// keyWriteTimeout bounds the wait for one write's acknowledgement when ctx has no deadline, as
-// jetstream bounds a synchronous publish.
+// keyWriteTimeout is how long a write of WriteWorkers may await its acknowledgement: as long as
+// jetstream gives a synchronous publish. The handle WriteWorkers publishes on fails a write
+// whose acknowledgement has not come by then and forgets it, so a write given up on (the
+// caller's ctx ended, the stream lost its quorum) never stays pending on it.
 const keyWriteTimeout = 5 * time.Second
+
+// newKeyWriter is the JetStream handle WriteWorkers publishes on: on nc, as the log's, but of
+// its own, with keyWriteTimeout, so its pending writes neither last nor count against the
+// pending limit of the handle the rest of the process shares.
+func newKeyWriter(nc *nats.Conn) (jetstream.JetStream, error) {
+	return jetstream.New(nc, jetstream.WithPublishAsyncTimeout(keyWriteTimeout))
+}
 
 // WriteWorkers makes the writes ws to BucketWorkers pipelined: each is published without
 // waiting for the one before to be acknowledged, at most keyWriteWindow in flight, so renewing
 // a worker's 10,000 environment keys costs about one round trip per window instead of one
-// per key. Each write keeps its own compare-and-swap: revs[i] is ws[i]'s key's new revision,
-// errs[i] its error, jetstream.ErrKeyRevisionMismatch when the key was no longer at ws[i].Rev
-// (another worker wrote it, or it expired). The writes are independent: one failing does not
-// stop the others, except that a done ctx fails those not yet acknowledged.
+// per key (BenchmarkWriteWorkers). Each write keeps its own compare-and-swap: Rev must be the
+// key's current revision (a revision of 0, "only if absent", is no use to its callers, which
+// write keys they hold). revs[i] is ws[i]'s key's new revision, errs[i] its error,
+// jetstream.ErrKeyRevisionMismatch when the key was no longer at ws[i].Rev (another worker
+// wrote it, or it expired). The writes are independent: one failing does not stop the others;
+// a write not acknowledged within keyWriteTimeout of its publish fails, and once ctx is done
+// those not yet acknowledged fail with its error.
 func (l *Log) WriteWorkers(ctx context.Context, ws []KeyWrite) (revs []uint64, errs []error) {
 	revs, errs = make([]uint64, len(ws)), make([]error, len(ws))
 	type pending struct {
@@ -43,21 +55,24 @@ func (l *Log) WriteWorkers(ctx context.Context, ws []KeyWrite) (revs []uint64, e
 	}
 	var inflight []pending
 	await := func(p pending) {
-		timer := time.NewTimer(keyWriteTimeout)
-		defer timer.Stop()
 		var err error
-		select {
+		select { // an answer already there wins over a ctx done meanwhile
 		case ack := <-p.f.Ok():
 			revs[p.i] = ack.Sequence
 			return
 		case err = <-p.f.Err():
-			if KeyTaken(err) {
-				err = fmt.Errorf("%w: %w", jetstream.ErrKeyRevisionMismatch, err)
+		default:
+			select {
+			case ack := <-p.f.Ok():
+				revs[p.i] = ack.Sequence
+				return
+			case err = <-p.f.Err():
+			case <-ctx.Done():
+				err = ctx.Err()
 			}
-		case <-ctx.Done():
-			err = ctx.Err()
-		case <-timer.C:
-			err = fmt.Errorf("no acknowledgement in %s: %w", keyWriteTimeout, context.DeadlineExceeded)
+		}
+		if KeyTaken(err) {
+			err = fmt.Errorf("%w: %w", jetstream.ErrKeyRevisionMismatch, err)
 		}
 		errs[p.i] = fmt.Errorf("eventlog: write %s: %w", ws[p.i].Key, err)
 	}
@@ -76,7 +91,7 @@ func (l *Log) WriteWorkers(ctx context.Context, ws []KeyWrite) (revs []uint64, e
 		} else {
 			msg.Data = w.Value
 		}
-		f, err := l.js.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(w.Rev))
+		f, err := l.keyWriter.PublishMsgAsync(msg, jetstream.WithExpectLastSequencePerSubject(w.Rev))
 		if err != nil {
 			errs[i] = fmt.Errorf("eventlog: write %s: %w", w.Key, err)
 			continue
