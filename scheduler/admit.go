@@ -66,32 +66,39 @@ type load struct {
 	queuedOwner map[assignment.Backend]map[string]int
 }
 
-func tally(live []assignment.State) load { return count(slices.Values(live), true) }
-
 // count is tally of the states live yields, counting per owner only when owners is set: the
 // fetch loop, which asks only whether a tier is full, runs it for every fetch.
 func count(live iter.Seq[assignment.State], owners bool) load {
-	l := load{
+	l := newLoad()
+	for st := range live {
+		l.observe(st, owners)
+	}
+	return l
+}
+
+func newLoad() load {
+	return load{
 		inFlight: map[assignment.Backend]int{}, queued: map[assignment.Backend]int{},
 		ownerTier: map[assignment.Backend]map[string]int{}, owner: map[string]int{},
 		queuedOwner: map[assignment.Backend]map[string]int{},
 	}
-	for st := range live {
-		switch {
-		case st.InFlight():
-			l.inFlight[st.Backend]++
-			if owners {
-				l.add(l.ownerTier, st.Backend, st.Owner())
-				l.owner[st.Owner()]++
-			}
-		case st.Waiting():
-			l.queued[st.Backend]++
-			if owners {
-				l.add(l.queuedOwner, st.Backend, st.Owner())
-			}
+}
+
+// observe counts st, per owner too when owners is set.
+func (l load) observe(st assignment.State, owners bool) {
+	switch {
+	case st.InFlight():
+		l.inFlight[st.Backend]++
+		if owners {
+			l.add(l.ownerTier, st.Backend, st.Owner())
+			l.owner[st.Owner()]++
+		}
+	case st.Waiting():
+		l.queued[st.Backend]++
+		if owners {
+			l.add(l.queuedOwner, st.Backend, st.Owner())
 		}
 	}
-	return l
 }
 
 func (load) add(m map[assignment.Backend]map[string]int, b assignment.Backend, owner string) {
@@ -136,14 +143,16 @@ func queueOnClaim(l load, capacity map[assignment.Backend]int, adm Admission, b 
 // admitted: per tier, as many as the tier has free slots, first in, first out or fairly across
 // owners (Admission.Fairness), skipping owners at their share cap and claims whose queue
 // deadline passed (the reconciler fails those). It is a pure function of the live assignments,
-// so any scheduler replica decides the same.
-func planAdmit(live []assignment.State, capacity map[assignment.Backend]int, adm Admission, now time.Time) []assignment.State {
+// so any scheduler replica decides the same. It reads live once (View.LiveStates: under the
+// view's lock, so one consistent set) and copies only the queued claims.
+func planAdmit(live iter.Seq[assignment.State], capacity map[assignment.Backend]int, adm Admission, now time.Time) []assignment.State {
 	if !adm.Enabled() {
 		return nil
 	}
-	l := tally(live)
+	l := newLoad()
 	waiting := map[assignment.Backend][]assignment.State{}
-	for _, st := range live {
+	for st := range live {
+		l.observe(st, true)
 		if st.Waiting() && !now.After(st.QueueDeadline) {
 			waiting[st.Backend] = append(waiting[st.Backend], st)
 		}

@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -71,7 +72,7 @@ func TestPlanAdmit(t *testing.T) {
 		{"scale to zero: nothing live, nothing admitted", nil, 2, fair, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := planAdmit(tc.live, map[assignment.Backend]int{assignment.BackendPod: tc.capacity}, tc.adm, admitNow)
+			got := planAdmit(slices.Values(tc.live), map[assignment.Backend]int{assignment.BackendPod: tc.capacity}, tc.adm, admitNow)
 			assert.Equal(t, tc.want, owners(got))
 		})
 	}
@@ -115,3 +116,6 @@ func TestOwnerLabelsAreBounded(t *testing.T) {
 	require.Equal(t, OtherOwners, o.label("late"))
 	require.Equal(t, "o3", o.label("o3"), "a known owner lost its label")
 }
+
+// tally counts a list of states as the reconcile pass counts the view's.
+func tally(live []assignment.State) load { return count(slices.Values(live), true) }

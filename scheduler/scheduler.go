@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"iter"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -298,7 +299,7 @@ func (s *Scheduler) capacity() (map[assignment.Backend]int, bool) {
 // admit gives queued claims the capacity that freed (planAdmit) and dispatches them. A
 // failed admission is tried again at the next pass; a failed dispatch is published again by
 // the reconciler (the admitted claim is in phase claimed).
-func (s *Scheduler) admit(ctx context.Context, live []assignment.State, now time.Time) {
+func (s *Scheduler) admit(ctx context.Context, live iter.Seq[assignment.State], now time.Time) {
 	capacity, known := s.capacity()
 	if !known {
 		return
@@ -420,7 +421,7 @@ func (s *Scheduler) reconcile(ctx context.Context) {
 	s.cfg.Metrics.observeLoad(l)
 	if s.cfg.Admission.Enabled() {
 		if lctx, cancel, held := s.lease.Context(ctx); held {
-			s.admit(lctx, s.view.Live(), now)
+			s.admit(lctx, s.view.LiveStates(), now)
 			cancel()
 		}
 	}
