@@ -323,26 +323,38 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // BenchmarkReconcile10k is one reconcile pass of the lease's holder over 10,000 live
 // assignments that need nothing (kept alive, within their deadlines): what every scheduler
-// pass costs a busy fleet (Config.Reconcile, 1 s by default).
+// pass costs a busy fleet (Config.Reconcile, 1 s by default). /admission enables the queue
+// (MAX_QUEUED), so the pass also plans admissions over the 10,000 (none queued, capacity
+// left).
 func BenchmarkReconcile10k(b *testing.B) {
-	const n = 10_000
-	rs := newReplicas(b)
-	rs.ttl = time.Minute // held through the setup and every pass measured, without Run renewing it
-	a := rs.open("scheduler@a", forgetest.New())
-	ctx := b.Context()
-	a.s.lease.Renew(ctx)
-	require.True(b, a.s.lease.Held())
-	for i := range n {
-		_, err := a.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: assignment.TaskID(i + 1), Actor: "test", At: time.Now(),
-			Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
-		require.NoError(b, err)
+	for _, mode := range []string{"plain", "admission"} {
+		b.Run(mode, func(b *testing.B) {
+			const n = 10_000
+			rs := newReplicas(b)
+			rs.ttl = time.Minute // held through the setup and every pass measured, without Run renewing it
+			a := rs.open("scheduler@a", forgetest.New())
+			if mode == "admission" {
+				a.s.cfg.Admission = Admission{MaxQueued: 100, Queue: time.Hour, Fairness: FairnessOwner}
+				a.s.cfg.CapacityOf = func() (map[assignment.Backend]int, bool) {
+					return map[assignment.Backend]int{assignment.BackendPod: 2 * n}, true
+				}
+			}
+			ctx := b.Context()
+			a.s.lease.Renew(ctx)
+			require.True(b, a.s.lease.Held())
+			for i := range n {
+				_, err := a.log.Apply(ctx, assignment.Event{Transition: assignment.Claimed, Task: assignment.TaskID(i + 1), Actor: "test", At: time.Now(),
+					Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+				require.NoError(b, err)
+			}
+			require.Eventually(b, func() bool { return len(a.view.LiveTasks()) == n }, 30*time.Second, 10*time.Millisecond)
+			a.s.reconcile(ctx) // the first pass keeps every task alive; the next ones have nothing to do
+			b.ReportAllocs()
+			for b.Loop() {
+				a.s.reconcile(ctx)
+			}
+			b.StopTimer()
+			require.True(b, a.s.lease.Held(), "the lease lapsed: the passes measured returned early")
+		})
 	}
-	require.Eventually(b, func() bool { return len(a.view.LiveTasks()) == n }, 30*time.Second, 10*time.Millisecond)
-	a.s.reconcile(ctx) // the first pass keeps every task alive; the next ones have nothing to do
-	b.ReportAllocs()
-	for b.Loop() {
-		a.s.reconcile(ctx)
-	}
-	b.StopTimer()
-	require.True(b, a.s.lease.Held(), "the lease lapsed: the passes measured returned early")
 }
