@@ -727,9 +727,6 @@ type Refresher interface {
 	Refresh(ctx context.Context, h Handle, files map[string][]byte) error
 }
 
-// refresh gives the environment h new identity files valid until st's lease ends. It runs on
-// the view's goroutine (a signature and a few small files); on error the environment's current
-// SVID stays valid until the lease it was issued for ends, and the next renewal tries again.
 // renewIdentity renews e's identity files for st's lease unless they were issued for it, or
 // for a later one, already.
 func (w *Worker) renewIdentity(e *env, st assignment.State) {
@@ -743,6 +740,9 @@ func (w *Worker) renewIdentity(e *env, st assignment.State) {
 	w.refresh(st, e.h)
 }
 
+// refresh gives the environment h new identity files valid until st's lease ends. It runs on
+// the view's goroutine (a signature and a few small files); on error the environment's current
+// SVID stays valid until the lease it was issued for ends, and the next renewal tries again.
 func (w *Worker) refresh(st assignment.State, h Handle) {
 	r, ok := w.backend.(Refresher)
 	if !ok || w.cfg.Identity == nil {
