@@ -107,18 +107,22 @@ func (w *Worker) claim(ctx context.Context, key string) (holder, error) {
 
 // beat puts the worker's key and renews the keys of the environments it watches.
 func (w *Worker) beat(ctx context.Context) error {
+	began := time.Now()
 	_, err := w.workers.Put(ctx, workerKey(w.cfg.Actor), []byte(w.cfg.Actor))
 	if err != nil {
 		err = fmt.Errorf("podworker: heartbeat: %w", err)
 	}
-	return errors.Join(err, w.renew(ctx))
+	watched, rerr := w.renew(ctx)
+	w.cfg.Metrics.beat(w.cfg.Tier, time.Since(began), watched)
+	return errors.Join(err, rerr)
 }
 
 // renew renews the key of every environment the worker watches, at the revision it last
-// wrote. When that fails because the key changed, the worker was cut off from NATS for longer
-// than the TTL (or its claim after `started` failed): it claims the key again, and if another
-// worker adopted the environment meanwhile, stops watching it and leaves it to that worker.
-func (w *Worker) renew(ctx context.Context) error {
+// wrote, and returns how many it renewed. When that fails because the key changed, the worker
+// was cut off from NATS for longer than the TTL (or its claim after `started` failed): it
+// claims the key again, and if another worker adopted the environment meanwhile, stops
+// watching it and leaves it to that worker.
+func (w *Worker) renew(ctx context.Context) (int, error) {
 	type watched struct {
 		e    *env
 		task assignment.TaskID
@@ -177,7 +181,7 @@ func (w *Worker) renew(ctx context.Context) error {
 	if len(errs) > maxRenewErrors {
 		errs = append(errs[:maxRenewErrors], fmt.Errorf("and %d more keys", len(errs)-maxRenewErrors))
 	}
-	return errors.Join(errs...)
+	return len(ws), errors.Join(errs...)
 }
 
 // maxRenewErrors is how many failed renewals a heartbeat's warning names; with NATS away it

@@ -19,6 +19,12 @@ type Metrics struct {
 	// JobDuration is from the job's start (its runner fetched the task) to its end, by result:
 	// success, failure, cancelled, skipped (the runner's), or failed (the environment was lost).
 	JobDuration *prometheus.HistogramVec
+	// Heartbeat is how long one heartbeat took: the worker's key and a renewal of the key of
+	// every environment it watches. Past a third of the keys' TTL the next one is late, and
+	// past the TTL other workers adopt environments this one still watches.
+	Heartbeat *prometheus.HistogramVec
+	// Watched is how many environments the worker watches (whose keys it renews).
+	Watched *prometheus.GaugeVec
 }
 
 // NewMetrics creates the metrics and registers them with reg (nil: not registered). A pod and
@@ -37,11 +43,27 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "dynrunner_job_duration_seconds", Help: "Time from a job's start (its runner fetched the task) to its end, by tier and result (the runner's, or failed when the environment was lost), observed by the worker that watched the environment.",
 			Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200},
 		}, []string{"tier", "result"}),
+		Heartbeat: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dynrunner_worker_heartbeat_seconds", Help: "Time one heartbeat of a worker took: its own key and the renewal of the key of every environment it watches, by tier. Alert well before a third of the keys' TTL (10 s by default).",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+		}, []string{"tier"}),
+		Watched: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dynrunner_worker_environments_watched", Help: "Environments the worker watches (and whose keys its heartbeat renews), by tier.",
+		}, []string{"tier"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.EnvStart, m.QueueToStart, m.JobDuration)
+		reg.MustRegister(m.EnvStart, m.QueueToStart, m.JobDuration, m.Heartbeat, m.Watched)
 	}
 	return m
+}
+
+// beat records a heartbeat of a worker of tier that took took and renewed watched keys.
+func (m *Metrics) beat(tier assignment.Backend, took time.Duration, watched int) {
+	if m == nil {
+		return
+	}
+	m.Heartbeat.WithLabelValues(string(tier)).Observe(took.Seconds())
+	m.Watched.WithLabelValues(string(tier)).Set(float64(watched))
 }
 
 // started records an environment of st started by backend after took.

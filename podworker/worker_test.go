@@ -965,6 +965,45 @@ dynrunner_job_duration_seconds_count{result="success",tier="pod"} 1
 `), "dynrunner_job_duration_seconds"))
 }
 
+// TestWorkerMeasuresItsHeartbeat: every heartbeat records how long it took and how many
+// environments' keys it renewed, what an operator alerts on before keys would expire.
+func TestWorkerMeasuresItsHeartbeat(t *testing.T) {
+	r := newRigHeartbeat(t, 100*time.Millisecond)
+	reg := prometheus.NewRegistry()
+	mem := newMem()
+	r.runWorker(r.log, mem, podworker.Config{Actor: "worker-test", Reap: time.Hour, Heartbeat: 100 * time.Millisecond, Metrics: podworker.NewMetrics(reg)})
+	one, two := r.claim(1), r.claim(2)
+	eventually(t, "both environments watched", func() bool {
+		return mem.watchers(fmt.Sprintf("1-%d", one.Epoch())) == 1 && mem.watchers(fmt.Sprintf("2-%d", two.Epoch())) == 1
+	})
+	watched := func() float64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "dynrunner_worker_environments_watched" {
+				return mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		return -1
+	}
+	eventually(t, "a heartbeat renewing both keys", func() bool { return watched() == 2 })
+	beats := func() uint64 {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() == "dynrunner_worker_heartbeat_seconds" {
+				m := mf.GetMetric()[0]
+				require.Equal(t, "pod", m.GetLabel()[0].GetValue(), "tier")
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+		return 0
+	}
+	n := beats()
+	require.Positive(t, n)
+	eventually(t, "more heartbeats", func() bool { return beats() > n })
+}
+
 // TestWorkerDrains: a cordoned worker with two running environments takes no new dispatch (it
 // stays for another worker), reports them in flight until both end, and takes work again once
 // the cordon is lifted. Killed while cordoned, it loses no job: another worker adopts its
