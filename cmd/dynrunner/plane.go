@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,7 +75,7 @@ type plane struct {
 	// started is when the controller opened the plane, for the heartbeats.
 	started time.Time
 	// ready holds what each component closes once it is ready, in the order they started.
-	ready []<-chan struct{}
+	ready []readyWait
 	// cleanups run at exit, the last added first.
 	cleanups []func()
 	// workers are this process's pod and vm workers, for drains; stopping is set once a
@@ -212,7 +213,7 @@ const nonceTTL = time.Hour
 // subscribed before it is fed.
 func (p *plane) follow() {
 	p.g.Go(func() error { return watchEventLog(p.gctx, p.evlog, p.view, p.log) })
-	p.ready = append(p.ready, p.view.Ready())
+	p.ready = append(p.ready, readyWait{"the view (loading the live assignments from JetStream)", p.view.Ready()})
 }
 
 // watchEventLog runs Watch, and runs it again after an error JetStream may get over by itself
@@ -351,7 +352,7 @@ func (p *plane) startScheduler() error {
 		Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Grants: cfg.Grants, Box: p.box, Log: p.log.With().Str("component", "scheduler").Logger(), Metrics: p.metrics,
 	}, p.upstream, p.evlog, p.view)
 	p.g.Go(func() error { return s.Run(p.gctx) })
-	p.ready = append(p.ready, s.Ready())
+	p.ready = append(p.ready, readyWait{"the scheduler (a first successful fetch from the forge; none while every tier is full)", s.Ready()})
 	p.g.Go(func() error { return p.sweepCordons(s.LeaseHeld) })
 	if cfg.GitHub.Enabled() {
 		if err := p.startGitHub(); err != nil {
@@ -394,7 +395,7 @@ func (p *plane) startFacade(ctx context.Context, jobNet jobNetwork) error {
 	srv := f.Server(f.Handler(), workload.ServerTLSConfig(p.facadeSrc))
 	facadeReady := make(chan struct{})
 	close(facadeReady)
-	p.ready = append(p.ready, facadeReady)
+	p.ready = append(p.ready, readyWait{"the facade", facadeReady})
 	p.g.Go(func() error { return serve(p.gctx, srv, ln, true) })
 	p.log.Info().Str("listen", ln.Addr().String()).Str("spiffe_id", cfg.FacadeID.String()).Msg("facade serving mTLS")
 	if addr := jobNet.GatewayListen; addr != "" {
@@ -476,7 +477,7 @@ func (p *plane) startPodWorker(pods podTier) error {
 		GitHub: p.gitHubWorker(),
 	}, pods.backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
-	p.ready = append(p.ready, w.Ready())
+	p.ready = append(p.ready, readyWait{"the pod worker (recovering its environments, then consuming dispatches)", w.Ready()})
 	p.followCordon(liveness.KindPodWorker, w)
 	return p.heartbeat(liveness.KindPodWorker, workerLoad(w, cfg.PodConcurrency))
 }
@@ -499,7 +500,7 @@ func (p *plane) serveHTTP() error {
 	p.g.Go(func() error { return p.awaitReady(&isReady) })
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	mux.Handle("/readyz", readyHandler(&isReady, p.evlog))
+	mux.Handle("/readyz", readyHandler(&isReady, p.unready, p.evlog))
 	mux.Handle("/status", statusHandler(statusReport{Version: version, Components: p.cfg.Components, PodBackend: podBackendOf(p.cfg)}, &isReady, p.warns, p.fleet))
 	mux.Handle("GET /v1/fleet/autoscale", fleet.AutoscaleHandler(p.fleet))
 	mux.Handle("/v1/workers/", p.drainAPI())
@@ -543,13 +544,45 @@ func perWorker(tiers []string, pod, vm int) map[assignment.Backend]int {
 	return out
 }
 
-// awaitReady waits for every component to be ready, then sets isReady.
-func (p *plane) awaitReady(isReady *atomic.Bool) error {
-	for _, c := range p.ready {
+// readyWait is one component's readiness: what it is, for /readyz and the log, and what it
+// closes once ready.
+type readyWait struct {
+	what string
+	c    <-chan struct{}
+}
+
+// unready names the components not ready yet.
+func (p *plane) unready() []string {
+	var out []string
+	for _, r := range p.ready {
 		select {
-		case <-c:
-		case <-p.gctx.Done():
-			return nil
+		case <-r.c:
+		default:
+			out = append(out, r.what)
+		}
+	}
+	return out
+}
+
+// readyLogEvery is how often a controller that is not ready yet logs what it waits for.
+const readyLogEvery = 30 * time.Second
+
+// awaitReady waits for every component to be ready, then sets isReady. While it waits, it
+// logs every readyLogEvery what it still waits for.
+func (p *plane) awaitReady(isReady *atomic.Bool) error {
+	t := time.NewTicker(readyLogEvery)
+	defer t.Stop()
+	for _, r := range p.ready {
+	wait:
+		for {
+			select {
+			case <-r.c:
+				break wait
+			case <-t.C:
+				p.log.Info().Strs("waiting_for", p.unready()).Msg("controller not ready yet")
+			case <-p.gctx.Done():
+				return nil
+			}
 		}
 	}
 	isReady.Store(true)
@@ -558,11 +591,11 @@ func (p *plane) awaitReady(isReady *atomic.Bool) error {
 }
 
 // readyHandler answers /readyz: ready once isReady is set and the event log's streams and
-// buckets are usable.
-func readyHandler(isReady *atomic.Bool, evlog *eventlog.Log) http.Handler {
+// buckets are usable. Until then it names what it waits for (unready).
+func readyHandler(isReady *atomic.Bool, unready func() []string, evlog *eventlog.Log) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !isReady.Load() {
-			http.Error(w, "not ready\n", http.StatusServiceUnavailable)
+			http.Error(w, "not ready: waiting for "+strings.Join(unready(), "; "), http.StatusServiceUnavailable)
 			return
 		}
 		// Ready means usable: a stream or bucket deleted under the controller fails every job.

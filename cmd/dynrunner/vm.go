@@ -70,7 +70,7 @@ func startVMWorker(ctx context.Context, p *plane) error {
 		Issuer: p.issuer, Log: vlog, Grants: cfg.Grants, Metrics: p.workerMetrics, GitHub: gh,
 	}, backend, p.evlog, p.view)
 	p.g.Go(func() error { return w.Run(p.gctx) })
-	p.ready = append(p.ready, w.Ready())
+	p.ready = append(p.ready, readyWait{"the vm worker (recovering its environments, then consuming dispatches)", w.Ready()})
 	p.followCordon(liveness.KindVMWorker, w)
 	return p.heartbeat(liveness.KindVMWorker, workerLoad(w, cfg.VMConcurrency))
 }

@@ -577,11 +577,12 @@ func (c *Container) waitHTTP(ctx context.Context, port int, path string, limit t
 			var resp *http.Response
 			resp, err = hc.Get("http://" + net.JoinHostPort(ip.String(), fmt.Sprint(port)) + path)
 			if err == nil {
+				body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
 					return nil
 				}
-				err = fmt.Errorf("%s", resp.Status)
+				err = fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body))) // /readyz names what it waits for
 			}
 		}
 		last = err
