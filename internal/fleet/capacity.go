@@ -51,7 +51,11 @@ type CapacityFollower struct {
 // the last one, which goes stale.
 func (f *CapacityFollower) Run(ctx context.Context) error {
 	for {
-		records, _, err := ReadComponents(ctx, f.JS)
+		// Each reading is bounded: one that hangs (a watch whose initial values never
+		// arrive) must go stale like one that fails, not stop the readings for good.
+		rctx, cancel := context.WithTimeout(ctx, readingTimeout)
+		records, _, err := ReadComponents(rctx, f.JS)
+		cancel()
 		if err == nil {
 			f.mu.Lock()
 			f.last, f.at = Capacity(records), time.Now()
@@ -62,6 +66,9 @@ func (f *CapacityFollower) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// readingTimeout bounds one reading of the heartbeats.
+const readingTimeout = 10 * time.Second
 
 // Get returns the last reading's capacity per tier, and false when there is none or it is
 // older than Stale.
