@@ -144,8 +144,16 @@ func (l *Log) unindex(ctx context.Context, task assignment.TaskID) error {
 	return nil
 }
 
+// liveKeysTimeout bounds the listing of the live index: the listing is a watch that ends when
+// its initial values have come, and a watch that never gets them (a bucket whose replicas were
+// just cut off) would hold a starting view unready for good. Past it the listing fails with
+// context.DeadlineExceeded, and the controller's Watch starts again (watchEventLog).
+var liveKeysTimeout = 30 * time.Second
+
 // liveKeys lists the tasks the live index has keys for.
 func (l *Log) liveKeys(ctx context.Context) (map[assignment.TaskID]bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, liveKeysTimeout)
+	defer cancel()
 	lister, err := l.live.ListKeysFiltered(ctx, liveTaskPrefix+">")
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
