@@ -188,7 +188,7 @@ func openEventLog(ctx context.Context, js jetstream.JetStream, cfg eventlog.Conf
 // answers "replicas > 1 not supported in non-clustered mode" with it.
 func transientJetStream(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, jetstream.ErrJetStreamNotEnabled) {
+		errors.Is(err, jetstream.ErrJetStreamNotEnabled) || errors.Is(err, eventlog.ErrStalled) {
 		return true
 	}
 	var api *jetstream.APIError

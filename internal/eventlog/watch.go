@@ -57,6 +57,13 @@ func (l *Log) Watch(ctx context.Context, v *View) error {
 				if err := w.loadIfCaughtUp(ctx); err != nil {
 					return err
 				}
+				if !w.loaded {
+					// The stream holds records after the last one read, and the consumer
+					// delivered none of them in this wait.
+					if w.stalls++; w.stalls >= maxStalls {
+						return fmt.Errorf("eventlog: watch: at stream sequence %d: %w", w.seen, ErrStalled)
+					}
+				}
 			} else if len(w.pending) > 0 {
 				w.pass(ctx)
 			}
@@ -68,6 +75,7 @@ func (l *Log) Watch(ctx context.Context, v *View) error {
 			}
 			return fmt.Errorf("eventlog: watch: %w", err)
 		}
+		w.stalls = 0
 		md, err := msg.Metadata()
 		if err != nil {
 			continue
@@ -103,6 +111,17 @@ func (l *Log) Watch(ctx context.Context, v *View) error {
 // whether there is one left to read (the last one may have been quarantined meanwhile).
 const catchUpProbe = 2 * time.Second
 
+// maxStalls is how many catchUpProbe waits in a row a starting view accepts in which its
+// consumer delivered nothing though the stream holds records after the last one read; then
+// Watch fails with ErrStalled (10 s with the defaults).
+const maxStalls = 5
+
+// ErrStalled: a starting view's consumer delivered none of the records the stream holds after
+// its position for maxStalls probes in a row (seen after NATS nodes were cut off and came
+// back). The view is not ready; Watch returns it so that its caller starts it again, with a
+// new consumer, as it does after other transient JetStream errors.
+var ErrStalled = errors.New("the consumer delivers none of the records the stream holds")
+
 // maxPending is how many tasks a following view remembers before it checks their keys even
 // though livePassEvery has not passed.
 const maxPending = 4096
@@ -119,6 +138,8 @@ type liveWatch struct {
 	indexed map[assignment.TaskID]bool
 	loaded  bool
 	passed  time.Time
+	// stalls counts the probes in a row that found records the consumer did not deliver.
+	stalls int
 }
 
 func (w *liveWatch) observe(s assignment.State) {
