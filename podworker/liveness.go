@@ -178,15 +178,20 @@ func (w *Worker) renew(ctx context.Context) (int, error) {
 		}
 		w.mu.Unlock()
 	}
-	if len(errs) > maxRenewErrors {
-		errs = append(errs[:maxRenewErrors], fmt.Errorf("and %d more keys", len(errs)-maxRenewErrors))
-	}
-	return len(ws), errors.Join(errs...)
+	return len(ws), joinFew(errs)
 }
 
-// maxRenewErrors is how many failed renewals a heartbeat's warning names; with NATS away it
-// would otherwise list every environment.
-const maxRenewErrors = 3
+// joinFew joins the first maxKeyErrors of errs and counts the rest: a warning about the keys
+// of many environments (NATS away) names a few instead of every one.
+func joinFew(errs []error) error {
+	if len(errs) > maxKeyErrors {
+		errs = append(errs[:maxKeyErrors:maxKeyErrors], fmt.Errorf("and %d more keys", len(errs)-maxKeyErrors))
+	}
+	return errors.Join(errs...)
+}
+
+// maxKeyErrors is how many failed key writes joinFew names.
+const maxKeyErrors = 3
 
 // errReleased is the cause a watch is cancelled with when another worker holds its
 // environment's key: it stops watching, and neither fails the assignment nor destroys the
@@ -249,17 +254,15 @@ func (w *Worker) leave(ctx context.Context) {
 			deletes = append(deletes, eventlog.KeyWrite{Key: e.key, Rev: e.rev, Delete: true})
 		}
 	}
-	_, errs := w.log.WriteWorkers(ctx, deletes)
-	failed, first := 0, error(nil)
-	for _, err := range errs {
+	_, werrs := w.log.WriteWorkers(ctx, deletes)
+	var errs []error
+	for _, err := range werrs {
 		if err != nil && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			if failed++; first == nil {
-				first = err
-			}
+			errs = append(errs, err)
 		}
 	}
-	if failed > 0 {
-		w.cfg.Log.Warn().Err(first).Int("keys", failed).Dur("expires_in", w.ttl()).Msg("delete the keys of the environments this worker watched; they expire by themselves")
+	if len(errs) > 0 {
+		w.cfg.Log.Warn().Err(joinFew(errs)).Int("keys", len(errs)).Dur("expires_in", w.ttl()).Msg("delete the keys of the environments this worker watched; they expire by themselves")
 	}
 	if err := w.workers.Delete(ctx, workerKey(w.cfg.Actor)); err != nil {
 		w.cfg.Log.Warn().Err(err).Dur("expires_in", w.ttl()).Msg("delete the liveness key; it expires by itself")

@@ -148,7 +148,7 @@ func (l *Log) unindex(ctx context.Context, task assignment.TaskID) error {
 // its initial values have come, and a watch that never gets them (a bucket whose replicas were
 // just cut off) would hold a starting view unready for good. Past it the listing fails with
 // context.DeadlineExceeded, and the controller's Watch starts again (watchEventLog).
-var liveKeysTimeout = 30 * time.Second
+const liveKeysTimeout = 30 * time.Second
 
 // liveKeys lists the tasks the live index has keys for.
 func (l *Log) liveKeys(ctx context.Context) (map[assignment.TaskID]bool, error) {
