@@ -121,7 +121,9 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 	}
 }
 
-// Ready is closed once the scheduler has caught up with the event log and fetched once.
+// Ready is closed once the scheduler has caught up with the event log and either fetched from
+// the forge once or found every tier full (then it does not fetch until a slot frees). While the
+// capacity is unknown (no worker announced it yet) it is not ready.
 func (s *Scheduler) Ready() <-chan struct{} { return s.ready }
 
 // Run fetches tasks and reconciles assignments until ctx ends. It returns nil on cancellation.
@@ -158,8 +160,15 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 			return
 		}
 		capacity, known := s.capacity()
-		if !known || (len(capacity) > 0 || s.cfg.Admission.Enabled()) &&
+		if !known {
+			wait = s.cfg.FetchInterval
+			continue
+		}
+		if (len(capacity) > 0 || s.cfg.Admission.Enabled()) &&
 			paused(count(s.view.LiveStates(), false), capacity, s.cfg.Backends, s.cfg.Admission) {
+			// Every tier is full: not fetching is this scheduler's work now, so it is ready
+			// (a busy fleet's rolling restart must not wait for a slot to free).
+			s.readyOnce.Do(func() { close(s.ready) })
 			wait = s.cfg.FetchInterval
 			continue
 		}

@@ -46,7 +46,7 @@ func (e *env) runSchedulerPolicy(clk *clock, capacity map[assignment.Backend]int
 	e.runSchedulerAdmission(clk, capacity, policy, scheduler.Admission{})
 }
 
-func (e *env) runSchedulerAdmission(clk *clock, capacity map[assignment.Backend]int, policy *grants.Policy, adm scheduler.Admission) {
+func (e *env) runSchedulerAdmission(clk *clock, capacity map[assignment.Backend]int, policy *grants.Policy, adm scheduler.Admission) *scheduler.Scheduler {
 	e.t.Helper()
 	s := scheduler.New(scheduler.Config{
 		Capacity: capacity, Grants: policy, Admission: adm,
@@ -61,6 +61,7 @@ func (e *env) runSchedulerAdmission(clk *clock, capacity map[assignment.Backend]
 		cancel()
 		assert.NoError(e.t, <-done, "Run on cancellation")
 	})
+	return s
 }
 
 // eventually polls cond every 10ms for up to 10s.
@@ -260,6 +261,23 @@ func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
 	_, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Failed, Task: 51, Epoch: st.Epoch(), At: time.Now(), Reason: "test"}, nil)
 	require.NoError(t, err)
 	eventually(t, "the second claim", func() bool { _, err := e.log.Get(t.Context(), 52); return err == nil })
+}
+
+// TestSchedulerIsReadyWhileEveryTierIsFull: a scheduler that starts (a rolling restart) while
+// every slot of a busy fleet is taken does not fetch; it is ready all the same, instead of
+// holding the restart until a slot frees.
+func TestSchedulerIsReadyWhileEveryTierIsFull(t *testing.T) {
+	e := newEnv(t)
+	_, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Claimed, Task: 61, Actor: "scheduler-before", At: time.Now(),
+		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
+	require.NoError(t, err)
+	s := e.runSchedulerAdmission(&clock{now: time.Now()}, map[assignment.Backend]int{assignment.BackendPod: 1}, nil, scheduler.Admission{})
+	select {
+	case <-s.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a scheduler of a full fleet is not ready")
+	}
+	require.Zero(t, e.forge.Fetches(), "fetched while every tier was full")
 }
 
 // TestSchedulerIsNotWedgedByForgedRecords: someone with the NATS password appends a malformed
