@@ -234,6 +234,20 @@ func TestChaosUnderLoad(t *testing.T) {
 	for _, r := range recoveries {
 		t.Logf("recovery: %-50s %s", r.fault, r.took.Round(100*time.Millisecond))
 	}
+	// How often a view started reading the event log again (eventlog.ErrStalled, a bounded
+	// listing that timed out, other transient JetStream errors), and why: what the faults cost
+	// beyond the recovery times.
+	for _, c := range bed.Dynrunner {
+		var again []string
+		for _, l := range strings.Split(c.Logs(ctx), "\n") {
+			if strings.Contains(l, "following the event log failed") {
+				again = append(again, l)
+			}
+		}
+		if len(again) > 0 {
+			t.Logf("%s: its view read the event log again %d times:\n%s", c.Name, len(again), fleetbed.Tail(strings.Join(again, "\n"), 5))
+		}
+	}
 }
 
 type recovery struct {
