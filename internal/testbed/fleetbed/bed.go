@@ -592,19 +592,27 @@ func (c *Container) waitHTTP(ctx context.Context, port int, path string, limit t
 }
 
 // WaitRecovered waits, for at most limit, until every container of the bed runs and is ready
-// (NATS nodes healthy, dynrunner processes ready) and progressed reports true.
+// (NATS nodes healthy, dynrunner processes ready) and progressed reports true. It logs how long
+// each of the three took from its call.
 func (b *Bed) WaitRecovered(ctx context.Context, limit time.Duration, progressed func() bool) error {
-	deadline := time.Now().Add(limit)
+	began := time.Now()
+	deadline := began.Add(limit)
 	for _, c := range b.NATS {
 		if err := c.waitHTTP(ctx, natsMonitorPort, "/healthz", time.Until(deadline)); err != nil {
 			return err
 		}
 	}
+	natsHealthy := time.Since(began)
 	for _, c := range b.Dynrunner {
 		if err := c.WaitReady(ctx, time.Until(deadline)); err != nil {
 			return err
 		}
 	}
+	ready := time.Since(began)
+	defer func() {
+		b.logf("recovering: NATS nodes healthy after %s, dynrunner containers ready after %s, progress after %s",
+			natsHealthy.Round(100*time.Millisecond), ready.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
+	}()
 	for !progressed() {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("fleetbed: every container ready, but no progress within %s", limit)
