@@ -43,6 +43,7 @@ func startPermissionedNATS(t *testing.T, secrets string) *server.Server {
 		require.NoError(t, secretfile.WriteNew(filepath.Join(secrets, user+".password"), []byte(pw)))
 	}
 	t.Setenv("DYNRUNNER_VM_WORKER_PASSWORD", randomKey(t))
+	t.Setenv("DYNRUNNER_VM_HOST_PASSWORD", randomKey(t))
 	opts, err := server.ProcessConfigFile("../deploy/nats/permissions.conf")
 	require.NoError(t, err)
 	opts.Host, opts.Port = "127.0.0.1", -1

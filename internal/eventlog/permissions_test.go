@@ -49,7 +49,7 @@ func (c *component) violations() string {
 
 func permissionedServer(t *testing.T) *server.Server {
 	t.Helper()
-	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER", "STATUS"} {
+	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER", "VM_HOST", "STATUS"} {
 		t.Setenv("DYNRUNNER_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
 	}
 	opts, err := server.ProcessConfigFile(permissionsFile)
@@ -479,4 +479,91 @@ func TestGitHubRerunsUsers(t *testing.T) {
 			return err
 		})
 	}
+}
+
+// TestVMHostUser: a vm host runs the vm worker and the facade in one process
+// (COMPONENTS=vm-worker,facade), so it has one NATS user, dynrunner-vm-host, allowed exactly
+// what the two components' users are, no more; and with it the process takes a vm dispatch,
+// records the environment's start and what the environment reports, keeps its nonces and both
+// components' heartbeats, and still may not claim.
+func TestVMHostUser(t *testing.T) {
+	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER", "VM_HOST", "STATUS"} {
+		t.Setenv("DYNRUNNER_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
+	}
+	opts, err := server.ProcessConfigFile(permissionsFile)
+	require.NoError(t, err)
+	perms := map[string]*server.Permissions{}
+	for _, u := range opts.Users {
+		perms[u.Username] = u.Permissions
+	}
+	allowed := func(user string) map[string]bool {
+		p := perms[user]
+		require.NotNil(t, p, "user %s", user)
+		require.Nil(t, p.Publish.Deny, "user %s", user)
+		set := map[string]bool{}
+		for _, s := range p.Publish.Allow {
+			set[s] = true
+		}
+		return set
+	}
+	want := allowed("dynrunner-vm-worker")
+	for s := range allowed("dynrunner-facade") {
+		want[s] = true
+	}
+	assert.Equal(t, want, allowed("dynrunner-vm-host"), "the vm host's publish permissions are the vm worker's and the facade's")
+	assert.Equal(t, []string{"_INBOX_dynrunner-vm-host.>"}, perms["dynrunner-vm-host"].Subscribe.Allow)
+
+	s := permissionedServer(t)
+	sched := connectAs(t, s, "dynrunner-scheduler", "pw-scheduler")
+	host := connectAs(t, s, "dynrunner-vm-host", "pw-vm_host")
+	ctx := t.Context()
+	view := eventlog.NewView()
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = host.log.Watch(wctx, view) }()
+	select {
+	case <-view.Ready():
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the view did not catch up", host.violations())
+	}
+	for _, kind := range []string{liveness.KindVMWorker, liveness.KindFacade} {
+		_, err := host.log.Components().Put(ctx, kind+"."+liveness.Instance("vm-host/1/ab"), []byte("{}"))
+		require.NoError(t, err, "%s heartbeat: %s", kind, host.violations())
+	}
+
+	c := claim(5)
+	c.Backend = assignment.BackendVM
+	st, err := sched.log.Apply(ctx, c, nil)
+	require.NoError(t, err)
+	require.NoError(t, sched.log.PutTask(ctx, 5, []byte("sealed")))
+	require.NoError(t, sched.log.Dispatch(ctx, assignment.BackendVM, 5, st.Epoch()))
+	cons, err := host.log.Consumer(ctx, assignment.BackendVM)
+	require.NoError(t, err, host.violations())
+	msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
+	require.NoError(t, err, host.violations())
+	require.NoError(t, msg.Ack())
+	_, err = host.log.Nonces().Create(ctx, "n1", []byte("sealed"))
+	require.NoError(t, err, host.violations())
+	sealed, err := host.log.GetTask(ctx, 5)
+	require.NoError(t, err, host.violations())
+	assert.Equal(t, "sealed", string(sealed))
+	for _, tr := range []assignment.Transition{assignment.Dispatched, assignment.Started, assignment.Registered, assignment.Running, assignment.Completed} {
+		st, err = host.log.Apply(ctx, assignment.Event{Transition: tr, Task: 5, Epoch: st.Epoch(), At: t0.Add(time.Minute), Actor: "test",
+			Handle: []byte(`{"id":"vm"}`), TokenID: "tok", RunnerUUID: "r", Result: "success"}, &st)
+		require.NoError(t, err, "vm host %s: %s", tr, host.violations())
+	}
+	assert.Empty(t, host.indexErrors(), "the live index")
+
+	denied(t, host, "a vm host appends a claim", func(ctx context.Context) error {
+		_, err := host.log.Apply(ctx, claim(6), nil)
+		return err
+	})
+	denied(t, host, "a vm host writes a scheduler's heartbeat", func(ctx context.Context) error {
+		_, err := host.log.Components().Put(ctx, "scheduler.forged", []byte("{}"))
+		return err
+	})
+	denied(t, host, "a vm host consumes the pod tier's dispatches", func(ctx context.Context) error {
+		_, err := host.log.Consumer(ctx, assignment.BackendPod)
+		return err
+	})
 }
