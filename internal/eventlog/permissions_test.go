@@ -47,11 +47,18 @@ func (c *component) violations() string {
 	return strings.Join(c.denied, "\n")
 }
 
-func permissionedServer(t *testing.T) *server.Server {
+// setPasswords sets the passwords permissionsFile reads from the environment: pw-<user>, the
+// user's name in lower case without the prefix (pw-vm_host for dynrunner-vm-host).
+func setPasswords(t *testing.T) {
 	t.Helper()
 	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER", "VM_HOST", "STATUS"} {
 		t.Setenv("DYNRUNNER_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
 	}
+}
+
+func permissionedServer(t *testing.T) *server.Server {
+	t.Helper()
+	setPasswords(t)
 	opts, err := server.ProcessConfigFile(permissionsFile)
 	require.NoError(t, err)
 	opts.Host, opts.Port = "127.0.0.1", -1
@@ -487,9 +494,7 @@ func TestGitHubRerunsUsers(t *testing.T) {
 // records the environment's start and what the environment reports, keeps its nonces and both
 // components' heartbeats, and still may not claim.
 func TestVMHostUser(t *testing.T) {
-	for _, u := range []string{"SCHEDULER", "FACADE", "POD_WORKER", "VM_WORKER", "VM_HOST", "STATUS"} {
-		t.Setenv("DYNRUNNER_"+u+"_PASSWORD", "pw-"+strings.ToLower(u))
-	}
+	setPasswords(t)
 	opts, err := server.ProcessConfigFile(permissionsFile)
 	require.NoError(t, err)
 	perms := map[string]*server.Permissions{}
