@@ -271,6 +271,7 @@ func TestSchedulerIsReadyWhileEveryTierIsFull(t *testing.T) {
 	_, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Claimed, Task: 61, Actor: "scheduler-before", At: time.Now(),
 		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
 	require.NoError(t, err)
+	eventually(t, "the view to show the claim", func() bool { _, ok := e.view.Get(61); return ok })
 	s := e.runSchedulerAdmission(&clock{now: time.Now()}, map[assignment.Backend]int{assignment.BackendPod: 1}, nil, scheduler.Admission{})
 	select {
 	case <-s.Ready():
