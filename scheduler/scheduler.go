@@ -122,8 +122,9 @@ func New(cfg Config, forge forge.Forge, log EventLog, view View) *Scheduler {
 }
 
 // Ready is closed once the scheduler has caught up with the event log and either fetched from
-// the forge once or found every tier full (then it does not fetch until a slot frees). While the
-// capacity is unknown (no worker announced it yet) it is not ready.
+// the forge once or paused its fetching (a tier full, or with an admission queue a tier's queue
+// full: it does not fetch until that changes). While the capacity is unknown (CapacityOf has
+// not read it yet) it is not ready.
 func (s *Scheduler) Ready() <-chan struct{} { return s.ready }
 
 // Run fetches tasks and reconciles assignments until ctx ends. It returns nil on cancellation.
@@ -166,8 +167,8 @@ func (s *Scheduler) fetchLoop(ctx context.Context) {
 		}
 		if (len(capacity) > 0 || s.cfg.Admission.Enabled()) &&
 			paused(count(s.view.LiveStates(), false), capacity, s.cfg.Backends, s.cfg.Admission) {
-			// Every tier is full: not fetching is this scheduler's work now, so it is ready
-			// (a busy fleet's rolling restart must not wait for a slot to free).
+			// Paused (a tier is full): not fetching is this scheduler's work now, so it is
+			// ready (a busy fleet's rolling restart must not wait for a slot to free).
 			s.readyOnce.Do(func() { close(s.ready) })
 			wait = s.cfg.FetchInterval
 			continue

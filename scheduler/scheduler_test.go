@@ -263,10 +263,10 @@ func TestSchedulerFetchesOnlyWithCapacity(t *testing.T) {
 	eventually(t, "the second claim", func() bool { _, err := e.log.Get(t.Context(), 52); return err == nil })
 }
 
-// TestSchedulerIsReadyWhileEveryTierIsFull: a scheduler that starts (a rolling restart) while
-// every slot of a busy fleet is taken does not fetch; it is ready all the same, instead of
+// TestSchedulerIsReadyWhileATierIsFull: a scheduler that starts (a rolling restart) while
+// every slot of a busy fleet's tier is taken does not fetch; it is ready all the same, instead of
 // holding the restart until a slot frees.
-func TestSchedulerIsReadyWhileEveryTierIsFull(t *testing.T) {
+func TestSchedulerIsReadyWhileATierIsFull(t *testing.T) {
 	e := newEnv(t)
 	_, err := e.log.Apply(t.Context(), assignment.Event{Transition: assignment.Claimed, Task: 61, Actor: "scheduler-before", At: time.Now(),
 		Backend: assignment.BackendPod, TaskDigest: "d", Lease: 5 * time.Minute, Pickup: 2 * time.Minute}, nil)
@@ -278,7 +278,7 @@ func TestSchedulerIsReadyWhileEveryTierIsFull(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("a scheduler of a full fleet is not ready")
 	}
-	require.Zero(t, e.forge.Fetches(), "fetched while every tier was full")
+	require.Zero(t, e.forge.Fetches(), "fetched while the tier was full")
 }
 
 // TestSchedulerIsNotWedgedByForgedRecords: someone with the NATS password appends a malformed

@@ -352,7 +352,7 @@ func (p *plane) startScheduler() error {
 		Reconcile: time.Second, ForgeURL: assignment.ForgeURL(cfg.GiteaURL), Grants: cfg.Grants, Box: p.box, Log: p.log.With().Str("component", "scheduler").Logger(), Metrics: p.metrics,
 	}, p.upstream, p.evlog, p.view)
 	p.g.Go(func() error { return s.Run(p.gctx) })
-	p.ready = append(p.ready, readyWait{"the scheduler (a first successful fetch from the forge, or every tier found full; with ADMIT_CAPACITY=workers, a worker announcing its capacity first)", s.Ready()})
+	p.ready = append(p.ready, readyWait{"the scheduler (a first successful fetch from the forge, or a tier found full so that it does not fetch; with ADMIT_CAPACITY=workers, a first reading of the workers' heartbeats)", s.Ready()})
 	p.g.Go(func() error { return p.sweepCordons(s.LeaseHeld) })
 	if cfg.GitHub.Enabled() {
 		if err := p.startGitHub(); err != nil {

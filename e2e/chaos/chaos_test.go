@@ -102,6 +102,22 @@ func TestChaosUnderLoad(t *testing.T) {
 		assert.NoError(t, bed.Close(), "remove the bed")
 	})
 
+	// How often a view started reading the event log again (eventlog.ErrStalled, a bounded
+	// listing that timed out, other transient JetStream errors), and why: what the faults cost
+	// beyond the recovery times. Reported whether the test passes or fails, before the bed goes.
+	t.Cleanup(func() {
+		for _, c := range bed.Dynrunner {
+			var again []string
+			for _, l := range strings.Split(c.Logs(context.Background()), "\n") {
+				if strings.Contains(l, "following the event log failed") {
+					again = append(again, l)
+				}
+			}
+			if len(again) > 0 {
+				t.Logf("%s: its view read the event log again %d times:\n%s", c.Name, len(again), fleetbed.Tail(strings.Join(again, "\n"), 5))
+			}
+		}
+	})
 	rec := watchRecords(ctx, t, bed)
 
 	// The load: two waves of one push per repository each, the second before the last fault,
@@ -233,20 +249,6 @@ func TestChaosUnderLoad(t *testing.T) {
 		jobs, repos, time.Since(began).Round(time.Second), len(double), len(stale))
 	for _, r := range recoveries {
 		t.Logf("recovery: %-50s %s", r.fault, r.took.Round(100*time.Millisecond))
-	}
-	// How often a view started reading the event log again (eventlog.ErrStalled, a bounded
-	// listing that timed out, other transient JetStream errors), and why: what the faults cost
-	// beyond the recovery times.
-	for _, c := range bed.Dynrunner {
-		var again []string
-		for _, l := range strings.Split(c.Logs(ctx), "\n") {
-			if strings.Contains(l, "following the event log failed") {
-				again = append(again, l)
-			}
-		}
-		if len(again) > 0 {
-			t.Logf("%s: its view read the event log again %d times:\n%s", c.Name, len(again), fleetbed.Tail(strings.Join(again, "\n"), 5))
-		}
 	}
 }
 

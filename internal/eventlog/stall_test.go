@@ -56,8 +56,9 @@ func TestWatchFailsWhenItsConsumerDeliversNothing(t *testing.T) {
 	v := eventlog.NewView()
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
+	stuck := open("stuck")
 	errc := make(chan error, 1)
-	go func() { errc <- open("stuck").Watch(ctx, v) }()
+	go func() { errc <- stuck.Watch(ctx, v) }()
 	select {
 	case err = <-errc:
 	case <-time.After(45 * time.Second):

@@ -609,19 +609,18 @@ func (b *Bed) WaitRecovered(ctx context.Context, limit time.Duration, progressed
 		}
 	}
 	ready := time.Since(began)
-	defer func() {
-		b.logf("recovering: NATS nodes healthy after %s, dynrunner containers ready after %s, progress after %s",
-			natsHealthy.Round(100*time.Millisecond), ready.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
-	}()
 	for !progressed() {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("fleetbed: every container ready, but no progress within %s", limit)
+			return fmt.Errorf("fleetbed: every container ready (NATS nodes healthy after %s, dynrunner containers ready after %s), but no progress within %s",
+				natsHealthy.Round(100*time.Millisecond), ready.Round(100*time.Millisecond), limit)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
+	b.logf("recovering: NATS nodes healthy after %s, dynrunner containers ready after %s, progress after %s",
+		natsHealthy.Round(100*time.Millisecond), ready.Round(100*time.Millisecond), time.Since(began).Round(100*time.Millisecond))
 	return nil
 }
 
