@@ -61,6 +61,13 @@ func permissionedServer(t *testing.T) *server.Server {
 	setPasswords(t)
 	opts, err := server.ProcessConfigFile(permissionsFile)
 	require.NoError(t, err)
+	return startServer(t, opts)
+}
+
+// startServer starts an in-process nats-server with JetStream on opts (its users), on a free
+// loopback port and a temporary store, shut down when the test ends.
+func startServer(t *testing.T, opts *server.Options) *server.Server {
+	t.Helper()
 	opts.Host, opts.Port = "127.0.0.1", -1
 	opts.JetStream, opts.StoreDir = true, t.TempDir()
 	opts.NoSigs, opts.NoLog = true, true
